@@ -1,0 +1,100 @@
+"""Errors shared by every layer, each carrying a canonical status code.
+
+The codes are TensorFlow's / gRPC's canonical ones, so the HTTP layer maps them the way
+TF Serving does and the gRPC layer passes them through unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Code(enum.IntEnum):
+    """Canonical status codes (same numbering as grpc.StatusCode and tf.errors)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+class ServingError(Exception):
+    """An error a caller can act on; `code` says which kind, the message says what to do."""
+
+    code: Code = Code.INTERNAL
+
+    def __init__(self, message: str, code: Code | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class InvalidArgument(ServingError):
+    code = Code.INVALID_ARGUMENT
+
+
+class NotFound(ServingError):
+    code = Code.NOT_FOUND
+
+
+class FailedPrecondition(ServingError):
+    code = Code.FAILED_PRECONDITION
+
+
+class Unimplemented(ServingError):
+    code = Code.UNIMPLEMENTED
+
+
+class ResourceExhausted(ServingError):
+    code = Code.RESOURCE_EXHAUSTED
+
+
+class Unavailable(ServingError):
+    code = Code.UNAVAILABLE
+
+
+class AlreadyExists(ServingError):
+    code = Code.ALREADY_EXISTS
+
+
+class PermissionDenied(ServingError):
+    code = Code.PERMISSION_DENIED
+
+
+class Internal(ServingError):
+    code = Code.INTERNAL
+
+
+class ModelLoadError(ServingError):
+    """A model version could not be loaded; the message names the path and the cause."""
+
+    code = Code.FAILED_PRECONDITION
+
+
+class BundleError(ServingError):
+    """A bundle (model dir, archive, URL) is not usable; the message says why and where."""
+
+    code = Code.INVALID_ARGUMENT
+
+
+class HandlerError(ServingError):
+    """User code in inference.py raised; reported as 500 with the handler's own message."""
+
+    code = Code.INTERNAL
