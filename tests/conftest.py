@@ -18,3 +18,6 @@ def testdata() -> Path:
     if not TESTDATA.is_dir():
         pytest.fail(f"test data not found at {TESTDATA}; set TFSERVO_TESTDATA")
     return TESTDATA
+
+
+from s3_server import s3_bucket, s3_endpoint  # noqa: E402,F401  (moto S3 fixtures for all tests)

@@ -1,0 +1,105 @@
+"""Run a real `tfservo serve` process on loopback for tests, and talk HTTP to it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+TFSERVO = str(REPO / ".venv" / "bin" / "tfservo") if (REPO / ".venv" / "bin" / "tfservo").exists() else "tfservo"
+_READY = re.compile(r"serving .* on http://(?P<host>[^:]+):(?P<port>\d+)")
+_GRPC = re.compile(r"gRPC on (?P<host>[^:]+):(?P<port>\d+)")
+
+
+class ServerProcess:
+    """A `tfservo serve` child process; `url` is its base URL once started."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        self.args = [TFSERVO, "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        if "--grpc-port" not in args:
+            self.args += ["--grpc-port", "0"]
+        self.env = {**os.environ, **(env or {})}
+        self.timeout = timeout
+        self.lines: list[str] = []
+        self.url = ""
+        self.grpc_target = ""
+        self.proc: subprocess.Popen | None = None
+        self._ready = threading.Event()
+
+    def start(self) -> "ServerProcess":
+        self.proc = subprocess.Popen(
+            self.args,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + self.timeout
+        while not self._ready.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"tfservo serve did not start (exit {self.proc.returncode}):\n" + self.output
+                )
+        return self
+
+    def _drain(self) -> None:
+        assert self.proc and self.proc.stderr
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if m := _GRPC.search(line):
+                self.grpc_target = f"{m['host']}:{m['port']}"
+            if m := _READY.search(line):
+                self.url = f"http://{m['host']}:{m['port']}"
+                self._ready.set()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kw)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_cli(args: Sequence[str], input: bytes | None = None, env: Mapping[str, str] | None = None,
+            timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run `tfservo ARGS` to completion and capture its output."""
+    return subprocess.run(
+        [TFSERVO, *args], input=input, capture_output=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+__all__ = ["ServerProcess", "run_cli"]

@@ -1,0 +1,138 @@
+"""The `tfservo` command: thin argument parsing over the parts that do the work."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tfservo.logs import quiet_tensorflow, setup_logging
+
+quiet_tensorflow()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="tfservo")
+def main() -> None:
+    """Serve, inspect, invoke and batch-transform SageMaker-style TensorFlow model bundles."""
+
+
+@main.command()
+@click.argument("paths", nargs=-1, metavar="[PATH]...")
+@click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1; 0.0.0.0 under SageMaker].")
+@click.option(
+    "--port", type=int, default=None, help="HTTP port [default: $SAGEMAKER_BIND_TO_PORT or 8080]; 0 picks a free one."
+)
+@click.option("--grpc-port", type=int, default=None, help="TF Serving gRPC port [default: 9000]; 0 picks a free one.")
+@click.option(
+    "--version-label",
+    "version_labels",
+    multiple=True,
+    metavar="MODEL:LABEL=VERSION",
+    help="Name a version for /v1/models/MODEL/labels/LABEL (repeatable).",
+)
+@click.option(
+    "--max-request-mb", type=float, default=None, help="Largest request body accepted, in MB [default: 100]; larger → 413."
+)
+@click.option(
+    "--intra-op-threads",
+    type=int,
+    default=None,
+    help="TF intra-op threads [default: $SAGEMAKER_TFS_INTRA_OP_PARALLELISM or TF's choice].",
+)
+@click.option(
+    "--inter-op-threads",
+    type=int,
+    default=None,
+    help="TF inter-op threads [default: $SAGEMAKER_TFS_INTER_OP_PARALLELISM or TF's choice].",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default=None,
+    help="Log level [default: info]; debug logs one line per request.",
+)
+def serve(paths, host, port, grpc_port, version_labels, max_request_mb, intra_op_threads, inter_op_threads, log_level):
+    """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
+
+    PATH is a model dir with numeric versions, a dir of several models, a model.tar.gz,
+    a bare SavedModel dir or an s3:// URL to any of these [default: /opt/ml/model].
+    """
+    from tfservo.errors import ServingError
+    from tfservo.server.run import serve as run_server
+    from tfservo.server.settings import resolve_settings
+
+    settings = resolve_settings(
+        paths=paths,
+        host=host,
+        port=port,
+        grpc_port=grpc_port,
+        max_request_mb=max_request_mb,
+        version_labels=version_labels,
+        intra_op_threads=intra_op_threads,
+        inter_op_threads=inter_op_threads,
+        log_level=log_level,
+    )
+    setup_logging(settings.log_level)
+    try:
+        run_server(settings)
+    except ServingError as exc:
+        raise click.ClickException(exc.message) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}") from None
+
+
+@main.command()
+@click.argument("path")
+def inspect(path: str) -> None:
+    """Print the models, versions and signatures of a bundle (like `saved_model_cli show --all`)."""
+    from tfservo.errors import ServingError
+    from tfservo.inspect import describe_bundle
+
+    setup_logging("warning")
+    try:
+        click.echo(describe_bundle(path))
+    except ServingError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+@main.command()
+@click.argument("path")
+@click.option("--content-type", "-t", default="application/json", show_default=True, help="Content type of the body on stdin.")
+@click.option("--accept", "-a", default=None, help="Accept header [default: application/json].")
+@click.option("--custom-attributes", "-c", default=None, help="X-Amzn-SageMaker-Custom-Attributes, e.g. 'tfs-method=regress'.")
+@click.option("--model", "model_name", default=None, help="Model to invoke (as /models/NAME/invoke) [default: the default model].")
+def invoke(path: str, content_type: str, accept: str | None, custom_attributes: str | None, model_name: str | None) -> None:
+    """Run one /invocations request in-process on PATH, body from stdin, answer on stdout.
+
+    The handler author's loop: no server to start, same conversions and inference.py calls.
+    Exits 1 (error JSON on stdout) when the invocation answers with an error status.
+    """
+    from tfservo.errors import ServingError
+    from tfservo.sagemaker.service import ModelService
+    from tfservo.server.run import LoopbackServer
+
+    setup_logging("warning")
+    body = sys.stdin.buffer.read()
+    service = ModelService()
+    try:
+        service.add_bundle(path)
+    except ServingError as exc:
+        raise click.ClickException(exc.message) from None
+    loopback = LoopbackServer(service).start() if service.invoker.has_handlers() else None
+    try:
+        result = service.invoker.invoke(body, content_type, accept, custom_attributes, model_name)
+    finally:
+        if loopback:
+            loopback.stop()
+    sys.stdout.buffer.write(result.body)
+    if not result.body.endswith(b"\n"):
+        sys.stdout.buffer.write(b"\n")
+    sys.stdout.flush()
+    if not result.ok:
+        click.echo(f"tfservo: invocation failed with status {result.status}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

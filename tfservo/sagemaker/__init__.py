@@ -1,0 +1,1 @@
+"""The SageMaker layer: content types, custom attributes, inference.py handlers, invocations."""

@@ -1,0 +1,157 @@
+"""The one invocation path: bytes + content type + accept + custom attributes → response.
+
+`/invocations`, `/models/{name}/invoke`, `tfservo invoke`, `tfservo transform` and the Beam
+handler all call `Invoker.invoke`; none of them converts content or calls handlers itself.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from tfservo.errors import InvalidArgument, ServingError
+from tfservo.sagemaker import content_types
+from tfservo.sagemaker.custom_attributes import CustomAttributes, parse_custom_attributes
+from tfservo.sagemaker.handlers import Context, Handlers, make_requests_response
+from tfservo.tfserving.api import TFServingAPI
+from tfservo.tfserving.status import http_status
+
+log = logging.getLogger("tfservo.invocations")
+
+
+@dataclass(frozen=True)
+class InvocationResult:
+    """What an invocation answers: HTTP-style status, body bytes and their content type."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def error_result(exc: ServingError) -> InvocationResult:
+    """A ServingError as the protocol's error shape: {"error": "..."} with the mapped status."""
+    status = getattr(exc, "http_status", None) or http_status(exc.code)
+    return InvocationResult(status, orjson.dumps({"error": exc.message}), "application/json")
+
+
+class Invoker:
+    """Selects the model, runs the handler or the content conversion, calls TF Serving's API."""
+
+    def __init__(
+        self,
+        api: TFServingAPI,
+        *,
+        handlers: Mapping[str, Handlers] | None = None,
+        universal_handlers: Handlers | None = None,
+        default_model: Callable[[], str | None] | None = None,
+        rest_base: Callable[[], str] | None = None,
+        grpc_port: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.api = api
+        self.handlers: dict[str, Handlers] = dict(handlers or {})
+        self.universal_handlers = universal_handlers
+        self._default_model = default_model or (lambda: None)
+        self._rest_base = rest_base
+        self._grpc_port = grpc_port or (lambda: None)
+
+    def has_handlers(self) -> bool:
+        return bool(self.handlers) or self.universal_handlers is not None
+
+    def handlers_for(self, model_name: str) -> Handlers | None:
+        """A model's own inference.py wins over the bundle's universal one."""
+        return self.handlers.get(model_name) or self.universal_handlers
+
+    def invoke(
+        self,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None = None,
+        custom_attributes: str | None = None,
+        model_name: str | None = None,
+    ) -> InvocationResult:
+        """Run one invocation; client mistakes come back as 4xx results, never as exceptions."""
+        try:
+            return self._invoke(body, content_type, accept, custom_attributes, model_name)
+        except ServingError as exc:
+            return error_result(exc)
+
+    def _invoke(
+        self,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None,
+        custom_attributes: str | None,
+        model_name: str | None,
+    ) -> InvocationResult:
+        attrs = parse_custom_attributes(custom_attributes)
+        name = model_name or attrs.model_name or self._default_model()
+        if not name:
+            raise InvalidArgument(
+                "No model named: set tfs-model-name in X-Amzn-SageMaker-Custom-Attributes "
+                "or call /models/{name}/invoke"
+            )
+        version = int(attrs.model_version) if attrs.model_version else None
+        method = attrs.method or "predict"
+        handlers = self.handlers_for(name)
+        if handlers is not None:
+            return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
+        tfs_request = content_types.to_tfs_request(body, content_type or "application/json")
+        tfs_body = self.api.rest(method, name, version, None, tfs_request)
+        out, out_type = content_types.from_tfs_response(tfs_body, content_types.parse_accept(accept))
+        return InvocationResult(200, out, out_type)
+
+    def _with_handlers(
+        self,
+        handlers: Handlers,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None,
+        attrs: CustomAttributes,
+        name: str,
+        version: int | None,
+        method: str,
+    ) -> InvocationResult:
+        context = Context(
+            model_name=name,
+            model_version=str(version) if version is not None else None,
+            method=method,
+            rest_uri=self.rest_uri(name, version, method),
+            grpc_port=self._grpc_port(),
+            grpc_uri=_grpc_uri(self._grpc_port()),
+            channel=None,
+            custom_attributes=attrs.raw,
+            request_content_type=content_type,
+            accept_header=accept,
+            content_length=len(body),
+        )
+        out, out_type = handlers.call(io.BytesIO(body), context, self._tfs_call)
+        return InvocationResult(200, out, out_type or "application/json")
+
+    def _tfs_call(self, request_body: bytes | str, context: Context):
+        """In-process TF Serving REST call for input_handler/output_handler flows."""
+        version = int(context.model_version) if context.model_version else None
+        data = request_body.encode() if isinstance(request_body, str) else request_body
+        try:
+            status, body = 200, self.api.rest(context.method, context.model_name, version, None, data)
+        except ServingError as exc:
+            res = error_result(exc)
+            status, body = res.status, res.body
+        return make_requests_response(status, body, "application/json", context.rest_uri)
+
+    def rest_uri(self, name: str, version: int | None, method: str) -> str:
+        """The live TF Serving REST URL a handler can POST to."""
+        base = self._rest_base() if self._rest_base else "http://127.0.0.1:8501"
+        path = f"/v1/models/{name}" + (f"/versions/{version}" if version is not None else "")
+        return f"{base}{path}:{method}"
+
+
+def _grpc_uri(port: int | None) -> str | None:
+    return f"127.0.0.1:{port}" if port else None

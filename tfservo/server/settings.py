@@ -1,0 +1,82 @@
+"""Server settings from flags and SageMaker's environment variables (flags win)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"tfservo: environment variable {name}={raw!r} must be an integer") from None
+
+
+@dataclass
+class ServerSettings:
+    """Everything `tfservo serve` needs to start."""
+
+    paths: list[str] = field(default_factory=lambda: ["/opt/ml/model"])
+    host: str = "127.0.0.1"
+    port: int = 8080
+    grpc_port: int | None = 9000
+    max_request_mb: float = 100.0
+    version_labels: list[str] = field(default_factory=list)
+    default_model_name: str | None = None
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    log_level: str = "info"
+    execution_parameters: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mb * 2**20)
+
+
+def resolve_settings(
+    *,
+    paths: tuple[str, ...] | list[str],
+    host: str | None,
+    port: int | None,
+    grpc_port: int | None,
+    max_request_mb: float | None,
+    version_labels: tuple[str, ...] | list[str],
+    intra_op_threads: int | None,
+    inter_op_threads: int | None,
+    log_level: str | None,
+    env: Mapping[str, str] | None = None,
+) -> ServerSettings:
+    """Merge flags over SAGEMAKER_* variables over defaults."""
+    env = os.environ if env is None else env
+    in_sagemaker = "SAGEMAKER_BIND_TO_PORT" in env
+    return ServerSettings(
+        paths=list(paths) or ["/opt/ml/model"],
+        host=host or ("0.0.0.0" if in_sagemaker else "127.0.0.1"),
+        port=port if port is not None else _env_int(env, "SAGEMAKER_BIND_TO_PORT", 8080),
+        grpc_port=grpc_port if grpc_port is not None else _env_int(env, "TFSERVO_GRPC_PORT", 9000),
+        max_request_mb=max_request_mb if max_request_mb is not None else 100.0,
+        version_labels=list(version_labels),
+        default_model_name=env.get("SAGEMAKER_TFS_DEFAULT_MODEL_NAME") or None,
+        intra_op_threads=intra_op_threads
+        if intra_op_threads is not None
+        else _env_int(env, "SAGEMAKER_TFS_INTRA_OP_PARALLELISM", 0),
+        inter_op_threads=inter_op_threads
+        if inter_op_threads is not None
+        else _env_int(env, "SAGEMAKER_TFS_INTER_OP_PARALLELISM", 0),
+        log_level=log_level or env.get("TFSERVO_LOG_LEVEL", "info"),
+        execution_parameters=execution_parameters_from_env(env),
+    )
+
+
+def execution_parameters_from_env(env: Mapping[str, str]) -> dict[str, object]:
+    """GET /execution-parameters: what SageMaker batch transform asks a container for."""
+    return {
+        "MaxConcurrentTransforms": _env_int(env, "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", os.cpu_count() or 1),
+        "BatchStrategy": env.get("SAGEMAKER_BATCH_STRATEGY", "MultiRecord"),
+        "MaxPayloadInMB": _env_int(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB", 6),
+    }
