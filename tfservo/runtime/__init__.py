@@ -1,17 +1,40 @@
-"""Runtime: load SavedModel versions and run their signatures on numpy arrays. No HTTP here."""
+"""Runtime: load SavedModel versions and run their signatures on numpy arrays. No HTTP here.
+
+`load_saved_model` and `LoadedModel` are imported lazily, so importing the package (or
+`signatures`) does not pull in TensorFlow. TensorFlow's C++ logs are quieted to errors unless
+the user set TF_CPP_MIN_LOG_LEVEL themselves.
+"""
+
+import os
+from typing import Any
 
 from tfservo.runtime.signatures import (
     CLASSIFY_METHOD,
+    DEFAULT_SIGNATURE,
     PREDICT_METHOD,
     REGRESS_METHOD,
     SignatureDef,
     TensorSpec,
 )
 
+QUIET_TENSORFLOW = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
 __all__ = [
     "CLASSIFY_METHOD",
+    "DEFAULT_SIGNATURE",
     "PREDICT_METHOD",
     "REGRESS_METHOD",
+    "LoadedModel",
     "SignatureDef",
     "TensorSpec",
+    "load_saved_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("load_saved_model", "LoadedModel"):
+        from tfservo.runtime import savedmodel
+
+        return getattr(savedmodel, name)
+    raise AttributeError(f"module 'tfservo.runtime' has no attribute {name!r}")

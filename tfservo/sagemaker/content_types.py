@@ -2,8 +2,7 @@
 
 Requests in application/json, application/jsonlines, application/jsons or text/csv become a TF
 Serving REST request the way the container's tensorflowServing.js builds one; TF Serving's JSON
-answer goes back the way that script returns it, or, with `convert=True`, converted to the first
-type the Accept header allows. Where the script is broken (exact Content-Type string compare,
+answer is converted to the first type the Accept header allows. Where the script is broken (exact Content-Type string compare,
 CSV split on every comma, JSON detected by regex) this module parses properly instead.
 """
 
@@ -353,24 +352,13 @@ def _quoted_record(text: str, pos: int, line: int) -> tuple[list[tuple[str, bool
 # -- responses --------------------------------------------------------------------------------
 
 
-def from_tfs_response(
-    body: bytes, accept: Sequence[str], *, convert: bool = False
-) -> tuple[bytes, str]:
+def from_tfs_response(body: bytes, accept: Sequence[str]) -> tuple[bytes, str]:
     """TF Serving's JSON answer as (body, content type) for an Accept list from parse_accept.
 
-    By default this is the container's behaviour: the body stays TF Serving's JSON, whatever
-    Accept says; only when Accept lists a JSON type are the newlines of TF Serving's
-    pretty-printing removed and that type used as Content-Type. With convert=True the answer is
-    converted to the first acceptable of application/json, application/jsonlines (one record
-    per line), text/csv (one row per record), or NotAcceptable (406) is raised.
+    Converted to the first acceptable of application/json (as is), application/jsonlines (one
+    record per line), text/csv (one row per record); nothing acceptable → NotAcceptable (406).
+    The container ignores Accept and always answers TF Serving's JSON; users asked for this.
     """
-    if not convert:
-        for essence in accept:
-            if essence in JSON_TYPES:
-                # The container sets Content-Type to Accept's *first* entry even when that is
-                # not JSON, and only knows jsonlines/json; here it is the JSON type that matched.
-                return body.replace(b"\n", b""), essence
-        return body, JSON
     target = negotiate(accept, CONVERTIBLE_TYPES)
     if target == JSON:
         return body, JSON
@@ -408,8 +396,9 @@ def response_records(doc: Any) -> list[Any]:
             value = doc[key]
             if isinstance(value, list):
                 return value
-            if isinstance(value, dict) and value and all(isinstance(v, list) for v in value.values()):
-                lengths = {len(v) for v in value.values()}
+            columns = value.values() if isinstance(value, dict) else ()
+            if columns and all(isinstance(v, list) for v in columns):
+                lengths = {len(v) for v in columns}
                 if len(lengths) == 1:  # columnar outputs: one list per output, batch first
                     return [{k: v[i] for k, v in value.items()} for i in range(lengths.pop())]
             return [value]

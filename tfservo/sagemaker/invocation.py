@@ -105,7 +105,9 @@ class Invoker:
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
         tfs_request = content_types.to_tfs_request(body, content_type or "application/json")
         tfs_body = self.api.rest(method, name, version, None, tfs_request)
-        out, out_type = content_types.from_tfs_response(tfs_body, content_types.parse_accept(accept))
+        out, out_type = content_types.from_tfs_response(
+            tfs_body, content_types.parse_accept(accept)
+        )
         return InvocationResult(200, out, out_type)
 
     def _with_handlers(
@@ -128,8 +130,8 @@ class Invoker:
             grpc_uri=_grpc_uri(self._grpc_port()),
             channel=None,
             custom_attributes=attrs.raw,
-            request_content_type=content_type,
-            accept_header=accept,
+            request_content_type=content_type or "application/json",
+            accept_header=accept or "application/json",
             content_length=len(body),
         )
         out, out_type = handlers.call(io.BytesIO(body), context, self._tfs_call)

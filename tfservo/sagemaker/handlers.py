@@ -1,0 +1,349 @@
+"""Load a bundle's code/inference.py and run it the way the container's python_service does.
+
+`handler(data, context)` alone, or `input_handler(data, context)` → TF Serving →
+`output_handler(response, context)`; `data` is a binary stream of the request body and
+`response` a real requests.Response. code/lib (or packages from code/requirements.txt) and
+code/ itself are importable, as with the container's gunicorn --pythonpath.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import http
+import importlib.util
+import io
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import IO, Any, NamedTuple
+
+import orjson
+import requests
+from requests.structures import CaseInsensitiveDict
+
+from tfservo.errors import BundleError, HandlerError
+
+log = logging.getLogger("tfservo.handlers")
+
+DEFAULT_CONTENT_TYPE = "application/json"
+_MARKER = ".tfservo-requirements"
+
+
+class Context(NamedTuple):
+    """The `context` handlers get: the container's fields in its order, then grpc_uri.
+
+    The container (tfs_utils.Context) has exactly the first ten; grpc_uri (`host:port`) is
+    what older SageMaker docs and scripts use, so it is appended where it shifts nothing.
+    """
+
+    model_name: str | None
+    model_version: str | None
+    method: str | None
+    rest_uri: str
+    grpc_port: int | str | None
+    channel: Any
+    custom_attributes: str | None
+    request_content_type: str | None
+    accept_header: str | None
+    content_length: int | None
+    grpc_uri: str | None = None
+
+
+TfsCall = Callable[[bytes | str, Context], requests.Response]
+
+
+@dataclass(frozen=True)
+class Handlers:
+    """The handler functions of one inference.py."""
+
+    path: str
+    module: ModuleType
+    handler: Callable[..., Any] | None = None
+    input_handler: Callable[..., Any] | None = None
+    output_handler: Callable[..., Any] | None = None
+
+    def call(
+        self, data: bytes | IO[bytes], context: Context, tfs_call: TfsCall
+    ) -> tuple[bytes, str]:
+        """Run the user flow on one request body; returns (body, content type).
+
+        Exceptions in user code become HandlerError (500) with the exception's message, as the
+        container answers {"error": str(e)}; errors raised by `tfs_call` itself pass through.
+        """
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            data = io.BytesIO(bytes(data))
+        if self.handler is not None:
+            result = self._run("handler", self.handler, data, context)
+        else:
+            assert self.input_handler is not None and self.output_handler is not None
+            processed = self._run("input_handler", self.input_handler, data, context)
+            response = tfs_call(self._request_body(processed), context)
+            result = self._run("output_handler", self.output_handler, response, context)
+        return self._result(result)
+
+    def _run(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return function(*args)
+        except (Exception, SystemExit) as exc:
+            log.error("%s in %s raised %s", name, self.path, type(exc).__name__, exc_info=True)
+            error = HandlerError(str(exc))
+            error.user_traceback = traceback.format_exc()  # type: ignore[attr-defined]
+            raise error from exc
+
+    def _request_body(self, processed: Any) -> bytes | str:
+        """What input_handler returned, as the body of the TF Serving request."""
+        if isinstance(processed, (str, bytes)):
+            return processed
+        if isinstance(processed, (bytearray, memoryview)):
+            return bytes(processed)
+        if processed is None:
+            return b""  # requests.post(data=None) sends an empty body too
+        if isinstance(processed, (dict, list)):
+            # The container's requests.post(data=dict) would form-encode it, which TF Serving
+            # rejects; the evident intent is a JSON request, so send that.
+            try:
+                return orjson.dumps(processed, option=orjson.OPT_SERIALIZE_NUMPY)
+            except orjson.JSONEncodeError as exc:
+                raise HandlerError(
+                    f"input_handler in {self.path} returned a {type(processed).__name__} that "
+                    f"is not JSON-serializable ({exc}); return json.dumps(...) of plain values"
+                ) from exc
+        if hasattr(processed, "read"):
+            return self._run("input_handler's returned stream .read()", processed.read)
+        raise HandlerError(
+            f"input_handler in {self.path} returned {type(processed).__name__}; return the TF "
+            "Serving request body as str or bytes, e.g. json.dumps({'instances': [...]})"
+        )
+
+    def _result(self, result: Any) -> tuple[bytes, str]:
+        """(body, content_type) or a bare body, as bytes and a content type string."""
+        name = "handler" if self.handler is not None else "output_handler"
+        content_type: Any = DEFAULT_CONTENT_TYPE
+        if isinstance(result, (tuple, list)):
+            if len(result) != 2:
+                raise HandlerError(
+                    f"{name} in {self.path} returned a {type(result).__name__} of {len(result)} "
+                    "items; return (body, content_type) or just the body"
+                )
+            result, content_type = result
+        if isinstance(result, str):
+            body = result.encode()
+        elif isinstance(result, (bytes, bytearray, memoryview)):
+            body = bytes(result)
+        elif result is None:
+            body = b""
+        else:
+            raise HandlerError(
+                f"{name} in {self.path} returned a body of type {type(result).__name__}; return "
+                "str or bytes (e.g. json.dumps(...)), optionally as (body, content_type)"
+            )
+        if content_type is None:
+            content_type = DEFAULT_CONTENT_TYPE
+        elif isinstance(content_type, bytes):
+            content_type = content_type.decode("latin-1")
+        elif not isinstance(content_type, str):
+            raise HandlerError(
+                f"{name} in {self.path} returned content type {content_type!r}; "
+                "it must be a str such as 'application/json'"
+            )
+        return body, content_type
+
+
+def load_handlers(
+    code_dir: str, *, module_name: str, extra_paths: tuple[str, ...] = ()
+) -> Handlers | None:
+    """Import code_dir/inference.py as `module_name`; None if there is none.
+
+    code_dir/lib (if any), code_dir and `extra_paths` go to the front of sys.path first. An
+    inference.py that does not import, or defines neither `handler` nor both of
+    `input_handler`/`output_handler`, is a BundleError naming the file and line.
+    """
+    path = os.path.abspath(os.path.join(code_dir, "inference.py"))
+    if not os.path.isfile(path):
+        return None
+    lib = os.path.join(os.path.abspath(code_dir), "lib")
+    # Same order as the container's gunicorn --pythonpath code,code/lib: lib first.
+    for entry in (*reversed(extra_paths), os.path.abspath(code_dir), lib):
+        if (entry != lib or os.path.isdir(lib)) and entry not in sys.path:
+            sys.path.insert(0, entry)
+    module = _import(path, module_name)
+    handler = _function(module, "handler", path)
+    input_handler = _function(module, "input_handler", path)
+    output_handler = _function(module, "output_handler", path)
+    if handler is not None:
+        if input_handler or output_handler:
+            log.warning("%s defines handler; its input_handler/output_handler are not used", path)
+        return Handlers(path, module, handler=handler)
+    if input_handler and output_handler:
+        return Handlers(path, module, input_handler=input_handler, output_handler=output_handler)
+    if input_handler or output_handler:
+        present, missing = ("input_handler", "output_handler")
+        if output_handler:
+            present, missing = missing, present
+        raise BundleError(
+            f"{path} defines {present} but not {missing}; define both, or one "
+            "handler(data, context) that does the whole request"
+        )
+    raise BundleError(
+        f"{path} defines no handlers; define handler(data, context), or both "
+        "input_handler(data, context) and output_handler(response, context)"
+    )
+
+
+def _function(module: ModuleType, name: str, path: str) -> Callable[..., Any] | None:
+    value = getattr(module, name, None)
+    if value is not None and not callable(value):
+        raise BundleError(f"{path}: {name} is a {type(value).__name__}, not a function")
+    return value
+
+
+def _import(path: str, module_name: str) -> ModuleType:
+    """Execute inference.py as a fresh module; import failures name the file and line."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise BundleError(f"{path} cannot be imported as Python source")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running so dataclasses, pickle and typing can find the module.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(module_name, None)
+        where = f"{exc.filename or path}, line {exc.lineno}"
+        code = f": {exc.text.strip()}" if exc.text and exc.text.strip() else ""
+        raise BundleError(
+            f"{where}: {type(exc).__name__}: {exc.msg}{code} (while importing {path}); "
+            "fix the code and start again"
+        ) from exc
+    except (Exception, SystemExit) as exc:
+        sys.modules.pop(module_name, None)
+        raise BundleError(_import_failure(path, exc)) from exc
+    return module
+
+
+def _import_failure(path: str, exc: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    ours = [f for f in frames if os.path.abspath(f.filename) == path]
+    where = f"{path}, line {ours[-1].lineno}" if ours else path
+    deepest = frames[-1] if frames else None
+    if deepest is not None and os.path.abspath(deepest.filename) != path:
+        where += f" (raised in {deepest.filename}, line {deepest.lineno})"
+    message = f"{where}: {type(exc).__name__}: {exc} while importing inference.py"
+    if isinstance(exc, ModuleNotFoundError):
+        code_dir = os.path.dirname(path)
+        message += (
+            f"; put the package in {os.path.join(code_dir, 'lib')} or list it in "
+            f"{os.path.join(code_dir, 'requirements.txt')}"
+        )
+    return message
+
+
+def install_requirements(
+    code_dir: str, target_dir: str, *, timeout: float | None = 1800
+) -> str | None:
+    """pip-install code_dir/requirements.txt into target_dir and put that on sys.path.
+
+    As in the container, a code/lib directory wins: requirements.txt is then ignored with a
+    warning. An install is skipped when target_dir records the same requirements (and Python);
+    a failed one is a BundleError with pip's last lines. Returns target_dir, or None.
+    """
+    requirements = os.path.abspath(os.path.join(code_dir, "requirements.txt"))
+    if not os.path.isfile(requirements):
+        return None
+    if os.path.isdir(os.path.join(code_dir, "lib")):
+        log.warning("loading modules from %s/lib, ignoring %s", code_dir, requirements)
+        return None
+    target = os.path.abspath(target_dir)
+    with open(requirements, "rb") as f:
+        content = f.read()
+    digest = hashlib.sha256(content + sys.version.encode() + sys.executable.encode()).hexdigest()
+    if _read(os.path.join(target, _MARKER)) != digest:
+        _pip_install(requirements, target, digest, timeout)
+    else:
+        log.info("packages from %s already installed in %s", requirements, target)
+    if target not in sys.path:
+        sys.path.insert(0, target)
+    return target
+
+
+def _pip_install(requirements: str, target: str, digest: str, timeout: float | None) -> None:
+    """Install into a fresh directory beside target, then swap it in (no half-installed target)."""
+    staging = f"{target}.installing-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    command = [
+        sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+        "--target", staging, "-r", requirements,
+    ]
+    log.info("installing packages from %s into %s", requirements, target)
+    try:
+        done = subprocess.run(
+            command, cwd=os.path.dirname(requirements), capture_output=True, text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise BundleError(
+            f"pip install -r {requirements} did not finish in {timeout:.0f} s; check the "
+            "network or index settings (PIP_INDEX_URL), or vendor the packages in code/lib"
+        ) from None
+    if done.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = "\n".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-15:])
+        raise BundleError(
+            f"pip could not install {requirements} (exit code {done.returncode}); fix the "
+            f"requirements or vendor the packages in code/lib. pip said:\n{tail}"
+        )
+    with open(os.path.join(staging, _MARKER), "w") as f:
+        f.write(digest)
+    shutil.rmtree(target, ignore_errors=True)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if _read(os.path.join(target, _MARKER)) != digest:  # not another process's same install
+            raise BundleError(
+                f"could not move the packages from {requirements} into {target}; "
+                "check that the directory is writable and not in use"
+            ) from None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def make_requests_response(
+    status: int, body: bytes, content_type: str, url: str
+) -> requests.Response:
+    """A real requests.Response filled in-process, for output_handler(response, context)."""
+    response = requests.Response()
+    response.status_code = status
+    response._content = body
+    response._content_consumed = True  # type: ignore[attr-defined]
+    response.headers = CaseInsensitiveDict(
+        {"Content-Type": content_type, "Content-Length": str(len(body))}
+    )
+    response.encoding = requests.utils.get_encoding_from_headers(response.headers)
+    response.url = url
+    try:
+        response.reason = http.HTTPStatus(status).phrase
+    except ValueError:
+        response.reason = ""
+    response.raw = io.BytesIO(body)
+    response.elapsed = datetime.timedelta(0)
+    try:
+        response.request = requests.Request("POST", url).prepare()
+    except requests.RequestException:
+        pass  # a URL requests cannot prepare; the response is still usable
+    return response
