@@ -10,7 +10,7 @@ import threading
 
 # TF 2.21 writes glog-style lines ("I0000 00:00:… file.cc:12] …", "WARNING: All log messages
 # before absl::InitializeLog()") straight to fd 2 and ignores TF_CPP_MIN_LOG_LEVEL.
-_TF_NOISE = re.compile(rb"^([IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w./-]+:\d+\]|WARNING: All log messages before absl)")
+_TF_NOISE = re.compile(rb"^([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\]|WARNING: All log messages before absl)")
 _filter_started = False
 
 
@@ -60,5 +60,6 @@ def setup_logging(level: str = "info") -> None:
         stream=sys.stderr,
         force=True,
     )
-    for noisy in ("absl", "tensorflow", "h5py", "botocore", "s3fs", "fsspec", "aiobotocore", "urllib3"):
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)  # deprecation notices from the TF1 loader
+    for noisy in ("absl", "h5py", "botocore", "s3fs", "fsspec", "aiobotocore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
