@@ -52,7 +52,41 @@ def main() -> None:
     default=None,
     help="Log level [default: info]; debug logs one line per request.",
 )
-def serve(paths, host, port, grpc_port, version_labels, max_request_mb, intra_op_threads, inter_op_threads, log_level):
+@click.option(
+    "--enable-batching",
+    is_flag=True,
+    default=False,
+    help="Merge concurrent requests into one model call [default: $SAGEMAKER_TFS_ENABLE_BATCHING]; "
+    "sizes from SAGEMAKER_TFS_MAX_BATCH_SIZE (8), SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS (1000), ...",
+)
+@click.option(
+    "--batching-parameters-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="TF Serving batching parameters (text proto: max_batch_size, batch_timeout_micros, "
+    "num_batch_threads, max_enqueued_batches, allowed_batch_sizes); turns batching on.",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Serving processes sharing the port, each with its own copy of the models "
+    "[default: $SAGEMAKER_GUNICORN_WORKERS or 1].",
+)
+def serve(
+    paths,
+    host,
+    port,
+    grpc_port,
+    version_labels,
+    max_request_mb,
+    intra_op_threads,
+    inter_op_threads,
+    log_level,
+    enable_batching,
+    batching_parameters_file,
+    workers,
+):
     """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
 
     PATH is a model dir with numeric versions, a dir of several models, a model.tar.gz,
@@ -72,6 +106,9 @@ def serve(paths, host, port, grpc_port, version_labels, max_request_mb, intra_op
         intra_op_threads=intra_op_threads,
         inter_op_threads=inter_op_threads,
         log_level=log_level,
+        enable_batching=enable_batching,
+        batching_parameters_file=batching_parameters_file,
+        workers=workers,
     )
     setup_logging(settings.log_level)
     try:

@@ -1,14 +1,20 @@
-"""Start the HTTP server: in the foreground for `tfservo serve`, or on loopback in a thread
-so that in-process callers (`tfservo invoke`, transform, Beam) give handlers a live rest_uri.
+"""Start the HTTP server: in the foreground for `tfservo serve` (one or several worker
+processes on one port), or on loopback in a thread so that in-process callers
+(`tfservo invoke`, transform, Beam) give handlers a live rest_uri.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import os
 import socket
+import tempfile
 import threading
 
 import uvicorn
+from starlette.applications import Starlette
 
 from tfservo.sagemaker.service import ModelService, ServiceOptions, check_labels, parse_version_labels
 from tfservo.server.app import build_app
@@ -16,22 +22,43 @@ from tfservo.server.settings import ServerSettings
 
 log = logging.getLogger("tfservo.server")
 
+_WORKER_SETTINGS_ENV = "TFSERVO_WORKER_SETTINGS"
+
 
 def build_service(settings: ServerSettings) -> ModelService:
-    """Open every bundle in settings.paths and load its models."""
+    """Open every bundle in settings.paths and load its models (batched when configured)."""
     labels = parse_version_labels(settings.version_labels)
+    runner_factory = None
+    if settings.batching is not None:
+        from tfservo.batching import make_runner_factory
+
+        runner_factory = make_runner_factory(settings.batching)
     service = ModelService(
         ServiceOptions(
             intra_op_threads=settings.intra_op_threads,
             inter_op_threads=settings.inter_op_threads,
             version_labels=labels,
             default_model_name=settings.default_model_name,
+            runner_factory=runner_factory,
         )
     )
     for path in settings.paths:
         service.add_bundle(path)
     check_labels(service, labels)
     return service
+
+
+def start_worker(settings: ServerSettings, port: int) -> tuple[ModelService, Starlette]:
+    """Everything one serving process needs: the loaded service and its ASGI app."""
+    service = build_service(settings)
+    local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    service.rest_base = f"http://{local_host}:{port}"
+    app = build_app(
+        service,
+        max_request_bytes=settings.max_request_bytes,
+        execution_parameters=settings.execution_parameters,
+    )
+    return service, app
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -45,7 +72,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(app, log_level: str) -> uvicorn.Config:
+def _uvicorn_config(app, log_level: str, **kw) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         loop="uvloop",
@@ -54,35 +81,80 @@ def _uvicorn_config(app, log_level: str) -> uvicorn.Config:
         access_log=False,
         log_level="warning" if log_level.lower() != "debug" else "debug",
         timeout_graceful_shutdown=30,
+        **kw,
     )
 
 
 def serve(settings: ServerSettings) -> None:
     """Load the bundle(s) and serve until SIGINT/SIGTERM (in-flight requests finish first)."""
-    service = build_service(settings)
     sock = bind_socket(settings.host, settings.port)
     port = sock.getsockname()[1]
-    local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    service.rest_base = f"http://{local_host}:{port}"
-    app = build_app(
-        service,
-        max_request_bytes=settings.max_request_bytes,
-        execution_parameters=settings.execution_parameters,
-    )
+    if settings.workers > 1:
+        _serve_workers(settings, sock, port)
+        return
+    service, app = start_worker(settings, port)
     server = uvicorn.Server(_uvicorn_config(app, settings.log_level))
-    log.info(
-        "serving %s on http://%s:%d (models: %s; default: %s)",
-        ", ".join(settings.paths),
-        settings.host,
-        port,
-        ", ".join(service.manager.model_names()) or "none",
-        service.default_model(),
-    )
+    _log_ready(settings, port, service)
     try:
         server.run(sockets=[sock])
     finally:
         service.close()
         log.info("stopped")
+
+
+def _log_ready(settings: ServerSettings, port: int, service: ModelService | None) -> None:
+    models = ", ".join(service.manager.model_names()) if service else "loading in each worker"
+    default = service.default_model() if service else None
+    log.info(
+        "serving %s on http://%s:%d (models: %s; default: %s; workers: %d; batching: %s)",
+        ", ".join(settings.paths),
+        settings.host,
+        port,
+        models or "none",
+        default,
+        settings.workers,
+        "on" if settings.batching else "off",
+    )
+
+
+def _serve_workers(settings: ServerSettings, sock: socket.socket, port: int) -> None:
+    """N processes share the listening socket; each loads the models itself (no fork after TF)."""
+    from uvicorn.supervisors import Multiprocess
+
+    os.environ[_WORKER_SETTINGS_ENV] = json.dumps({**_settings_dict(settings), "port": port})
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="tfservo-metrics-"))
+    config = _uvicorn_config(
+        "tfservo.server.run:worker_app", settings.log_level, factory=True, workers=settings.workers
+    )
+    server = uvicorn.Server(config)
+    _log_ready(settings, port, None)
+    Multiprocess(config, target=server.run, sockets=[sock]).run()
+    log.info("stopped")
+
+
+def _settings_dict(settings: ServerSettings) -> dict:
+    doc = dataclasses.asdict(settings)
+    doc["batching"] = dataclasses.asdict(settings.batching) if settings.batching else None
+    return doc
+
+
+def worker_app() -> Starlette:
+    """uvicorn factory run inside each worker process: settings come from the parent's env."""
+    from tfservo.batching.options import BatchingOptions
+    from tfservo.logs import quiet_tensorflow, setup_logging
+
+    quiet_tensorflow()
+    doc = json.loads(os.environ[_WORKER_SETTINGS_ENV])
+    port = doc.pop("port")
+    batching = doc.pop("batching")
+    settings = ServerSettings(**doc)
+    if batching:
+        batching["allowed_batch_sizes"] = tuple(batching["allowed_batch_sizes"])
+        settings.batching = BatchingOptions(**batching)
+    setup_logging(settings.log_level)
+    _, app = start_worker(settings, port)
+    log.info("worker %d ready", os.getpid())
+    return app
 
 
 class LoopbackServer:

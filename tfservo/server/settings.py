@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tfservo.batching.options import BatchingOptions
+
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
@@ -32,6 +34,8 @@ class ServerSettings:
     inter_op_threads: int = 0
     log_level: str = "info"
     execution_parameters: dict[str, object] = field(default_factory=dict)
+    batching: BatchingOptions | None = None
+    workers: int = 1
 
     @property
     def max_request_bytes(self) -> int:
@@ -49,10 +53,16 @@ def resolve_settings(
     intra_op_threads: int | None,
     inter_op_threads: int | None,
     log_level: str | None,
+    enable_batching: bool = False,
+    batching_parameters_file: str | None = None,
+    workers: int | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ServerSettings:
     """Merge flags over SAGEMAKER_* variables over defaults."""
     env = os.environ if env is None else env
+    workers = workers if workers is not None else _env_int(env, "SAGEMAKER_GUNICORN_WORKERS", 1)
+    if workers < 1:
+        raise SystemExit(f"tfservo: --workers must be at least 1, got {workers}")
     in_sagemaker = "SAGEMAKER_BIND_TO_PORT" in env
     return ServerSettings(
         paths=list(paths) or ["/opt/ml/model"],
@@ -70,7 +80,23 @@ def resolve_settings(
         else _env_int(env, "SAGEMAKER_TFS_INTER_OP_PARALLELISM", 0),
         log_level=log_level or env.get("TFSERVO_LOG_LEVEL", "info"),
         execution_parameters=execution_parameters_from_env(env),
+        batching=resolve_batching(enable_batching, batching_parameters_file, env),
+        workers=workers,
     )
+
+
+def resolve_batching(
+    enable: bool, parameters_file: str | None, env: Mapping[str, str]
+) -> BatchingOptions | None:
+    """--enable-batching [--batching-parameters-file] or SAGEMAKER_TFS_ENABLE_BATCHING and friends."""
+    try:
+        if parameters_file:
+            return BatchingOptions.from_parameters_file(parameters_file)
+        if enable:
+            return BatchingOptions.from_env({**env, "SAGEMAKER_TFS_ENABLE_BATCHING": "true"})
+        return BatchingOptions.from_env(env)
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"tfservo: batching settings: {exc}") from None
 
 
 def execution_parameters_from_env(env: Mapping[str, str]) -> dict[str, object]:
