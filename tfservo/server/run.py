@@ -102,16 +102,15 @@ def serve(settings: ServerSettings) -> None:
         log.info("stopped")
 
 
-def _log_ready(settings: ServerSettings, port: int, service: ModelService | None) -> None:
-    models = ", ".join(service.manager.model_names()) if service else "loading in each worker"
-    default = service.default_model() if service else None
+def _log_ready(settings: ServerSettings, port: int, service: ModelService) -> None:
     log.info(
-        "serving %s on http://%s:%d (models: %s; default: %s; workers: %d; batching: %s)",
+        "serving %s on http://%s:%d (models: %s; default: %s; pid %d of %d workers; batching: %s)",
         ", ".join(settings.paths),
         settings.host,
         port,
-        models or "none",
-        default,
+        ", ".join(service.manager.model_names()) or "none",
+        service.default_model(),
+        os.getpid(),
         settings.workers,
         "on" if settings.batching else "off",
     )
@@ -126,9 +125,8 @@ def _serve_workers(settings: ServerSettings, sock: socket.socket, port: int) -> 
     config = _uvicorn_config(
         "tfservo.server.run:worker_app", settings.log_level, factory=True, workers=settings.workers
     )
-    server = uvicorn.Server(config)
-    _log_ready(settings, port, None)
-    Multiprocess(config, target=server.run, sockets=[sock]).run()
+    log.info("starting %d workers on %s:%d", settings.workers, settings.host, port)
+    Multiprocess(config, sockets=[sock]).run()
     log.info("stopped")
 
 
@@ -152,8 +150,8 @@ def worker_app() -> Starlette:
         batching["allowed_batch_sizes"] = tuple(batching["allowed_batch_sizes"])
         settings.batching = BatchingOptions(**batching)
     setup_logging(settings.log_level)
-    _, app = start_worker(settings, port)
-    log.info("worker %d ready", os.getpid())
+    service, app = start_worker(settings, port)
+    _log_ready(settings, port, service)
     return app
 
 
