@@ -21,3 +21,33 @@ def testdata() -> Path:
 
 
 from s3_server import s3_bucket, s3_endpoint  # noqa: E402,F401  (moto S3 fixtures for all tests)
+
+
+@pytest.fixture(scope="session")
+def tfs_server(testdata):
+    """One `tfservo serve` on the TF Serving and SageMaker-container test models, shared by tests."""
+    from server_process import ServerProcess
+
+    server = ServerProcess(
+        [
+            str(TFS / "saved_model_half_plus_two_2_versions"),
+            str(TFS / "saved_model_half_plus_three"),
+            str(TFS / "saved_model_half_plus_two_tf2_cpu"),
+            str(SMC / "resources" / "models" / "half_plus_three"),
+            "--version-label",
+            "saved_model_half_plus_two_2_versions:stable=123",
+            "--version-label",
+            "saved_model_half_plus_two_2_versions:canary=124",
+            "--max-request-mb",
+            "1",
+        ],
+        env={"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "half_plus_three"},
+    ).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def http(tfs_server):
+    with tfs_server.client() as client:
+        yield client
