@@ -39,7 +39,7 @@ def tfs_server(testdata):
             "--version-label",
             "saved_model_half_plus_two_2_versions:canary=124",
             "--max-request-mb",
-            "1",
+            "4",
         ],
         env={"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "half_plus_three"},
     ).start()

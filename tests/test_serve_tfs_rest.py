@@ -152,7 +152,7 @@ def test_bad_requests_get_json_errors(http, method, path, body, status):
 
 
 def test_body_over_limit_is_413(http):
-    r = http.post(f"/v1/models/{M}:predict", content=b"[" + b"1.0," * 400_000 + b"1.0]")
+    r = http.post(f"/v1/models/{M}:predict", content=b"[" + b"1.0," * 1_200_000 + b"1.0]")
     assert r.status_code == 413
     assert "--max-request-mb" in r.json()["error"]
 

@@ -103,7 +103,7 @@ class Invoker:
         handlers = self.handlers_for(name)
         if handlers is not None:
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
-        tfs_request = content_types.to_tfs_request(body, content_type or "application/json")
+        tfs_request = content_types.to_tfs_request(body, content_type or "")
         tfs_body = self.api.rest(method, name, version, None, tfs_request)
         out, out_type = content_types.from_tfs_response(
             tfs_body, content_types.parse_accept(accept)
