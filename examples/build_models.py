@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tfservo.logs import quiet_tensorflow
+
+quiet_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 
