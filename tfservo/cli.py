@@ -73,6 +73,35 @@ def main() -> None:
     help="Serving processes sharing the port, each with its own copy of the models "
     "[default: $SAGEMAKER_GUNICORN_WORKERS or 1].",
 )
+@click.option(
+    "--multi-model",
+    is_flag=True,
+    default=False,
+    help="SageMaker multi-model mode: start with no models; POST /models loads one from under "
+    "--model-root [default: $SAGEMAKER_MULTI_MODEL=true].",
+)
+@click.option(
+    "--model-root",
+    default=None,
+    metavar="DIR",
+    help="Multi-model mode: the only dir models may be loaded from [default: /opt/ml/models].",
+)
+@click.option(
+    "--model-config-file",
+    "--model_config_file",
+    "model_config_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="TF Serving's text ModelServerConfig: models, base paths, version policies and labels.",
+)
+@click.option(
+    "--file-system-poll-wait-seconds",
+    "--file_system_poll_wait_seconds",
+    "file_system_poll_wait_seconds",
+    type=float,
+    default=None,
+    help="Check model base paths for new or removed version dirs this often [default: 0, never].",
+)
 def serve(
     paths,
     host,
@@ -86,6 +115,10 @@ def serve(
     enable_batching,
     batching_parameters_file,
     workers,
+    multi_model,
+    model_root,
+    model_config_file,
+    file_system_poll_wait_seconds,
 ):
     """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
 
@@ -109,6 +142,10 @@ def serve(
         enable_batching=enable_batching,
         batching_parameters_file=batching_parameters_file,
         workers=workers,
+        multi_model=multi_model,
+        model_root=model_root,
+        model_config_file=model_config_file,
+        file_system_poll_wait_seconds=file_system_poll_wait_seconds,
     )
     setup_logging(settings.log_level)
     try:
@@ -169,6 +206,11 @@ def invoke(path: str, content_type: str, accept: str | None, custom_attributes: 
     if not result.ok:
         click.echo(f"tfservo: invocation failed with status {result.status}", err=True)
         sys.exit(1)
+
+
+from tfservo.cli_transform import transform  # noqa: E402  (kept in its own module: many flags)
+
+main.add_command(transform)
 
 
 if __name__ == "__main__":

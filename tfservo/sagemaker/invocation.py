@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -61,6 +64,8 @@ class Invoker:
         self._default_model = default_model or (lambda: None)
         self._rest_base = rest_base
         self._grpc_port = grpc_port or (lambda: None)
+        self._channel: tuple[str, Any] | None = None
+        self._channel_lock = threading.Lock()
 
     def has_handlers(self) -> bool:
         return bool(self.handlers) or self.universal_handlers is not None
@@ -95,8 +100,8 @@ class Invoker:
         name = model_name or attrs.model_name or self._default_model()
         if not name:
             raise InvalidArgument(
-                "No model named: set tfs-model-name in X-Amzn-SageMaker-Custom-Attributes "
-                "or call /models/{name}/invoke"
+                "Invocation request does not contain model name: set tfs-model-name in "
+                "X-Amzn-SageMaker-Custom-Attributes or call /models/{name}/invoke"
             )
         version = int(attrs.model_version) if attrs.model_version else None
         method = attrs.method or "predict"
@@ -127,8 +132,8 @@ class Invoker:
             method=method,
             rest_uri=self.rest_uri(name, version, method),
             grpc_port=self._grpc_port(),
-            grpc_uri=_grpc_uri(self._grpc_port()),
-            channel=None,
+            grpc_uri=self.grpc_uri(),
+            channel=self.grpc_channel(),
             custom_attributes=attrs.raw,
             request_content_type=content_type or "application/json",
             accept_header=accept or "application/json",
@@ -154,6 +159,24 @@ class Invoker:
         path = f"/v1/models/{name}" + (f"/versions/{version}" if version is not None else "")
         return f"{base}{path}:{method}"
 
+    def grpc_uri(self) -> str | None:
+        """`host:port` of this server's gRPC API (on the REST host, which reaches this server)."""
+        port = self._grpc_port()
+        if not port:
+            return None
+        host = (urlsplit(self._rest_base()).hostname if self._rest_base else None) or "127.0.0.1"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-def _grpc_uri(port: int | None) -> str | None:
-    return f"127.0.0.1:{port}" if port else None
+    def grpc_channel(self) -> Any:
+        """A grpc channel to this server, made on first use and shared (it connects lazily too)."""
+        uri = self.grpc_uri()
+        if uri is None:
+            return None
+        with self._channel_lock:
+            if self._channel is None or self._channel[0] != uri:
+                import grpc
+
+                # No 4 MB cap on answers: a handler may fetch outputs as large as REST would send.
+                options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+                self._channel = (uri, grpc.insecure_channel(uri, options=options))
+            return self._channel[1]

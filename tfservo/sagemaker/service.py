@@ -19,7 +19,10 @@ from tfservo.errors import BundleError
 from tfservo.sagemaker.handlers import Handlers, install_requirements, load_handlers
 from tfservo.sagemaker.invocation import Invoker
 from tfservo.tfserving.api import TFServingAPI
+from tfservo.tfserving.lifecycle import ModelLifecycle
+from tfservo.tfserving.model_config import VersionPolicy
 from tfservo.tfserving.servables import ModelManager, RunnerFactory, ServableVersion
+from tfservo.tfserving.warmup import replay_warmup
 
 log = logging.getLogger("tfservo.service")
 
@@ -35,6 +38,7 @@ class ServiceOptions:
     runner_factory: RunnerFactory | None = None
     on_event: Callable[[ServableVersion], None] | None = None
     requirements_dir: str | None = None
+    multi_model: bool = False  # SageMaker multi-model mode: no default model, /ping = "up"
 
 
 class ModelService:
@@ -48,9 +52,13 @@ class ModelService:
             inter=self.options.inter_op_threads,
         )
         self.manager = ModelManager(
-            loader, runner_factory=self.options.runner_factory, on_event=self.options.on_event
+            loader,
+            runner_factory=self.options.runner_factory,
+            on_event=self.options.on_event,
+            warmup=lambda sv: replay_warmup(self.api, sv),
         )
         self.api = TFServingAPI(self.manager)
+        self.lifecycle = ModelLifecycle(self.manager)
         self.bundles: list[Bundle] = []
         self.configured_models: list[str] = []
         self.rest_base: str | None = None
@@ -74,8 +82,13 @@ class ModelService:
         self.bundles.append(bundle)
         return bundle
 
-    def add_model(self, source: ModelSource) -> None:
-        """Load all versions of one model and its own code/ (if any)."""
+    def add_model(
+        self,
+        source: ModelSource,
+        policy: VersionPolicy | None = None,
+        labels: Mapping[str, int] | None = None,
+    ) -> None:
+        """Load one model's versions (all of them unless `policy` says otherwise) and its own code/."""
         if source.name in self.manager.model_names():
             raise BundleError(
                 f"Model name {source.name} appears twice (again in {source.base_path}); "
@@ -85,12 +98,30 @@ class ModelService:
             handlers = self._prepare_code(source.code_dir, source.name)
             if handlers is not None:
                 self.invoker.handlers[source.name] = handlers
-        labels = self.options.version_labels.get(source.name)
-        self.manager.add_model(source.name, source.versions, labels)
+        if labels is None:
+            labels = self.options.version_labels.get(source.name)
+        try:
+            self.lifecycle.watch(
+                source.name, source.base_path, policy or VersionPolicy.all(), labels, source.versions
+            )
+        except Exception:
+            self.invoker.handlers.pop(source.name, None)
+            raise
         self.configured_models.append(source.name)
 
+    def set_universal_code(self, code_dir: str) -> None:
+        """Use `code_dir`/inference.py for every model without its own code/."""
+        self.invoker.universal_handlers = self._prepare_code(code_dir, "universal")
+
+    @functools.cached_property
+    def model_config(self):  # -> tfservo.sagemaker.model_config_reloader.ModelConfigReloader
+        """Models from TF Serving's model config file; `reload_config` swaps the whole list."""
+        from tfservo.sagemaker.model_config_reloader import ModelConfigReloader
+
+        return ModelConfigReloader(self)
+
     def remove_model(self, name: str) -> None:
-        self.manager.remove_model(name)
+        self.lifecycle.unwatch(name)
         self.invoker.handlers.pop(name, None)
         if name in self.configured_models:
             self.configured_models.remove(name)
@@ -98,7 +129,8 @@ class ModelService:
     def _prepare_code(self, code_dir: str, label: str) -> Handlers | None:
         target = os.path.join(
             self.options.requirements_dir or os.path.join(tempfile.gettempdir(), "tfservo-requirements"),
-            hashlib.sha256(os.path.abspath(code_dir).encode()).hexdigest()[:16],
+            # keyed by what is installed, so a re-extracted archive reuses its earlier install
+            hashlib.sha256(label.encode() + _read_or_empty(os.path.join(code_dir, "requirements.txt"))).hexdigest()[:16],
         )
         install_requirements(code_dir, target)
         module = f"tfservo_user_inference_{label.replace('.', '_').replace('-', '_')}"
@@ -110,15 +142,20 @@ class ModelService:
         """SAGEMAKER_TFS_DEFAULT_MODEL_NAME (or --default-model), else the first model by name."""
         if self.options.default_model_name:
             return self.options.default_model_name
+        if self.options.multi_model:
+            return None  # a multi-model endpoint has no default: requests must name the model
         names = self.manager.model_names()
         return names[0] if names else None
 
     def is_healthy(self) -> bool:
-        """Every configured model has at least one AVAILABLE version."""
+        """Every configured model has at least one AVAILABLE version (multi-model mode: always)."""
+        if self.options.multi_model:
+            return True
         served = {m.name: m for m in self.manager.models()}
         return all(name in served and served[name].available() for name in self.configured_models)
 
     def close(self) -> None:
+        self.lifecycle.stop()
         self.manager.close()
 
 
@@ -150,3 +187,11 @@ def check_labels(service: ModelService, labels: Mapping[str, Mapping[str, int]])
                 f"--version-label names model {model}, which is not in the bundle; "
                 f"models: {', '.join(service.manager.model_names())}"
             )
+
+
+def _read_or_empty(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

@@ -14,25 +14,28 @@ import tempfile
 import threading
 
 import uvicorn
-from starlette.applications import Starlette
 
 from tfservo.sagemaker.service import ModelService, ServiceOptions, check_labels, parse_version_labels
 from tfservo.server.app import build_app
+from tfservo.server.grpc_endpoint import start_grpc
+from tfservo.server.metrics import ASGIApp, Metrics
+from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.settings import ServerSettings
 
 log = logging.getLogger("tfservo.server")
 
 _WORKER_SETTINGS_ENV = "TFSERVO_WORKER_SETTINGS"
+_GRACE_SECONDS = 30.0  # how long a stop waits for requests in flight
 
 
-def build_service(settings: ServerSettings) -> ModelService:
+def build_service(settings: ServerSettings, metrics: Metrics | None = None) -> ModelService:
     """Open every bundle in settings.paths and load its models (batched when configured)."""
     labels = parse_version_labels(settings.version_labels)
     runner_factory = None
     if settings.batching is not None:
         from tfservo.batching import make_runner_factory
 
-        runner_factory = make_runner_factory(settings.batching)
+        runner_factory = make_runner_factory(settings.batching, on_batch=metrics.batch_hook if metrics else None)
     service = ModelService(
         ServiceOptions(
             intra_op_threads=settings.intra_op_threads,
@@ -40,25 +43,44 @@ def build_service(settings: ServerSettings) -> ModelService:
             version_labels=labels,
             default_model_name=settings.default_model_name,
             runner_factory=runner_factory,
+            multi_model=settings.multi_model,
+            on_event=metrics.model_event if metrics else None,
         )
     )
     for path in settings.paths:
         service.add_bundle(path)
+    if settings.model_config_file:
+        service.model_config.load_file(settings.model_config_file)
     check_labels(service, labels)
+    service.lifecycle.start_polling(settings.file_system_poll_wait_seconds)
     return service
 
 
-def start_worker(settings: ServerSettings, port: int) -> tuple[ModelService, Starlette]:
-    """Everything one serving process needs: the loaded service and its ASGI app."""
-    service = build_service(settings)
+def start_worker(
+    settings: ServerSettings, port: int, metrics: Metrics | None = None, drain: Drain | None = None
+) -> tuple[ModelService, ASGIApp]:
+    """Everything one serving process needs: the loaded service and its ASGI app (with /metrics)."""
+    metrics = metrics or Metrics()
+    service = build_service(settings, metrics)
     local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     service.rest_base = f"http://{local_host}:{port}"
+    extra_routes = []
+    if settings.multi_model:
+        from tfservo.sagemaker.multi_model import MultiModelEndpoint
+        from tfservo.server.multi_model import multi_model_routes
+
+        endpoint = MultiModelEndpoint(service, settings.model_root)
+        extra_routes = multi_model_routes(endpoint, max_request_bytes=settings.max_request_bytes)
     app = build_app(
         service,
         max_request_bytes=settings.max_request_bytes,
         execution_parameters=settings.execution_parameters,
+        extra_routes=extra_routes,
     )
-    return service, app
+    routes = app.routes
+    if drain is not None:
+        app = drain.asgi(app)
+    return service, metrics.asgi(app, service, routes)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -92,12 +114,21 @@ def serve(settings: ServerSettings) -> None:
     if settings.workers > 1:
         _serve_workers(settings, sock, port)
         return
-    service, app = start_worker(settings, port)
-    server = uvicorn.Server(_uvicorn_config(app, settings.log_level))
+    metrics, drain = Metrics(), Drain()
+    service, app = start_worker(settings, port, metrics, drain)
+    grpc_server = start_grpc(service, settings, metrics)
+    server = GracefulServer(
+        _uvicorn_config(app, settings.log_level),
+        drain,
+        on_stop=lambda: grpc_server.stop(_GRACE_SECONDS) if grpc_server else None,
+        grace_seconds=_GRACE_SECONDS,
+    )
     _log_ready(settings, port, service)
     try:
         server.run(sockets=[sock])
     finally:
+        if grpc_server is not None:
+            grpc_server.stop(_GRACE_SECONDS).wait(_GRACE_SECONDS + 5)
         service.close()
         log.info("stopped")
 
@@ -105,7 +136,8 @@ def serve(settings: ServerSettings) -> None:
 def _log_ready(settings: ServerSettings, port: int, service: ModelService) -> None:
     log.info(
         "serving %s on http://%s:%d (models: %s; default: %s; pid %d of %d workers; batching: %s)",
-        ", ".join(settings.paths),
+        ", ".join(settings.paths)
+        or (f"multi-model root {settings.model_root}" if settings.multi_model else settings.model_config_file),
         settings.host,
         port,
         ", ".join(service.manager.model_names()) or "none",
@@ -136,7 +168,7 @@ def _settings_dict(settings: ServerSettings) -> dict:
     return doc
 
 
-def worker_app() -> Starlette:
+def worker_app() -> ASGIApp:
     """uvicorn factory run inside each worker process: settings come from the parent's env."""
     from tfservo.batching.options import BatchingOptions
     from tfservo.logs import quiet_tensorflow, setup_logging

@@ -36,6 +36,10 @@ class ServerSettings:
     execution_parameters: dict[str, object] = field(default_factory=dict)
     batching: BatchingOptions | None = None
     workers: int = 1
+    multi_model: bool = False
+    model_root: str = "/opt/ml/models"
+    model_config_file: str | None = None
+    file_system_poll_wait_seconds: float = 0.0
 
     @property
     def max_request_bytes(self) -> int:
@@ -56,6 +60,10 @@ def resolve_settings(
     enable_batching: bool = False,
     batching_parameters_file: str | None = None,
     workers: int | None = None,
+    multi_model: bool = False,
+    model_root: str | None = None,
+    model_config_file: str | None = None,
+    file_system_poll_wait_seconds: float | None = None,
     env: Mapping[str, str] | None = None,
 ) -> ServerSettings:
     """Merge flags over SAGEMAKER_* variables over defaults."""
@@ -63,13 +71,27 @@ def resolve_settings(
     workers = workers if workers is not None else _env_int(env, "SAGEMAKER_GUNICORN_WORKERS", 1)
     if workers < 1:
         raise SystemExit(f"tfservo: --workers must be at least 1, got {workers}")
+    multi_model = multi_model or env.get("SAGEMAKER_MULTI_MODEL", "").lower() == "true"
+    if multi_model and paths:
+        raise SystemExit(
+            f"tfservo: multi-model mode starts with no models, but PATH {paths[0]} was given; "
+            "drop PATH and load models with POST /models, or drop --multi-model / SAGEMAKER_MULTI_MODEL"
+        )
+    if multi_model and workers > 1:
+        raise SystemExit(
+            "tfservo: multi-model mode needs one worker (models are loaded into one process); "
+            "drop --workers / SAGEMAKER_GUNICORN_WORKERS"
+        )
+    poll = file_system_poll_wait_seconds or 0.0
+    if poll < 0:
+        raise SystemExit(f"tfservo: --file-system-poll-wait-seconds must be 0 (off) or more, got {poll:g}")
     in_sagemaker = "SAGEMAKER_BIND_TO_PORT" in env
     return ServerSettings(
-        paths=list(paths) or ["/opt/ml/model"],
+        paths=list(paths) or ([] if multi_model or model_config_file else ["/opt/ml/model"]),
         host=host or ("0.0.0.0" if in_sagemaker else "127.0.0.1"),
         port=port if port is not None else _env_int(env, "SAGEMAKER_BIND_TO_PORT", 8080),
         grpc_port=grpc_port if grpc_port is not None else _env_int(env, "TFSERVO_GRPC_PORT", 9000),
-        max_request_mb=max_request_mb if max_request_mb is not None else 100.0,
+        max_request_mb=max_request_mb if max_request_mb is not None else _default_max_request_mb(env),
         version_labels=list(version_labels),
         default_model_name=env.get("SAGEMAKER_TFS_DEFAULT_MODEL_NAME") or None,
         intra_op_threads=intra_op_threads
@@ -82,6 +104,10 @@ def resolve_settings(
         execution_parameters=execution_parameters_from_env(env),
         batching=resolve_batching(enable_batching, batching_parameters_file, env),
         workers=workers,
+        multi_model=multi_model,
+        model_root=model_root or "/opt/ml/models",
+        model_config_file=model_config_file,
+        file_system_poll_wait_seconds=poll,
     )
 
 
@@ -100,9 +126,30 @@ def resolve_batching(
 
 
 def execution_parameters_from_env(env: Mapping[str, str]) -> dict[str, object]:
-    """GET /execution-parameters: what SageMaker batch transform asks a container for."""
+    """GET /execution-parameters: what SageMaker batch transform asks a container for.
+
+    SageMaker sets SAGEMAKER_BATCH_STRATEGY as MULTI_RECORD / SINGLE_RECORD; the endpoint
+    answers the API's spelling (MultiRecord / SingleRecord).
+    """
+    raw = env.get("SAGEMAKER_BATCH_STRATEGY") or "MultiRecord"
+    strategy = _BATCH_STRATEGIES.get(raw.replace("_", "").replace("-", "").lower())
+    if strategy is None:
+        raise SystemExit(
+            f"tfservo: environment variable SAGEMAKER_BATCH_STRATEGY={raw!r} must be "
+            "MultiRecord (MULTI_RECORD) or SingleRecord (SINGLE_RECORD)"
+        )
     return {
         "MaxConcurrentTransforms": _env_int(env, "SAGEMAKER_MAX_CONCURRENT_TRANSFORMS", os.cpu_count() or 1),
-        "BatchStrategy": env.get("SAGEMAKER_BATCH_STRATEGY", "MultiRecord"),
+        "BatchStrategy": strategy,
         "MaxPayloadInMB": _env_int(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB", 6),
     }
+
+
+_BATCH_STRATEGIES = {"multirecord": "MultiRecord", "singlerecord": "SingleRecord"}
+
+
+def _default_max_request_mb(env: Mapping[str, str]) -> float:
+    """100 MB; in a SageMaker batch job (SAGEMAKER_BATCH=true) at least the payload it will send."""
+    if env.get("SAGEMAKER_BATCH", "").lower() == "true":
+        return float(max(100, _env_int(env, "SAGEMAKER_MAX_PAYLOAD_IN_MB", 6)))
+    return 100.0

@@ -45,8 +45,18 @@ class TFServingAPI:
         output_keys: Sequence[str] | None = None,
     ) -> tuple[ServableVersion, dict[str, np.ndarray]]:
         sv = self.manager.resolve(name, version, label)
+        return sv, self.predict_on(sv, signature_name, inputs, output_keys)
+
+    def predict_on(
+        self,
+        sv: ServableVersion,
+        signature_name: str,
+        inputs: dict[str, np.ndarray],
+        output_keys: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Predict on one given version (also one still loading: warmup replays through this)."""
         sv.signature(signature_name or DEFAULT_SIGNATURE)
-        return sv, sv.run(signature_name or DEFAULT_SIGNATURE, inputs, output_keys)
+        return sv.run(signature_name or DEFAULT_SIGNATURE, inputs, output_keys)
 
     def classify(
         self,
@@ -57,8 +67,14 @@ class TFServingAPI:
         examples: Sequence[bytes],
     ) -> tuple[ServableVersion, list[list[tuple[str, float]]]]:
         sv = self.manager.resolve(name, version, label)
+        return sv, self.classify_on(sv, signature_name, examples)
+
+    def classify_on(
+        self, sv: ServableVersion, signature_name: str, examples: Sequence[bytes]
+    ) -> list[list[tuple[str, float]]]:
+        """Classify on one given version (also one still loading, for warmup)."""
         sig, outputs = self._run_examples(sv, signature_name, examples, CLASSIFY_METHOD)
-        return sv, classification_results(outputs, sig, len(examples))
+        return classification_results(outputs, sig, len(examples))
 
     def regress(
         self,
@@ -69,8 +85,14 @@ class TFServingAPI:
         examples: Sequence[bytes],
     ) -> tuple[ServableVersion, list[float]]:
         sv = self.manager.resolve(name, version, label)
+        return sv, self.regress_on(sv, signature_name, examples)
+
+    def regress_on(
+        self, sv: ServableVersion, signature_name: str, examples: Sequence[bytes]
+    ) -> list[float]:
+        """Regress on one given version (also one still loading, for warmup)."""
         sig, outputs = self._run_examples(sv, signature_name, examples, REGRESS_METHOD)
-        return sv, regression_results(outputs, sig, len(examples))
+        return regression_results(outputs, sig, len(examples))
 
     def _run_examples(
         self, sv: ServableVersion, signature_name: str, examples: Sequence[bytes], method: str
@@ -131,6 +153,11 @@ class TFServingAPI:
             "metadata": {"signature_def": sig_map},
         }
 
+    def signature_defs(self, name: str, version: int | None, label: str | None) -> tuple[ServableVersion, Any]:
+        """The resolved version and its SignatureDefMap proto (gRPC GetModelMetadata)."""
+        sv = self.manager.resolve(name, version, label)
+        return sv, signature_def_map_proto(sv.model.meta_graph_def)
+
     def status(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
         """GET /v1/models/{m}: the state of every version (or the one asked for)."""
         served = self.manager.model(name)
@@ -155,13 +182,18 @@ class TFServingAPI:
 
 def signature_def_map(meta_graph_def: Any) -> dict[str, Any]:
     """A MetaGraphDef's signatures as TF Serving prints a SignatureDefMap in JSON."""
+    return json_format.MessageToDict(
+        signature_def_map_proto(meta_graph_def),
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+
+
+def signature_def_map_proto(meta_graph_def: Any) -> Any:
+    """A MetaGraphDef's signatures as TF Serving's SignatureDefMap proto."""
     from tensorflow_serving.apis import get_model_metadata_pb2
 
     sig_map = get_model_metadata_pb2.SignatureDefMap()
     for key, sig in meta_graph_def.signature_def.items():
         sig_map.signature_def[key].CopyFrom(sig)
-    return json_format.MessageToDict(
-        sig_map,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-    )
+    return sig_map

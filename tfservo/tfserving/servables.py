@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from tfservo.errors import InvalidArgument, ModelLoadError, NotFound
+from tfservo.errors import InvalidArgument, ModelLoadError, NotFound, ServingError, Unavailable
 from tfservo.runtime.signatures import SignatureDef
+from tfservo.tfserving.request_labels import note_model, note_version
 
 log = logging.getLogger("tfservo.models")
 
@@ -47,6 +48,11 @@ class ServableVersion:
     model: Any = None  # tfservo.runtime.savedmodel.LoadedModel once AVAILABLE
     runner: Runner | None = None
     load_seconds: float | None = None
+    # In-flight calls and the last time a request resolved to this version: an unload waits
+    # for both to settle, so requests that picked this version before it retired still finish.
+    inflight: int = field(default=0, repr=False, compare=False)
+    last_resolved: float = field(default=0.0, repr=False, compare=False)
+    _calls: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
 
     @property
     def signatures(self) -> dict[str, SignatureDef]:
@@ -70,8 +76,34 @@ class ServableVersion:
         output_keys: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run a signature through this version's runner (the batcher when batching is on)."""
-        runner = self.runner or self.model.run
-        return runner(signature_name, inputs, output_keys)
+        with self._calls:
+            if self.state is State.END or self.model is None:
+                raise Unavailable(
+                    f"Model {self.model_name} version {self.version} was unloaded before this "
+                    "request reached it; retry the request"
+                )
+            self.inflight += 1
+        try:
+            runner = self.runner or self.model.run
+            return runner(signature_name, inputs, output_keys)
+        finally:
+            with self._calls:
+                self.inflight -= 1
+                self._calls.notify_all()
+
+    def drain(self, grace_seconds: float, timeout: float) -> bool:
+        """Wait until no call is in flight and none resolved in the last `grace_seconds`."""
+        deadline = time.monotonic() + timeout
+        with self._calls:
+            while True:
+                now = time.monotonic()
+                quiet_for = now - self.last_resolved
+                if self.inflight == 0 and quiet_for >= grace_seconds:
+                    return True
+                if now >= deadline:
+                    return False
+                wait = grace_seconds - quiet_for if self.inflight == 0 else 0.05
+                self._calls.wait(min(max(wait, 0.01), deadline - now))
 
 
 Loader = Callable[[str], Any]
@@ -99,10 +131,16 @@ class ModelManager:
         *,
         runner_factory: RunnerFactory | None = None,
         on_event: Callable[[ServableVersion], None] | None = None,
+        warmup: Callable[[ServableVersion], object] | None = None,
+        drain_grace_seconds: float = 1.0,
+        drain_timeout_seconds: float = 60.0,
     ) -> None:
         self._loader = loader
         self._runner_factory = runner_factory
         self._on_event = on_event
+        self.warmup = warmup  # runs between load and AVAILABLE; raising fails the version
+        self.drain_grace_seconds = drain_grace_seconds
+        self.drain_timeout_seconds = drain_timeout_seconds
         self._models: dict[str, ServedModel] = {}
         self._lock = threading.RLock()
 
@@ -139,16 +177,39 @@ class ModelManager:
             sv.state, sv.error = State.END, f"{type(exc).__name__}: {exc}"
             log.exception("model %s version %d failed to load", name, version)
         else:
-            sv.load_seconds = time.perf_counter() - t0
             if self._runner_factory is not None:
                 sv.runner = self._runner_factory(sv)
-            sv.state = State.AVAILABLE
-            log.info(
-                "model %s version %d AVAILABLE from %s (%.2fs)", name, version, path, sv.load_seconds
-            )
+            if self._warm_up(sv):
+                sv.load_seconds = time.perf_counter() - t0
+                sv.state = State.AVAILABLE
+                log.info(
+                    "model %s version %d AVAILABLE from %s (%.2fs)", name, version, path, sv.load_seconds
+                )
         if self._on_event:
             self._on_event(sv)
         return sv
+
+    def _warm_up(self, sv: ServableVersion) -> bool:
+        """Replay the version's warmup requests; on failure free it and record why (END)."""
+        if self.warmup is None:
+            return True
+        try:
+            self.warmup(sv)
+        except Exception as exc:  # noqa: BLE001 - any warmup failure fails this version only
+            message = exc.message if isinstance(exc, ServingError) else f"{type(exc).__name__}: {exc}"
+            sv.state, sv.error = State.END, message
+            log.error("model %s version %d failed warmup: %s", sv.model_name, sv.version, message)
+            self._release(sv)
+            return False
+        return True
+
+    @staticmethod
+    def _release(sv: ServableVersion) -> None:
+        close = getattr(sv.runner, "close", None)
+        if close:
+            close()
+        if sv.model is not None:
+            sv.model.close()
 
     def unload_version(self, name: str, version: int) -> None:
         """Stop serving one version and free it."""
@@ -157,13 +218,18 @@ class ModelManager:
             sv = served.versions.get(version) if served else None
             if sv is None:
                 return
-            sv.state = State.UNLOADING
-        close = getattr(sv.runner, "close", None)
-        if close:
-            close()
-        if sv.model is not None:
-            sv.model.close()
-        sv.state = State.END
+            if sv.state is State.END:
+                return
+            with sv._calls:  # ordered with _pin: a request either pinned it before, or skips it
+                sv.state = State.UNLOADING
+        if not sv.drain(self.drain_grace_seconds, self.drain_timeout_seconds):
+            log.warning(
+                "model %s version %d: %d call(s) still running after %.0fs; unloading anyway",
+                name, version, sv.inflight, self.drain_timeout_seconds,
+            )
+        with sv._calls:
+            sv.state = State.END  # from here on run() refuses instead of touching a closed model
+        self._release(sv)
         log.info("model %s version %d unloaded", name, version)
         if self._on_event:
             self._on_event(sv)
@@ -209,6 +275,7 @@ class ModelManager:
             served = self._models.get(name)
         if served is None:
             raise NotFound(f"Servable not found for request: Latest({name})")
+        note_model(name)
         return served
 
     def resolve(
@@ -224,14 +291,25 @@ class ModelManager:
                 )
             version = served.labels[label]
         if version is None:
-            available = served.available()
-            if not available:
-                raise NotFound(_no_version_message(served))
-            return available[-1]
+            for sv in reversed(served.available()):
+                if _pin(sv):
+                    note_version(name, sv.version)
+                    return sv
+            raise NotFound(_no_version_message(served))
         sv = served.versions.get(version)
-        if sv is None or sv.state is not State.AVAILABLE:
+        if sv is None or not _pin(sv):
             raise NotFound(f"Servable not found for request: Specific({name}, {version})")
+        note_version(name, sv.version)
         return sv
+
+
+def _pin(sv: ServableVersion) -> bool:
+    """Mark `sv` as just resolved if it is still AVAILABLE (an unload then waits for the call)."""
+    with sv._calls:
+        if sv.state is not State.AVAILABLE:
+            return False
+        sv.last_resolved = time.monotonic()
+        return True
 
 
 def _no_version_message(served: ServedModel) -> str:

@@ -1,0 +1,3 @@
+"""placeholder"""
+def handler(data, context):
+    return data.read()

@@ -1,0 +1,167 @@
+"""GET /metrics, access logs and /ping health on a real `tfservo serve` with REST and gRPC traffic."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import TFS
+from prometheus_client.parser import text_string_to_metric_families
+from server_process import ServerProcess
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+M = "saved_model_half_plus_two_2_versions"
+BAD = "bad_half_plus_two"
+PREDICT_ROUTE = "/v1/models/{name}:predict"
+
+
+@pytest.fixture(scope="module")
+def server():
+    args = [str(TFS / M), str(TFS / BAD), "--enable-batching", "--log-level", "debug"]
+    with ServerProcess(args, env={"SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS": "2000", "SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES": "64"}) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with server.client() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def predictions(server):
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+
+def scrape(http) -> dict[tuple[str, frozenset], float]:
+    """Every sample of /metrics, keyed by (sample name, labels)."""
+    r = http.get("/metrics")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def sample(samples, name: str, **labels) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def grpc_predict(predictions, name: str, xs) -> grpc.StatusCode:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.asarray(xs, np.float32).reshape(-1, 1)))
+    try:
+        predictions.Predict(request, timeout=30)
+    except grpc.RpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+def rest_labels(route=PREDICT_ROUTE, method="predict", model=M, version="124", status="200"):
+    return dict(protocol="http", model=model, version=version, method=method, route=route, status=status)
+
+
+def test_rest_and_grpc_traffic_is_counted_with_its_labels(http, predictions):
+    before = scrape(http)
+    for _ in range(3):
+        assert http.post(f"/v1/models/{M}:predict", content=b'{"instances": [1.0]}').status_code == 200
+    assert http.post(f"/v1/models/{M}/versions/123:predict", content=b'{"instances": [1.0]}').status_code == 200
+    assert http.post("/v1/models/nope:predict", content=b'{"instances": [1.0]}').status_code == 404
+    assert http.post(f"/v1/models/{M}:predict", content=b'{"instances": ').status_code == 400
+    assert http.get(f"/v1/models/{M}/metadata").status_code == 200
+    r = http.post(
+        "/invocations",
+        content=b'{"signature_name": "regress_x_to_y", "examples": [{"x": 80.0}]}',
+        headers={"Content-Type": "application/json",
+                 "X-Amzn-SageMaker-Custom-Attributes": f"tfs-model-name={M},tfs-method=regress"},
+    )
+    assert r.status_code == 200, r.text
+    assert grpc_predict(predictions, M, [1.0, 2.0]) == grpc.StatusCode.OK
+    assert grpc_predict(predictions, "nope", [1.0]) == grpc.StatusCode.NOT_FOUND
+    after = scrape(http)
+
+    def delta(**labels):
+        return sample(after, "tfservo_requests_total", **labels) - sample(before, "tfservo_requests_total", **labels)
+
+    assert delta(**rest_labels()) == 3
+    assert delta(**rest_labels(route="/v1/models/{name}/versions/{version}:predict", version="123")) == 1
+    # An unknown model name never becomes a label value: clients cannot grow the label set.
+    assert delta(**rest_labels(model="", version="", status="404")) == 1
+    assert delta(**rest_labels(version="", status="400")) == 1  # failed before a version was chosen
+    assert delta(**rest_labels(route="/v1/models/{name}/metadata", method="metadata")) == 1
+    assert delta(**rest_labels(route="/invocations", method="regress")) == 1
+    grpc_route = "/tensorflow.serving.PredictionService/Predict"
+    assert delta(protocol="grpc", model=M, version="124", method="predict", route=grpc_route, status="OK") == 1
+    assert delta(protocol="grpc", model="", version="", method="predict", route=grpc_route, status="NOT_FOUND") == 1
+    assert not any(dict(labels).get("model") == "nope" for _, labels in after)
+
+    hist = {k: v for k, v in rest_labels().items() if k != "status"}
+    count = sample(after, "tfservo_request_duration_seconds_count", **hist)
+    assert count - sample(before, "tfservo_request_duration_seconds_count", **hist) == 3
+    assert sample(after, "tfservo_request_duration_seconds_bucket", le="+Inf", **hist) == count
+    assert sample(after, "tfservo_request_duration_seconds_sum", **hist) > 0
+
+
+def test_model_load_time_and_state(http):
+    samples = scrape(http)
+    for version in ("123", "124"):
+        assert sample(samples, "tfservo_model_state", model=M, version=version, state="AVAILABLE") == 1
+        assert sample(samples, "tfservo_model_state", model=M, version=version, state="END") == 0
+        assert sample(samples, "tfservo_model_load_seconds", model=M, version=version) > 0
+    assert sample(samples, "tfservo_model_state", model=BAD, version="123", state="END") == 1
+    assert sample(samples, "tfservo_model_state", model=BAD, version="123", state="AVAILABLE") == 0
+    assert sample(samples, "tfservo_model_load_failures_total", model=BAD, version="123") == 1
+
+
+def test_batch_sizes_are_recorded(http):
+    before = scrape(http)
+    body = json.dumps({"instances": [[1.0]] * 3}).encode()
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: http.post(f"/v1/models/{M}:predict", content=body).status_code, range(16)))
+    assert codes == [200] * 16
+    after = scrape(http)
+    batches = sample(after, "tfservo_batch_size_count") - sample(before, "tfservo_batch_size_count")
+    rows = sample(after, "tfservo_batch_size_sum") - sample(before, "tfservo_batch_size_sum")
+    assert 1 <= batches <= 16 and rows == 48  # every row ran once, in as many batches as formed
+    assert sample(after, "tfservo_batch_run_seconds_count") >= batches
+
+
+def test_access_log_has_one_line_per_request(http, server):
+    http.get(f"/v1/models/{M}", headers={"x-test": "access-log"})
+    lines = [line for line in server.lines if "tfservo.access" in line and "route=/v1/models/{name} " in line]
+    assert lines, server.output[-3000:]
+    assert f"method=status model={M} version=- status=200" in lines[-1]
+
+
+def test_ping_is_503_while_a_configured_model_has_no_available_version(http):
+    r = http.get("/ping")
+    assert r.status_code == 503
+    assert BAD in r.json()["error"] or "AVAILABLE" in r.json()["error"]
+    # The good model still serves, and the failed one reports why.
+    assert http.post(f"/v1/models/{M}:predict", content=b'{"instances": [2.0]}').json() == {"predictions": [3.0]}
+    status = http.get(f"/v1/models/{BAD}").json()["model_version_status"]
+    assert [(s["version"], s["state"]) for s in status] == [("123", "END")]
+    assert status[0]["status"]["error_code"] != "OK" and status[0]["status"]["error_message"]
+    assert http.post(f"/v1/models/{BAD}:predict", content=b'{"instances": [2.0]}').status_code == 404
+
+
+def test_metrics_of_several_workers_add_up(tmp_path):
+    """With --workers, each worker's /metrics reports the traffic of all of them."""
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    with ServerProcess([str(TFS / M), "--workers", "2"], env=env) as proc, proc.client() as client:
+        for _ in range(10):
+            assert client.post(f"/v1/models/{M}:predict", content=b'{"instances": [1.0]}').status_code == 200
+        for _ in range(3):  # whichever worker answers, it counts every worker's requests
+            samples = scrape(client)
+            assert sample(samples, "tfservo_requests_total", **rest_labels()) == 10
+        states = [v for (name, labels), v in samples.items()
+                  if name == "tfservo_model_state" and dict(labels).get("state") == "AVAILABLE"]
+        assert states and all(v == 1 for v in states)

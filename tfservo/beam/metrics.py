@@ -1,0 +1,44 @@
+"""The handlers' Beam metrics (namespace "tfservo"), beside the ones RunInference reports itself.
+
+Ours are counted inside run_inference, so they hold wherever the handler runs (RunInference,
+KeyedModelHandler with many models, a transform pipeline calling it directly):
+
+- inferences (counter): elements answered;
+- failed_inferences (counter): elements that failed on their own (see failures.py);
+- batch_size (distribution): elements per run_inference call;
+- batch_latency_micros (distribution): time per run_inference call;
+- model_load_millis (distribution): one value per model load (reported by the first batch
+  after it, because Beam does not collect metrics while a DoFn is set up);
+- remote_retries (counter): retried remote calls (429/503, RESOURCE_EXHAUSTED/UNAVAILABLE).
+"""
+
+from __future__ import annotations
+
+from apache_beam.metrics.metric import Metrics
+
+NAMESPACE = "tfservo"
+
+
+class HandlerMetrics:
+    """Beam metric cells for one handler (created lazily: Beam wants them where they are used)."""
+
+    def __init__(self) -> None:
+        self.inferences = Metrics.counter(NAMESPACE, "inferences")
+        self.failed_inferences = Metrics.counter(NAMESPACE, "failed_inferences")
+        self.batch_size = Metrics.distribution(NAMESPACE, "batch_size")
+        self.batch_latency_micros = Metrics.distribution(NAMESPACE, "batch_latency_micros")
+        self.model_load_millis = Metrics.distribution(NAMESPACE, "model_load_millis")
+
+    def batch(self, size: int, seconds: float, failed: int = 0) -> None:
+        """Record one run_inference call of `size` elements, `failed` of which failed."""
+        self.batch_size.update(size)
+        self.batch_latency_micros.update(int(seconds * 1e6))
+        if size - failed:
+            self.inferences.inc(size - failed)
+        if failed:
+            self.failed_inferences.inc(failed)
+
+
+def count_retry() -> None:
+    """One retried remote call."""
+    Metrics.counter(NAMESPACE, "remote_retries").inc()

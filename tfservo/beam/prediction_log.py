@@ -1,0 +1,84 @@
+"""TF Serving PredictionLog protos, one per element, in the shape tfx-bsl's RunInference emits.
+
+predict_log: the request holds the element's inputs as tensors with a batch dimension of 1,
+the response its outputs sliced the same way (tfx-bsl's "mimic tensor::Split");
+classify_log / regress_log: the request holds the element's tf.train.Example in
+input.example_list, the response its one Classifications / Regression. Unlike tfx-bsl, both
+request and response also carry the model_spec (name, version, signature), as TF Serving's
+own responses do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from tfservo.beam.target import Target
+
+
+def _model_spec(spec, target: Target) -> None:  # noqa: ANN001 - a ModelSpec proto
+    spec.name = target.model_name or ""
+    if target.version is not None:
+        spec.version.value = target.version
+    spec.signature_name = target.signature.name if target.signature else ""
+
+
+def _tensor_proto(arr: np.ndarray):  # -> tensorflow.TensorProto
+    import tensorflow as tf
+
+    return tf.make_tensor_proto(arr)
+
+
+def predict_logs(
+    target: Target, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], batch_size: int
+) -> list:
+    """One PredictionLog(predict_log=...) per element of a predict batch."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    logs = []
+    for i in range(batch_size):
+        log = prediction_log_pb2.PredictionLog()
+        request, response = log.predict_log.request, log.predict_log.response
+        _model_spec(request.model_spec, target)
+        _model_spec(response.model_spec, target)
+        for key, arr in inputs.items():
+            request.inputs[key].CopyFrom(_tensor_proto(arr[i : i + 1]))
+        for key, arr in outputs.items():
+            response.outputs[key].CopyFrom(_tensor_proto(arr[i : i + 1]))
+        logs.append(log)
+    return logs
+
+
+def classify_logs(target: Target, examples: Sequence[bytes], results: Sequence[list[tuple[str, float]]]) -> list:
+    """One PredictionLog(classify_log=...) per example."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    logs = []
+    for serialized, classes in zip(examples, results):
+        log = prediction_log_pb2.PredictionLog()
+        request, response = log.classify_log.request, log.classify_log.response
+        _model_spec(request.model_spec, target)
+        _model_spec(response.model_spec, target)
+        request.input.example_list.examples.add().ParseFromString(serialized)
+        classifications = response.result.classifications.add()
+        for label, score in classes:
+            classifications.classes.add(label=label, score=score)
+        logs.append(log)
+    return logs
+
+
+def regress_logs(target: Target, examples: Sequence[bytes], results: Sequence[float]) -> list:
+    """One PredictionLog(regress_log=...) per example."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    logs = []
+    for serialized, value in zip(examples, results):
+        log = prediction_log_pb2.PredictionLog()
+        request, response = log.regress_log.request, log.regress_log.response
+        _model_spec(request.model_spec, target)
+        _model_spec(response.model_spec, target)
+        request.input.example_list.examples.add().ParseFromString(serialized)
+        response.result.regressions.add(value=value)
+        logs.append(log)
+    return logs

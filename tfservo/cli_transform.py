@@ -1,0 +1,102 @@
+"""`tfservo transform`: SageMaker batch transform job flags → a TransformJob → the local engine."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tfservo.logs import setup_logging
+
+_CHOICE = {"case_sensitive": False}
+
+
+@click.command()
+@click.argument("model")
+@click.argument("input_url", metavar="INPUT")
+@click.argument("output_url", metavar="OUTPUT")
+@click.option("--content-type", default=None,
+              help="Content type of each request [default: from each object's extension, e.g. "
+              ".csv → text/csv, .jsonl → application/jsonlines, .jpg → image/jpeg].")
+@click.option("--accept", default=None, help="Accept of each request [default: application/json].")
+@click.option("--split-type", type=click.Choice(["None", "Line", "RecordIO", "TFRecord"], **_CHOICE),
+              default="None", show_default=True,
+              help="How objects are cut into records; None sends each object whole.")
+@click.option("--batch-strategy", type=click.Choice(["MultiRecord", "SingleRecord"], **_CHOICE),
+              default="MultiRecord", show_default=True,
+              help="MultiRecord packs records up to --max-payload per request; SingleRecord sends one each.")
+@click.option("--max-payload", "max_payload_mb", type=float, default=6.0, show_default=True, metavar="MB",
+              help="Largest request body in MB (fractions allowed); a bigger single record fails its object.")
+@click.option("--max-concurrent-transforms", type=int, default=0, metavar="N",
+              help="Requests in flight at once [default: one per CPU core].")
+@click.option("--assemble-with", type=click.Choice(["None", "Line"], **_CHOICE), default="None", show_default=True,
+              help="Line: one output line per record (answers split per record); None: bodies concatenated.")
+@click.option("--input-filter", default=None, metavar="JSONPATH",
+              help="Part of each CSV/JSON record to send, e.g. '$[1:]' (drop an id column) or '$.features'.")
+@click.option("--output-filter", default=None, metavar="JSONPATH",
+              help="Part of each (joined) output record to keep, e.g. '$[0,-1]' or \"$['id','SageMakerOutput']\".")
+@click.option("--join-source", type=click.Choice(["None", "Input"], **_CHOICE), default="None", show_default=True,
+              help="Input: join each output to its input record (CSV: appended columns; JSON: SageMakerOutput).")
+@click.option("--compression-type", type=click.Choice(["None", "Gzip"], **_CHOICE), default="None",
+              show_default=True, help="Gzip: input objects are gzip files (outputs are not compressed).")
+@click.option("--data-type", type=click.Choice(["S3Prefix", "ManifestFile"], **_CHOICE), default="S3Prefix",
+              show_default=True,
+              help="S3Prefix: INPUT is a folder, file or prefix; ManifestFile: INPUT is a SageMaker manifest "
+              "([{\"prefix\": ...}, \"key\", ...]).")
+@click.option("--custom-attributes", default=None,
+              help="X-Amzn-SageMaker-Custom-Attributes sent with each request, e.g. 'tfs-model-name=m,tfs-method=regress'.")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Environment for the model service, set before it loads (repeatable), "
+              "e.g. SAGEMAKER_TFS_DEFAULT_MODEL_NAME=half_plus_three.")
+@click.option("--on-record-error", type=click.Choice(["fail", "skip"], **_CHOICE), default="fail", show_default=True,
+              help="fail: a bad record fails its object (SageMaker's way); skip: write --placeholder for it, "
+              "put it in <name>.deadletter.jsonl and go on.")
+@click.option("--placeholder", default="", metavar="TEXT",
+              help="Output line written for a skipped record [default: an empty line].")
+@click.option("--overwrite", is_flag=True, default=False,
+              help="Redo every object; by default objects whose .out exists are skipped (resume).")
+@click.option("--progress", type=click.Choice(["auto", "bar", "log", "none"]), default="auto", show_default=True,
+              help="auto: a progress bar on a terminal, a log line every 10 s otherwise.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True, help="Log level on stderr.")
+def transform(model, input_url, output_url, env_pairs, progress, log_level, **flags) -> None:
+    """Run a SageMaker-style batch transform of INPUT into OUTPUT on this machine.
+
+    MODEL is any bundle `serve` accepts. INPUT and OUTPUT are local folders or fsspec URLs
+    (s3://bucket/prefix/; S3-compatible stores via AWS_ENDPOINT_URL). Each input object
+    gives OUTPUT/<its relative path>.out, which appears only when the whole object
+    succeeded; rerunning the same command skips objects already done. Exits 1 when an
+    object failed, after listing each with the record and error (also in
+    OUTPUT/_tfservo_failures.json).
+    """
+    from tfservo.errors import ServingError
+    from tfservo.transform.job import JobError, TransformJob, parse_env
+    from tfservo.transform.run import run_transform
+
+    setup_logging(log_level)
+    try:
+        job = TransformJob(model=model, input=input_url, output=output_url, env=parse_env(env_pairs), **flags).validated()
+    except JobError as exc:
+        raise click.UsageError(exc.message) from None
+    try:
+        summary = run_transform(job, progress=progress)
+    except JobError as exc:
+        raise click.UsageError(exc.message) from None
+    except ServingError as exc:
+        raise click.ClickException(exc.message) from None
+    except KeyboardInterrupt:
+        click.echo("tfservo: interrupted; run the same command again to resume", err=True)
+        sys.exit(130)
+    for outcome in summary.failed:
+        failure = outcome.failure
+        click.echo(f"FAILED {outcome.obj.url}: {failure.where}: {failure.error}" if failure else
+                   f"FAILED {outcome.obj.url}", err=True)
+        if failure and failure.record is not None:
+            click.echo(f"    record: {failure.record}", err=True)
+    for outcome in summary.dead_lettered:
+        click.echo(f"skipped {outcome.dead_letters} bad records of {outcome.obj.url} (see its .deadletter.jsonl)", err=True)
+    click.echo(f"tfservo transform: {summary.line()}", err=True)
+    if summary.report:
+        click.echo(f"failure report: {summary.report}", err=True)
+    if not summary.ok:
+        sys.exit(1)

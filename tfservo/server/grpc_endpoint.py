@@ -1,0 +1,33 @@
+"""Start TF Serving's gRPC API next to the HTTP server, for one serving process."""
+
+from __future__ import annotations
+
+import logging
+
+from tfservo.sagemaker.service import ModelService
+from tfservo.server.metrics import Metrics
+from tfservo.server.settings import ServerSettings
+from tfservo.tfserving.grpc_service import GrpcServer
+from tfservo.tfserving.request_labels import plain_scope
+
+log = logging.getLogger("tfservo.server")
+
+
+def start_grpc(
+    service: ModelService, settings: ServerSettings, metrics: Metrics | None = None, *, reuse_port: bool = False
+) -> GrpcServer | None:
+    """Serve gRPC on settings.grpc_port (0 picks a free port; None: no gRPC) and tell handlers where."""
+    if settings.grpc_port is None:
+        return None
+    server = GrpcServer(
+        service.api,
+        host=settings.host,
+        port=settings.grpc_port,
+        max_message_bytes=settings.max_request_bytes,
+        scope=metrics.scope if metrics is not None else plain_scope,
+        reload_config=lambda: service.model_config.reload_config,
+        reuse_port=reuse_port,
+    ).start()
+    service.grpc_port = server.port
+    log.info("gRPC on %s:%d", settings.host, server.port)
+    return server

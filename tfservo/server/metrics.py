@@ -1,0 +1,280 @@
+"""Prometheus metrics and per-request access logs for REST and gRPC.
+
+`Metrics` holds the metrics of one server: `asgi(app, service)` wraps the HTTP app (counting
+every request and answering `GET /metrics`), `scope` is the gRPC servicers' RequestScope,
+`model_event` goes to ServiceOptions.on_event and `batch_hook` to the batcher's on_batch.
+
+With several worker processes, set PROMETHEUS_MULTIPROC_DIR to an empty directory shared by
+the workers (prometheus_client's multiprocess mode): every worker's /metrics then reports the
+sum over all of them, and per-process gauges carry a `pid` label.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
+
+from tfservo.tfserving.request_labels import RequestLabels, tracking
+from tfservo.tfserving.servables import ServableVersion, State
+
+if TYPE_CHECKING:
+    from tfservo.sagemaker.service import ModelService
+
+access_log = logging.getLogger("tfservo.access")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+METRICS_PATH = "/metrics"
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+_TFS_PATH = re.compile(
+    r"^/v1/models/(?P<name>[^/:]+)(?P<pick>/versions/[^/:]+|/labels/[^/:]+)?"
+    r"(?::(?P<method>[^/:]+)|/(?P<meta>metadata))?/?$"
+)
+_TFS_METHODS = frozenset({"predict", "classify", "regress"})
+
+
+class Metrics:
+    """The Prometheus metrics of one server (of all its workers, in multiprocess mode)."""
+
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir if multiprocess_dir is not None else os.environ.get(MULTIPROC_ENV)
+        if self.multiprocess_dir:
+            if not os.path.isdir(self.multiprocess_dir):
+                raise ValueError(
+                    f"{MULTIPROC_ENV}={self.multiprocess_dir} is not a directory; create it (empty) "
+                    "before starting the server"
+                )
+            os.environ[MULTIPROC_ENV] = self.multiprocess_dir
+            # prometheus_client picks its value store at import; pick again in case it was
+            # imported before the variable was set.
+            values.ValueClass = values.get_value_class()
+        # Metrics live in a private registry: in multiprocess mode /metrics reads the workers'
+        # files instead, and two servers in one process (tests) don't collide.
+        self.registry = CollectorRegistry(auto_describe=True)
+        if not self.multiprocess_dir:
+            prometheus_client.ProcessCollector(registry=self.registry)
+            prometheus_client.PlatformCollector(registry=self.registry)
+        reg = self.registry
+        request_labels = ["protocol", "model", "version", "method", "route"]
+        self.requests = Counter(
+            "tfservo_requests", "Requests answered, by protocol, model, version, method, route and status "
+            "(HTTP status code, or gRPC status name)", [*request_labels, "status"], registry=reg,
+        )
+        self.latency = Histogram(
+            "tfservo_request_duration_seconds", "Time from a request's arrival to its answer",
+            request_labels, buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.in_flight = Gauge(
+            "tfservo_requests_in_flight", "Requests being answered now", ["protocol"],
+            multiprocess_mode="livesum", registry=reg,
+        )
+        self.model_state = Gauge(
+            "tfservo_model_state", "1 for the state each model version is in (TF Serving's states), else 0",
+            ["model", "version", "state"], multiprocess_mode="liveall", registry=reg,
+        )
+        self.model_load_seconds = Gauge(
+            "tfservo_model_load_seconds", "Seconds the model version took to load",
+            ["model", "version"], multiprocess_mode="liveall", registry=reg,
+        )
+        self.model_load_failures = Counter(
+            "tfservo_model_load_failures", "Model versions that failed to load", ["model", "version"], registry=reg,
+        )
+        self.batch_size = Histogram(
+            "tfservo_batch_size", "Rows in each batch the batcher ran (before padding)",
+            buckets=BATCH_BUCKETS, registry=reg,
+        )
+        self.batch_padding = Counter(
+            "tfservo_batch_padding_rows", "Rows added to batches to reach an allowed batch size", registry=reg,
+        )
+        self.batch_seconds = Histogram(
+            "tfservo_batch_run_seconds", "Time the model took to run one batch",
+            buckets=LATENCY_BUCKETS, registry=reg,
+        )
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def model_event(self, sv: ServableVersion) -> None:
+        """ServiceOptions.on_event: a model version was loaded, failed to load or was unloaded."""
+        model, version = sv.model_name, str(sv.version)
+        for state in State:
+            self.model_state.labels(model, version, state.value).set(1 if sv.state is state else 0)
+        if sv.state is State.AVAILABLE and sv.load_seconds is not None:
+            self.model_load_seconds.labels(model, version).set(sv.load_seconds)
+        if sv.state is State.END and sv.error:
+            self.model_load_failures.labels(model, version).inc()
+
+    def batch_hook(self, real: int, padded: int, seconds: float) -> None:
+        """The batcher's on_batch: one batch of `real` rows ran as `padded` rows in `seconds`."""
+        self.batch_size.observe(real)
+        if padded > real:
+            self.batch_padding.inc(padded - real)
+        self.batch_seconds.observe(seconds)
+
+    def scope(self, route: str, method: str) -> Any:
+        """A RequestScope for the gRPC servicers: labels current while the call runs, recorded after."""
+        return self.request("grpc", RequestLabels(route=route, method=method))
+
+    @contextmanager
+    def request(self, protocol: str, labels: RequestLabels) -> Iterator[RequestLabels]:
+        """Track one request: in flight while inside, then counted, timed and logged with `labels`."""
+        gauge = self.in_flight.labels(protocol)
+        gauge.inc()
+        started = time.perf_counter()
+        try:
+            with tracking(labels):
+                yield labels
+        except BaseException:
+            labels.status = labels.status or ("500" if protocol == "http" else "UNKNOWN")
+            raise
+        finally:
+            gauge.dec()
+            self.record(protocol, labels, time.perf_counter() - started)
+
+    def record(self, protocol: str, labels: RequestLabels, seconds: float) -> None:
+        """Count one answered request and log it (one line, debug level, logger tfservo.access)."""
+        self.requests.labels(
+            protocol, labels.model, labels.version, labels.method, labels.route, labels.status
+        ).inc()
+        self.latency.labels(protocol, labels.model, labels.version, labels.method, labels.route).observe(seconds)
+        if access_log.isEnabledFor(logging.DEBUG):
+            access_log.debug(
+                "protocol=%s route=%s method=%s model=%s version=%s status=%s ms=%.2f",
+                protocol, labels.route or "-", labels.method or "-", labels.model or "-",
+                labels.version or "-", labels.status or "-", seconds * 1e3,
+            )
+
+    # -- exposition ------------------------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus text format (all workers' in multiprocess mode)."""
+        if self.multiprocess_dir:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
+            return prometheus_client.generate_latest(registry)
+        return prometheus_client.generate_latest(self.registry)
+
+    def asgi(self, app: ASGIApp, service: ModelService | None = None, routes: Sequence[Any] = ()) -> ASGIApp:
+        """`app` with every HTTP request counted and `GET /metrics` answered.
+
+        `routes` (the Starlette app's) name each request's route by its path template; `service`
+        names the model of invocations that never reach a model in-process (handlers).
+        """
+        return _HttpMetrics(app, self, service, routes)
+
+
+def mark_worker_dead(pid: int, multiprocess_dir: str | None = None) -> None:
+    """For a parent of worker processes: drop a dead worker's live gauges (multiprocess mode)."""
+    path = multiprocess_dir or os.environ.get(MULTIPROC_ENV)
+    if path:
+        multiprocess.mark_process_dead(pid, path)
+
+
+class _HttpMetrics:
+    """ASGI middleware: request metrics and access logs for every HTTP request, plus /metrics."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, service: ModelService | None, routes: Sequence[Any]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.service = service
+        self.routes = list(routes)
+
+    async def __call__(
+        self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        labels = RequestLabels()
+
+        async def send_noting_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                labels.status = str(message["status"])
+            await send(message)
+
+        with self.metrics.request("http", labels):
+            try:
+                if scope["path"] == METRICS_PATH and scope["method"] in ("GET", "HEAD"):
+                    labels.route = METRICS_PATH
+                    await self._expose(scope, send_noting_status)
+                else:
+                    await self.app(scope, receive, send_noting_status)
+            finally:
+                if not labels.route:
+                    self._name(scope, labels)
+
+    async def _expose(self, scope: Scope, send: Callable[[Message], Awaitable[None]]) -> None:
+        body = await anyio.to_thread.run_sync(self.metrics.exposition)
+        headers = [(b"content-type", prometheus_client.CONTENT_TYPE_LATEST.encode()),
+                   (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+    def _name(self, scope: Scope, labels: RequestLabels) -> None:
+        """Route template and method of a request that has been answered; model if still unknown."""
+        path = scope["path"]
+        match = _TFS_PATH.match(path) if path.startswith("/v1/models/") else None
+        if match:
+            pick = match["pick"] or ""
+            pick = "/versions/{version}" if pick.startswith("/versions/") else "/labels/{label}" if pick else ""
+            method = match["method"]
+            if match["meta"]:
+                labels.route, labels.method = f"/v1/models/{{name}}{pick}/metadata", "metadata"
+            elif method is None:
+                labels.route, labels.method = f"/v1/models/{{name}}{pick}", "status"
+            else:
+                method = method if method in _TFS_METHODS else "unknown"
+                labels.route, labels.method = f"/v1/models/{{name}}{pick}:{method}", method
+            self._known_model(labels, match["name"])
+            return
+        route = self._template(scope) if scope.get("endpoint") is not None else None
+        labels.route = route or "unmatched"
+        if route == "/invocations" or (route or "").endswith("/invoke"):
+            self._invocation_labels(scope, labels)
+
+    def _template(self, scope: Scope) -> str | None:
+        endpoint, path = scope["endpoint"], scope["path"]
+        for route in self.routes:
+            if getattr(route, "endpoint", None) is endpoint and route.path_regex.match(path):
+                return route.path
+        return None
+
+    def _invocation_labels(self, scope: Scope, labels: RequestLabels) -> None:
+        """tfs-method (default predict) and, for handlers that call back over HTTP, the model."""
+        from tfservo.sagemaker.custom_attributes import parse_custom_attributes
+
+        header = _header(scope, b"x-amzn-sagemaker-custom-attributes")
+        try:
+            attrs = parse_custom_attributes(header)
+        except Exception:  # noqa: BLE001 - the request already got its 400; label what is known
+            attrs = None
+        labels.method = (attrs.method if attrs else None) or "predict"
+        if not labels.model and self.service is not None:
+            name = (scope.get("path_params") or {}).get("name") or (attrs.model_name if attrs else None)
+            self._known_model(labels, name or self.service.default_model())
+
+    def _known_model(self, labels: RequestLabels, name: str | None) -> None:
+        # Only served names become label values: clients cannot grow the label set.
+        if not labels.model and name and self.service is not None and name in self.service.manager.model_names():
+            labels.model = name
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None

@@ -1,0 +1,65 @@
+"""What a request turned out to be about (model, served version, status), for metrics and logs.
+
+The protocol layer opens a scope per request; the model manager notes the model and the
+version it resolved, wherever in the call that happens (also in worker threads, which run
+in a copy of the request's context that shares this object). Only names of served models
+are ever noted, so label values stay bounded whatever clients send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass
+class RequestLabels:
+    """Labels of one request; empty strings until known."""
+
+    route: str = ""
+    method: str = ""
+    model: str = ""
+    version: str = ""
+    status: str = ""
+
+
+_current: ContextVar[RequestLabels | None] = ContextVar("tfservo_request_labels", default=None)
+
+# (route, method) → a scope that makes the request's labels current and records it on exit.
+RequestScope = Callable[[str, str], AbstractContextManager[RequestLabels]]
+
+
+@contextmanager
+def tracking(labels: RequestLabels | None = None) -> Iterator[RequestLabels]:
+    """Make `labels` (or fresh ones) the current request's labels for the duration."""
+    labels = labels if labels is not None else RequestLabels()
+    token = _current.set(labels)
+    try:
+        yield labels
+    finally:
+        _current.reset(token)
+
+
+def plain_scope(route: str, method: str) -> AbstractContextManager[RequestLabels]:
+    """A RequestScope that only tracks labels (no metrics)."""
+    return tracking()
+
+
+def current() -> RequestLabels | None:
+    return _current.get()
+
+
+def note_model(name: str) -> None:
+    """The request reached served model `name`."""
+    labels = _current.get()
+    if labels is not None and labels.model != name:
+        labels.model, labels.version = name, ""
+
+
+def note_version(name: str, version: int) -> None:
+    """The request is served by `version` of model `name`."""
+    labels = _current.get()
+    if labels is not None:
+        labels.model, labels.version = name, str(version)

@@ -1,0 +1,360 @@
+"""The local transform engine: one loaded model, reads, model calls and writes overlapping.
+
+Reader threads open objects and cut them into requests; a pool of --max-concurrent-transforms
+threads sends them through `Invoker.invoke` (the /invocations path); each object's answers
+are written in order as they arrive, so one large object keeps every worker busy; a writer
+pool publishes finished objects. Requests in flight and objects open at once are bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from tfservo.errors import ServingError
+from tfservo.sagemaker.invocation import Invoker
+from tfservo.transform.calls import BatchCaller, BatchResult
+from tfservo.transform.job import JobError, TransformJob, record_format
+from tfservo.transform.joiner import DataProcessing, FilterError
+from tfservo.transform.progress import Progress
+from tfservo.transform.records import Item, Record, RecordError, excerpt, iter_records, pack, where
+from tfservo.transform.sinks import ObjectWriter, OutputStore
+from tfservo.transform.sources import (
+    InputObject,
+    OpenedInput,
+    guess_content_type,
+    gzip_error,
+    is_local,
+    list_inputs,
+    url_to_fs,
+)
+from tfservo.transform.state import (
+    ObjectOutcome,
+    RecordFailure,
+    TransformSummary,
+    dead_letter_name,
+    pending_objects,
+    write_report,
+)
+
+log = logging.getLogger("tfservo.transform")
+
+WRITERS = 4
+
+
+class TransformEngine:
+    """Runs one TransformJob on this machine through an Invoker."""
+
+    def __init__(
+        self,
+        job: TransformJob,
+        invoker: Invoker,
+        *,
+        progress: str = "auto",
+        progress_interval: float = 10.0,
+    ) -> None:
+        self.job = job.validated()
+        self.invoker = invoker
+        self.progress_mode = progress
+        self.progress_interval = progress_interval
+        self.stopping = threading.Event()
+        self._processing: dict[str | None, DataProcessing] = {}
+
+    def run(self) -> TransformSummary:
+        """Transform every object not done yet; the summary lists what failed."""
+        started = time.monotonic()
+        job = self.job
+        store = OutputStore(job.output)
+        check_output_outside_input(job)
+        objects = list_inputs(job)
+        todo, done = pending_objects(objects, store, job.overwrite)
+        self.existing = store.existing() if todo else set()
+        cleaned = store.clean_partials()
+        if cleaned:
+            log.info("removed %d partial outputs left by an interrupted run", cleaned)
+        if done:
+            log.info(
+                "resuming: %d of %d objects already have their .out in %s and are skipped "
+                "(--overwrite redoes them)", len(done), len(objects), job.output,
+            )
+        sizes = [o.size for o in todo]
+        total_bytes = sum(sizes) if sizes and all(s is not None for s in sizes) else None  # type: ignore[arg-type]
+        progress = Progress(len(todo), total_bytes, mode=self.progress_mode, interval=self.progress_interval)
+        try:
+            outcomes = self._run(todo, store, progress)
+        finally:
+            progress.close()
+        summary = TransformSummary(objects=len(objects), skipped=len(done))
+        for outcome in outcomes:
+            if outcome.status == "done":
+                summary.done += 1
+                summary.records += outcome.records
+                if outcome.dead_letters:
+                    summary.dead_lettered.append(outcome)
+            else:
+                summary.failed.append(outcome)
+        summary.seconds = time.monotonic() - started
+        summary.report = write_report(store, job, summary)
+        return summary
+
+    def _run(self, todo: list[InputObject], store: OutputStore, progress: Progress) -> list[ObjectOutcome]:
+        n = self.job.concurrency
+        readers = min(16, max(2, n))
+        self.model_pool = ThreadPoolExecutor(n, thread_name_prefix="tfservo-model")
+        self.write_pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="tfservo-write")
+        self.batch_slots = threading.Semaphore(2 * n)
+        self.object_slots = threading.Semaphore(readers + 2 * n + WRITERS)
+        self.store, self.progress = store, progress
+        runs = [_ObjectRun(self, obj) for obj in todo]
+        read_pool = ThreadPoolExecutor(readers, thread_name_prefix="tfservo-read")
+        try:
+            for run in runs:
+                read_pool.submit(run.read)
+            for run in runs:
+                while not run.finished.wait(0.2):
+                    pass
+        except KeyboardInterrupt:
+            self.stopping.set()
+            log.warning("interrupted: finishing requests in flight and removing partial outputs")
+            read_pool.shutdown(wait=True, cancel_futures=True)
+            self.model_pool.shutdown(wait=True)
+            self.write_pool.shutdown(wait=True)
+            raise
+        finally:
+            read_pool.shutdown(wait=True)
+            self.model_pool.shutdown(wait=True)
+            self.write_pool.shutdown(wait=True)
+        return [run.outcome for run in runs]
+
+    def processing(self, fmt: str | None) -> DataProcessing:
+        if fmt not in self._processing:
+            self._processing[fmt] = DataProcessing(
+                fmt,
+                self.job.input_filter_path,
+                self.job.output_filter_path,
+                self.job.join_source == "Input",
+            )
+        return self._processing[fmt]
+
+
+class _ObjectRun:
+    """One object on its way through the engine: batches out, answers back in order."""
+
+    def __init__(self, engine: TransformEngine, obj: InputObject) -> None:
+        self.engine = engine
+        self.obj = obj
+        self.lock = threading.Lock()
+        self.pending: dict[int, BatchResult] = {}
+        self.next = 0
+        self.submitted = 0
+        self.read_done = False
+        self.read_complete = False
+        self.finishing = False
+        self.failure: RecordFailure | None = None
+        self.dead: list = []
+        self.records = 0
+        self.writer: ObjectWriter | None = None
+        self.holds_slot = False
+        self.finished = threading.Event()
+        self.outcome = ObjectOutcome(obj, "failed")
+
+    # -- reading (a reader thread) -----------------------------------------------------------
+
+    def read(self) -> None:
+        engine, job, obj = self.engine, self.engine.job, self.obj
+        try:
+            if engine.stopping.is_set():
+                return
+            engine.object_slots.acquire()
+            self.holds_slot = True
+            content_type = job.content_type or guess_content_type(obj.rel, job.compression_type)
+            fmt = record_format(content_type)
+            if job.uses_data_processing and fmt is None:
+                raise JobError(
+                    f"--input-filter, --output-filter and --join-source need CSV or JSON records, "
+                    f"but {obj.url} has content type {content_type} (from its name); "
+                    "set --content-type text/csv or application/jsonlines"
+                )
+            if job.split_type == "None" and job.compression_type == "None" and (obj.size or 0) > job.max_payload_bytes:
+                raise RecordError(
+                    f"{obj.url} is {obj.size / 2**20:.3g} MB, over --max-payload {job.max_payload_mb:g} MB, and "
+                    "--split-type None sends each object whole; use --split-type Line/RecordIO/TFRecord "
+                    "or raise --max-payload"
+                )
+            processing = engine.processing(fmt)
+            caller = BatchCaller(engine.invoker, job, processing, content_type)
+            self.writer = engine.store.writer(obj.out_name)
+            self._submit_batches(caller, processing)
+        except Exception as exc:
+            self._fail(_failure_from(exc, self.obj))
+        finally:
+            with self.lock:
+                self.read_done = True
+                self._maybe_finish()
+
+    def _submit_batches(self, caller: BatchCaller, processing: DataProcessing) -> None:
+        engine, job = self.engine, self.engine.job
+        opened = OpenedInput(self.obj, job.compression_type)
+        seen = 0
+        try:
+            items = _items(iter_records(opened.stream, job.split_type, self.obj.url), processing, job.split_type)
+            for batch in pack(
+                items,
+                split_type=job.split_type,
+                batch_strategy=job.batch_strategy,
+                max_bytes=job.max_payload_bytes,
+                name=self.obj.url,
+            ):
+                if self.failure is not None or engine.stopping.is_set():
+                    return
+                consumed = opened.consumed
+                engine.progress.add(nbytes=consumed - seen)
+                seen = consumed
+                engine.batch_slots.acquire()
+                with self.lock:
+                    seq = self.submitted
+                    self.submitted += 1
+                try:
+                    engine.model_pool.submit(self._call, seq, caller, batch)
+                except RuntimeError:  # the pool is shutting down (interrupted)
+                    engine.batch_slots.release()
+                    with self.lock:
+                        self.submitted -= 1
+                    return
+            self.read_complete = True
+        finally:
+            engine.progress.add(nbytes=max((self.obj.size or 0) - seen, 0))
+            opened.close()
+
+    # -- answers (model threads) -------------------------------------------------------------
+
+    def _call(self, seq: int, caller: BatchCaller, batch: list[Item]) -> None:
+        try:
+            result = caller.run(batch)
+        except Exception as exc:  # a bug of ours: fail the object, keep the run going
+            log.exception("transforming %s failed", self.obj.url)
+            first = batch[0].record
+            result = BatchResult(failure=RecordFailure(
+                where(first, self.engine.job.split_type), f"internal error: {type(exc).__name__}: {exc}"
+            ))
+        finally:
+            self.engine.batch_slots.release()
+        with self.lock:
+            self.pending[seq] = result
+            while self.next in self.pending:
+                done = self.pending.pop(self.next)
+                self.next += 1
+                if self.failure is not None:
+                    continue
+                if done.failure is not None:
+                    self.failure = done.failure
+                    continue
+                assert self.writer is not None
+                for piece in done.pieces:
+                    self.writer.write(piece)
+                self.dead.extend(done.dead)
+                self.records += done.records
+                self.engine.progress.add(records=done.records)
+            self._maybe_finish()
+
+    def _fail(self, failure: RecordFailure) -> None:
+        with self.lock:
+            if self.failure is None:
+                self.failure = failure
+
+    def _maybe_finish(self) -> None:
+        """Called with the lock held: hand the object to a writer once every answer is in."""
+        if self.read_done and self.next == self.submitted and not self.finishing:
+            self.finishing = True
+            try:
+                self.engine.write_pool.submit(self._finish)
+            except RuntimeError:
+                self._finish()
+
+    # -- publishing (a writer thread) --------------------------------------------------------
+
+    def _finish(self) -> None:
+        engine, obj = self.engine, self.obj
+        store = engine.store
+        try:
+            if self.failure is None and not self.read_complete:
+                self.failure = RecordFailure("the object", "interrupted before it was read to the end")
+            if self.failure is not None:
+                if self.writer is not None:
+                    self.writer.abort()
+                self.outcome = ObjectOutcome(obj, "failed", self.records, self.failure)
+                return
+            assert self.writer is not None
+            name = dead_letter_name(obj)
+            if self.dead:
+                store.put(name, b"".join(d.to_json(obj) for d in self.dead))
+            elif name in engine.existing:
+                store.remove(name)
+            self.writer.commit()
+            self.outcome = ObjectOutcome(obj, "done", self.records, None, len(self.dead))
+        except Exception as exc:
+            if self.writer is not None:
+                try:
+                    self.writer.abort()
+                except Exception:
+                    pass
+            error = f"could not write {store.display(obj.out_name)}: {type(exc).__name__}: {exc}"
+            self.outcome = ObjectOutcome(obj, "failed", self.records, RecordFailure("the object", error))
+        finally:
+            if self.holds_slot:
+                engine.object_slots.release()
+            engine.progress.add(objects=1, failed=int(self.outcome.status == "failed"))
+            self.finished.set()
+
+
+def _items(records: Iterator[Record], processing: DataProcessing, split_type: str) -> Iterator[Item]:
+    """Records → items to send: blank lines (and empty objects) are kept but not sent; the
+    input filter applied."""
+    for record in records:
+        if (split_type == "Line" and record.blank) or (split_type == "None" and not record.data):
+            yield Item(record, None)
+            continue
+        try:
+            yield Item(record, processing.prepare(record.data))
+        except FilterError as exc:
+            yield Item(record, None, str(exc))
+
+
+def _failure_from(exc: BaseException, obj: InputObject) -> RecordFailure:
+    if isinstance(exc, RecordError):
+        return RecordFailure(exc.where, exc.message)
+    if isinstance(exc, ServingError):
+        return RecordFailure("the object", exc.message)
+    if gzip_error(exc):
+        return RecordFailure(
+            "the object", f"{obj.url} is not valid gzip ({exc}); drop --compression-type Gzip or fix the file"
+        )
+    if isinstance(exc, OSError):
+        return RecordFailure("the object", f"cannot read {obj.url}: {type(exc).__name__}: {exc}")
+    log.error("reading %s failed", obj.url, exc_info=exc)
+    return RecordFailure("the object", f"internal error reading {obj.url}: {type(exc).__name__}: {exc}")
+
+
+def check_output_outside_input(job: TransformJob) -> None:
+    """OUTPUT inside INPUT would make a rerun take outputs for inputs."""
+    if job.data_type != "S3Prefix":
+        return
+    in_fs, in_root = url_to_fs(job.input)
+    out_fs, out_root = url_to_fs(job.output)
+    if type(in_fs) is not type(out_fs):
+        return
+    if is_local(in_fs):
+        in_root, out_root = os.path.realpath(in_root), os.path.realpath(out_root)
+    in_root, out_root = in_root.rstrip("/"), out_root.rstrip("/")
+    inside = out_root == in_root or out_root.startswith(in_root + "/")
+    if not inside and out_root.startswith(in_root):
+        inside = not in_fs.isdir(in_root)  # an S3 key prefix takes every name starting with it
+    if inside:
+        raise JobError(
+            f"OUTPUT {job.output} is inside INPUT {job.input}; outputs would be read as inputs "
+            "on the next run. Write the outputs somewhere else"
+        )

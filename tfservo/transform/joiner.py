@@ -1,0 +1,144 @@
+"""--input-filter, --join-source Input and --output-filter on CSV and JSON records.
+
+CSV records are arrays of fields (text kept as written, so `0001` stays `0001`); joining
+appends the output's fields. JSON objects get the output under "SageMakerOutput"; other JSON
+values become {"SageMakerInput": ..., "SageMakerOutput": ...}, as SageMaker does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tfservo.sagemaker.content_types import csv_records
+from tfservo.transform.assemble import RecordOutput, csv_line
+from tfservo.transform.jsonpath import JsonPath, JsonPathError
+
+Fields = list[tuple[str, bool]]  # (text, was quoted)
+
+
+class FilterError(ValueError):
+    """A filter or join that cannot be applied to one record; the message says why."""
+
+
+@dataclass(frozen=True)
+class DataProcessing:
+    """The filters and join of a job, for records of one format ('csv', 'json' or None)."""
+
+    record_format: str | None
+    input_filter: JsonPath | None = None
+    output_filter: JsonPath | None = None
+    join_input: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.input_filter is not None or self.output_filter is not None or self.join_input
+
+    def prepare(self, data: bytes) -> bytes:
+        """The record as sent to the model: the input filter applied."""
+        if self.input_filter is None:
+            return data
+        if self.record_format == "csv":
+            return _write_csv(self._select(self.input_filter, parse_csv(data), "input"))
+        value = self._select(self.input_filter, parse_json(data), "input")
+        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def finish(self, data: bytes, output: RecordOutput) -> bytes:
+        """One output line: the output joined with its input record and the output filter applied."""
+        if not self.join_input and self.output_filter is None:
+            return output.line
+        if self.record_format == "csv" or (not self.join_input and output.kind == "csv"):
+            joined: Any = (parse_csv(data) if self.join_input else []) + output_fields(output)
+            if self.output_filter is not None:
+                joined = self._select(self.output_filter, joined, "output")
+            return _write_csv(joined)
+        result = output_value(output)
+        if self.join_input:
+            record = parse_json(data)
+            if isinstance(record, dict):
+                result = {**record, "SageMakerOutput": result}
+            else:
+                result = {"SageMakerInput": record, "SageMakerOutput": result}
+        if self.output_filter is not None:
+            result = self._select(self.output_filter, result, "output")
+        return orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def _select(self, path: JsonPath, value: Any, which: str) -> Any:
+        try:
+            return path.select(value)
+        except JsonPathError as exc:
+            raise FilterError(f"--{which}-filter {exc}") from None
+
+
+def parse_csv(data: bytes) -> Fields:
+    """One CSV line as fields, quoting remembered."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FilterError(f"the record is not UTF-8 text (byte {exc.start}); CSV filters need text") from None
+    rows = list(csv_records(text))
+    if not rows:
+        return [("", False)]
+    if len(rows) > 1:
+        raise FilterError("the record holds more than one CSV row")
+    return rows[0][1]
+
+
+def parse_json(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise FilterError(f"the record is not valid JSON ({exc}); JSON filters need one JSON value per record") from None
+
+
+def output_fields(output: RecordOutput) -> Fields:
+    """The output as CSV fields: a CSV row as is, a JSON value flattened (lists and objects)."""
+    if output.kind == "csv":
+        return parse_csv(output.line)
+    if output.has_value:
+        return [(_cell(v), False) for v in _flatten(output.value)]
+    return [(output.line.decode("utf-8", errors="replace"), False)]
+
+
+def output_value(output: RecordOutput) -> Any:
+    """The output as a JSON value: parsed JSON, a CSV row as a list (numbers as numbers)."""
+    if output.has_value:
+        return output.value
+    if output.kind == "csv":
+        values = [text if quoted else _number(text) for text, quoted in parse_csv(output.line)]
+        return values[0] if len(values) == 1 else values
+    return output.line.decode("utf-8", errors="replace")
+
+
+def _write_csv(selected: Any) -> bytes:
+    """A selection from a CSV record (one field or a list of them) as a CSV line."""
+    if isinstance(selected, list):
+        return csv_line([f if isinstance(f, tuple) else (_cell(f), False) for f in selected])
+    if isinstance(selected, tuple):
+        return csv_line([selected])
+    return csv_line([(_cell(selected), False)])
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [x for item in value for x in _flatten(item)]
+    if isinstance(value, dict):
+        return [x for item in value.values() for x in _flatten(item)]
+    return [value]
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return orjson.dumps(value).decode()
+
+
+def _number(text: str) -> Any:
+    try:
+        return orjson.loads(text.strip())
+    except orjson.JSONDecodeError:
+        return text

@@ -1,0 +1,226 @@
+"""SageMaker's JSONPath subset for --input-filter and --output-filter.
+
+Supported: `$`, `.name`, `.*`, `['a']`, `['a','b']` (an object with just those keys), `[i]`,
+`[i,j]`, `[s:e]`, mixes such as `[0,5:]`, negative indexes, and `[*]`. After a step that
+selects several values (`[i,j]`, a slice, `*`) later steps apply to each of them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Union
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+_INT = re.compile(r"-?\d+")
+
+
+class JsonPathError(ValueError):
+    """A filter expression that cannot be parsed, or a record it cannot be applied to."""
+
+
+@dataclass(frozen=True)
+class _Key:
+    name: str
+
+
+@dataclass(frozen=True)
+class _Keys:
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Index:
+    index: int
+
+
+@dataclass(frozen=True)
+class _Union:
+    items: tuple[Union[int, slice], ...]
+
+
+@dataclass(frozen=True)
+class _Wildcard:
+    pass
+
+
+_Step = Union[_Key, _Keys, _Index, _Union, _Wildcard]
+
+
+@dataclass(frozen=True)
+class JsonPath:
+    """A parsed expression; `select(value)` applies it to one record."""
+
+    text: str
+    steps: tuple[_Step, ...]
+
+    @property
+    def is_root(self) -> bool:
+        return not self.steps
+
+    def select(self, value: Any) -> Any:
+        """The part of `value` the path names; JsonPathError says which step found nothing."""
+        many = False
+        for step in self.steps:
+            if many:
+                value = [self._apply(step, item) for item in value]
+            else:
+                value = self._apply(step, value)
+            many = many or isinstance(step, (_Union, _Wildcard))
+        return value
+
+    def _apply(self, step: _Step, value: Any) -> Any:
+        if isinstance(step, _Key):
+            return _get(value, step.name, self.text)
+        if isinstance(step, _Keys):
+            return {name: _get(value, name, self.text) for name in step.names}
+        if isinstance(step, _Index):
+            return _at(value, step.index, self.text)
+        if isinstance(step, _Wildcard):
+            if isinstance(value, dict):
+                return list(value.values())
+            if isinstance(value, list):
+                return list(value)
+            raise JsonPathError(f"{self.text}: '*' needs an object or array, found {_kind(value)}")
+        out: list[Any] = []
+        for item in step.items:
+            if isinstance(item, slice):
+                if not isinstance(value, list):
+                    raise JsonPathError(f"{self.text}: a slice needs an array, found {_kind(value)}")
+                out.extend(value[item])
+            else:
+                out.append(_at(value, item, self.text))
+        return out
+
+
+def _get(value: Any, name: str, text: str) -> Any:
+    if not isinstance(value, dict):
+        raise JsonPathError(f"{text}: key {name!r} needs an object, found {_kind(value)}")
+    if name not in value:
+        keys = ", ".join(repr(k) for k in list(value)[:10]) or "none"
+        raise JsonPathError(f"{text}: the record has no key {name!r} (keys: {keys})")
+    return value[name]
+
+
+def _at(value: Any, index: int, text: str) -> Any:
+    if not isinstance(value, list):
+        raise JsonPathError(f"{text}: index {index} needs an array, found {_kind(value)}")
+    if not -len(value) <= index < len(value):
+        raise JsonPathError(
+            f"{text}: index {index} is outside the record, which has {len(value)} "
+            f"{'field' if len(value) == 1 else 'fields'}"
+        )
+    return value[index]
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    return f"a {type(value).__name__}"
+
+
+def parse_jsonpath(text: str) -> JsonPath:
+    """Parse an expression such as `$[1:]`, `$.features` or `$['id','SageMakerOutput']`."""
+    source = text.strip()
+    if not source.startswith("$"):
+        raise JsonPathError(f"{text!r} is not a JSONPath: it must start with $ (e.g. $, $[1:], $.features)")
+    pos, steps = 1, []
+    while pos < len(source):
+        char = source[pos]
+        if char == ".":
+            if source.startswith(".*", pos):
+                steps.append(_Wildcard())
+                pos += 2
+                continue
+            match = _NAME.match(source, pos + 1)
+            if not match:
+                raise _syntax(text, pos + 1, "a name after '.'")
+            steps.append(_Key(match.group()))
+            pos = match.end()
+        elif char == "[":
+            end = _closing_bracket(source, pos, text)
+            steps.append(_bracket(source[pos + 1 : end].strip(), text))
+            pos = end + 1
+        elif char.isspace():
+            pos += 1
+        else:
+            raise _syntax(text, pos, "'.' or '['")
+    for i, step in enumerate(steps[:-1]):
+        if isinstance(step, _Keys):
+            raise JsonPathError(f"{text!r}: a list of names ['a','b'] must be the last step")
+    return JsonPath(text, tuple(steps))
+
+
+def _closing_bracket(source: str, start: int, text: str) -> int:
+    quote = None
+    for i in range(start + 1, len(source)):
+        char = source[i]
+        if quote:
+            if char == quote:
+                quote = None
+        elif char in "'\"":
+            quote = char
+        elif char == "]":
+            return i
+    raise JsonPathError(f"{text!r}: '[' at position {start} is never closed with ']'")
+
+
+def _bracket(inner: str, text: str) -> _Step:
+    if inner == "*":
+        return _Wildcard()
+    parts = [p.strip() for p in _split_commas(inner)]
+    if not parts or any(not p for p in parts):
+        raise JsonPathError(f"{text!r}: empty item in [{inner}]")
+    if all(p[0] in "'\"" for p in parts):
+        names = []
+        for p in parts:
+            if len(p) < 2 or p[-1] != p[0]:
+                raise JsonPathError(f"{text!r}: {p} is not a quoted name")
+            names.append(p[1:-1])
+        return _Key(names[0]) if len(names) == 1 else _Keys(tuple(names))
+    items: list[int | slice] = []
+    for p in parts:
+        if _INT.fullmatch(p):
+            items.append(int(p))
+        elif ":" in p:
+            items.append(_slice(p, text))
+        else:
+            raise JsonPathError(
+                f"{text!r}: {p!r} in [{inner}] is not an index, a slice (start:end) or a quoted name"
+            )
+    if len(items) == 1 and isinstance(items[0], int):
+        return _Index(items[0])
+    return _Union(tuple(items))
+
+
+def _slice(part: str, text: str) -> slice:
+    pieces = [s.strip() for s in part.split(":")]
+    if len(pieces) != 2 or any(s and not _INT.fullmatch(s) for s in pieces):
+        raise JsonPathError(f"{text!r}: {part!r} is not a slice such as 1:, :3 or 1:-1")
+    start, stop = (int(s) if s else None for s in pieces)
+    return slice(start, stop)
+
+
+def _split_commas(inner: str) -> list[str]:
+    parts, quote, start = [], None, 0
+    for i, char in enumerate(inner):
+        if quote:
+            if char == quote:
+                quote = None
+        elif char in "'\"":
+            quote = char
+        elif char == ",":
+            parts.append(inner[start:i])
+            start = i + 1
+    parts.append(inner[start:])
+    return parts
+
+
+def _syntax(text: str, pos: int, expected: str) -> JsonPathError:
+    return JsonPathError(f"{text!r}: expected {expected} at position {pos}")
