@@ -46,6 +46,28 @@ def save_offset_model(path: Path, offset: float) -> None:
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
 
 
+def save_slow_model(path: Path) -> None:
+    """A TF2 SavedModel whose call takes as long as its input `n` says: y = x (after n matmuls)."""
+    import tensorflow as tf
+
+    class Slow(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.Variable(tf.eye(128) * 0.5)
+
+        @tf.function(
+            input_signature=[tf.TensorSpec([None], tf.float32, name="x"), tf.TensorSpec([], tf.int32, name="n")]
+        )
+        def serve(self, x, n):
+            _, m = tf.while_loop(
+                lambda i, m: i < n, lambda i, m: (i + 1, tf.matmul(m, self.w) * 2.0), (0, tf.ones([128, 128]))
+            )
+            return {"y": x + tf.reduce_mean(m) - 1.0}
+
+    module = Slow()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+
+
 def float_example(**features: float):
     import tensorflow as tf
 
@@ -117,6 +139,8 @@ def layout(tmp_path_factory) -> dict[str, Path]:
     staging = root / "staging"
     save_offset_model(staging / "1", 100.0)
     save_offset_model(staging / "2", 200.0)
+
+    save_slow_model(root / "slow" / "1")
 
     rolling = root / "rolling"
     rolling.mkdir()
@@ -268,17 +292,18 @@ def test_ping_reports_the_failed_versions(client):
 
 def test_new_version_dir_goes_available_while_serving(layout, client):
     """Copy version 2 in (temp name, then rename) under steady traffic: no request fails."""
-    results: list[tuple[int, object]] = []
+    results: dict[int, list[tuple[int, object]]] = {i: [] for i in range(3)}
     stop = threading.Event()
 
-    def traffic() -> None:
+    def traffic(i: int) -> None:
         with httpx.Client(base_url=str(client.base_url), timeout=30) as c:
             while not stop.is_set():
                 r = c.post("/v1/models/rolling:predict", json={"instances": [1.0]})
-                results.append((r.status_code, r.json()))
+                results[i].append((r.status_code, r.json()))
 
-    thread = threading.Thread(target=traffic)
-    thread.start()
+    threads = [threading.Thread(target=traffic, args=(i,)) for i in results]
+    for thread in threads:
+        thread.start()
     try:
         time.sleep(0.5)
         rolling = layout["rolling"]
@@ -292,14 +317,16 @@ def test_new_version_dir_goes_available_while_serving(layout, client):
         time.sleep(0.5)
     finally:
         stop.set()
-        thread.join()
+        for thread in threads:
+            thread.join()
     assert states(client, "rolling") == {1: ("END", ""), 2: ("AVAILABLE", "")}
-    failures = [r for r in results if r[0] != 200]
-    assert not failures, failures[:5]
-    answers = [body["predictions"][0] for _, body in results]
-    assert answers[0] == 101.0 and answers[-1] == 201.0
-    switch = answers.index(201.0)
-    assert set(answers[:switch]) == {101.0} and set(answers[switch:]) == {201.0}  # one clean switch
+    for answers in results.values():
+        failures = [r for r in answers if r[0] != 200]
+        assert not failures, failures[:5]
+        values = [body["predictions"][0] for _, body in answers]
+        assert values[0] == 101.0 and values[-1] == 201.0
+        switch = values.index(201.0)
+        assert set(values[:switch]) == {101.0} and set(values[switch:]) == {201.0}  # one clean switch
 
 
 # -- reloading the config in-process (what gRPC's HandleReloadConfigRequest calls) -------------
@@ -351,3 +378,39 @@ def test_version_policies_select_like_tf_serving():
     assert VersionPolicy.all().select(found) == {1, 2, 3, 10}
     assert VersionPolicy.specific([2, 7]).select(found) == {2}
     assert VersionPolicy.latest(1).select([]) == set()
+
+
+def test_unload_waits_for_calls_in_flight(layout):
+    """A version retired mid-call finishes that call before its session is closed."""
+    import numpy as np
+
+    from tfservo.errors import NotFound
+    from tfservo.sagemaker.service import ModelService
+
+    service = ModelService()
+    service.add_bundle(str(layout["root"] / "slow"))
+    inputs = {"x": np.array([1.0, 2.0], np.float32), "n": np.array(8000, np.int32)}
+    outcome: dict[str, object] = {}
+
+    def call() -> None:
+        try:
+            outcome["y"] = service.api.predict("slow", None, None, "", inputs)[1]["y"].tolist()
+        except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+            outcome["error"] = exc
+        outcome["done"] = time.monotonic()
+
+    try:
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(0.15)
+        service.manager.unload_version("slow", 1)
+        unloaded = time.monotonic()
+        thread.join()
+        assert "error" not in outcome, outcome
+        assert outcome["y"] == [1.0, 2.0]
+        assert unloaded >= outcome["done"]
+        assert service.manager.model("slow").versions[1].state.value == "END"
+        with pytest.raises(NotFound):
+            service.api.predict("slow", None, None, "", inputs)
+    finally:
+        service.close()

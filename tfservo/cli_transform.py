@@ -8,7 +8,17 @@ import click
 
 from tfservo.logs import setup_logging
 
-_CHOICE = {"case_sensitive": False}
+
+
+class _AnyCase(click.Choice):
+    """A choice shown in SageMaker's spelling (Line, MultiRecord) that accepts any case."""
+
+    def convert(self, value, param, ctx):
+        for choice in self.choices:
+            if isinstance(value, str) and value.lower() == str(choice).lower():
+                return choice
+        return super().convert(value, param, ctx)
+
 
 
 @click.command()
@@ -19,27 +29,27 @@ _CHOICE = {"case_sensitive": False}
               help="Content type of each request [default: from each object's extension, e.g. "
               ".csv → text/csv, .jsonl → application/jsonlines, .jpg → image/jpeg].")
 @click.option("--accept", default=None, help="Accept of each request [default: application/json].")
-@click.option("--split-type", type=click.Choice(["None", "Line", "RecordIO", "TFRecord"], **_CHOICE),
+@click.option("--split-type", type=_AnyCase(["None", "Line", "RecordIO", "TFRecord"]),
               default="None", show_default=True,
               help="How objects are cut into records; None sends each object whole.")
-@click.option("--batch-strategy", type=click.Choice(["MultiRecord", "SingleRecord"], **_CHOICE),
+@click.option("--batch-strategy", type=_AnyCase(["MultiRecord", "SingleRecord"]),
               default="MultiRecord", show_default=True,
               help="MultiRecord packs records up to --max-payload per request; SingleRecord sends one each.")
 @click.option("--max-payload", "max_payload_mb", type=float, default=6.0, show_default=True, metavar="MB",
               help="Largest request body in MB (fractions allowed); a bigger single record fails its object.")
 @click.option("--max-concurrent-transforms", type=int, default=0, metavar="N",
               help="Requests in flight at once [default: one per CPU core].")
-@click.option("--assemble-with", type=click.Choice(["None", "Line"], **_CHOICE), default="None", show_default=True,
+@click.option("--assemble-with", type=_AnyCase(["None", "Line"]), default="None", show_default=True,
               help="Line: one output line per record (answers split per record); None: bodies concatenated.")
 @click.option("--input-filter", default=None, metavar="JSONPATH",
               help="Part of each CSV/JSON record to send, e.g. '$[1:]' (drop an id column) or '$.features'.")
 @click.option("--output-filter", default=None, metavar="JSONPATH",
               help="Part of each (joined) output record to keep, e.g. '$[0,-1]' or \"$['id','SageMakerOutput']\".")
-@click.option("--join-source", type=click.Choice(["None", "Input"], **_CHOICE), default="None", show_default=True,
+@click.option("--join-source", type=_AnyCase(["None", "Input"]), default="None", show_default=True,
               help="Input: join each output to its input record (CSV: appended columns; JSON: SageMakerOutput).")
-@click.option("--compression-type", type=click.Choice(["None", "Gzip"], **_CHOICE), default="None",
+@click.option("--compression-type", type=_AnyCase(["None", "Gzip"]), default="None",
               show_default=True, help="Gzip: input objects are gzip files (outputs are not compressed).")
-@click.option("--data-type", type=click.Choice(["S3Prefix", "ManifestFile"], **_CHOICE), default="S3Prefix",
+@click.option("--data-type", type=_AnyCase(["S3Prefix", "ManifestFile"]), default="S3Prefix",
               show_default=True,
               help="S3Prefix: INPUT is a folder, file or prefix; ManifestFile: INPUT is a SageMaker manifest "
               "([{\"prefix\": ...}, \"key\", ...]).")
@@ -48,7 +58,7 @@ _CHOICE = {"case_sensitive": False}
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
               help="Environment for the model service, set before it loads (repeatable), "
               "e.g. SAGEMAKER_TFS_DEFAULT_MODEL_NAME=half_plus_three.")
-@click.option("--on-record-error", type=click.Choice(["fail", "skip"], **_CHOICE), default="fail", show_default=True,
+@click.option("--on-record-error", type=_AnyCase(["fail", "skip"]), default="fail", show_default=True,
               help="fail: a bad record fails its object (SageMaker's way); skip: write --placeholder for it, "
               "put it in <name>.deadletter.jsonl and go on.")
 @click.option("--placeholder", default="", metavar="TEXT",

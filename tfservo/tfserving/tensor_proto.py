@@ -220,7 +220,7 @@ def write_tensor_proto(value: Any, out: TensorProto, name: str = "tensor") -> Te
     out.dtype = dtype
     _write_shape(arr, out)
     field = _DECODE[dtype][1]
-    if field in _PACKED_FIELD:
+    if field in _PACKED_FIELD and (arr.size >= _FAST_MIN_VALUES or arr.dtype.kind == "c"):
         part = _PART[field]
         flat = np.ascontiguousarray(arr).reshape(-1)
         if flat.dtype.kind == "c":

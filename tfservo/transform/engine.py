@@ -208,6 +208,7 @@ class _ObjectRun:
                 batch_strategy=job.batch_strategy,
                 max_bytes=job.max_payload_bytes,
                 name=self.obj.url,
+                limit_mb=job.max_payload_mb,
             ):
                 if self.failure is not None or engine.stopping.is_set():
                     return
@@ -319,7 +320,7 @@ def _items(records: Iterator[Record], processing: DataProcessing, split_type: st
             yield Item(record, None)
             continue
         try:
-            yield Item(record, processing.prepare(record.data))
+            yield Item(record, processing.prepare(record.framed))  # RecordIO/TFRecord keep framing
         except FilterError as exc:
             yield Item(record, None, str(exc))
 

@@ -223,6 +223,7 @@ def pack(
     batch_strategy: str,
     max_bytes: int,
     name: str,
+    limit_mb: float | None = None,
 ) -> Iterator[list[Item]]:
     """Group consecutive items into requests of at most `max_bytes` (MultiRecord) or one
     record each (SingleRecord); items that are not sent ride along with their neighbours.
@@ -239,8 +240,9 @@ def pack(
         length = len(item.payload)
         if length > max_bytes:
             at = where(item.record, split_type)
+            limit = f"{limit_mb:g} MB ({max_bytes} bytes)" if limit_mb else _mb(max_bytes)
             raise RecordError(
-                f"{name}: {at} is {_mb(length)}, over --max-payload {_mb(max_bytes)}; "
+                f"{name}: {at} is {_mb(length)}, over --max-payload {limit}; "
                 "raise --max-payload or make the record smaller",
                 at,
             )

@@ -1,0 +1,113 @@
+"""The ceiling: raw in-process calls of the same signature, no server, at the best batch size.
+
+Two call paths are measured and the faster one is the ceiling: a TF session callable (what
+tfservo's runtime uses) and `tf.saved_model.load(...).signatures["serving_default"]` (TF's
+documented TF2 path). Also the batch-1 latency (the concurrency-1 reference) and each
+workload's reference answer, which every server's answer is checked against.
+
+Usage: python bench/ceiling.py WORKDIR OUT.json [--quick]
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+BATCHES = {"mlp": [1, 8, 32, 64, 128, 256], "resnet": [1, 2, 4, 8]}
+SECONDS = {"mlp": 1.0, "resnet": 4.0}
+
+
+def _time_calls(fn: Callable[[], object], seconds: float, min_calls: int = 3) -> list[float]:
+    fn()
+    fn()  # warm: first calls of a shape build kernels
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < min_calls:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure(call: Callable[[np.ndarray], np.ndarray], make: Callable[[int], np.ndarray], batches: list[int],
+            seconds: float) -> dict:
+    rows = {}
+    for b in batches:
+        x = make(b)
+        times = _time_calls(lambda: call(x), seconds)
+        rows[str(b)] = {
+            "calls": len(times),
+            "ms_per_call_p50": round(float(np.median(times)) * 1e3, 4),
+            "rows_per_s": round(b * len(times) / sum(times), 2),
+        }
+    best = max(rows, key=lambda b: rows[b]["rows_per_s"])
+    single = _time_calls(lambda: call(make(1)), seconds, min_calls=20)
+    return {
+        "by_batch": rows,
+        "best_batch": int(best),
+        "best_rows_per_s": rows[best]["rows_per_s"],
+        "batch1_p50_ms": round(float(np.percentile(single, 50)) * 1e3, 4),
+        "batch1_p99_ms": round(float(np.percentile(single, 99)) * 1e3, 4),
+    }
+
+
+def main(workdir: str, out: str, quick: bool = False) -> dict:
+    from tfservo.logs import quiet_tensorflow
+
+    quiet_tensorflow()
+    import tensorflow as tf
+    from PIL import Image
+
+    from tfservo.runtime.savedmodel import load_saved_model
+
+    work = Path(workdir)
+    scale = 0.3 if quick else 1.0
+    bodies = work / "bodies"
+    mlp_row = np.asarray(json.loads((bodies / "mlp.tfs.json").read_text())["instances"][0], np.float32)
+    pixels = np.asarray(Image.open(io.BytesIO((bodies / "image.jpg").read_bytes())).convert("RGB"), np.float32)
+    specs = {
+        "mlp": (work / "models/mlp/1", "x", "probabilities", lambda b: np.tile(mlp_row, (b, 1))),
+        "resnet": (work / "models/resnet50/1", "images", "probabilities", lambda b: np.repeat(pixels[None], b, 0)),
+    }
+    results: dict = {}
+    for model, (path, inp, outp, make) in specs.items():
+        session_model = load_saved_model(str(path))
+        loaded = tf.saved_model.load(str(path))
+        signature = loaded.signatures["serving_default"]
+        paths = {
+            "session_callable": lambda x, m=session_model: m.run("serving_default", {inp: x})[outp],
+            "tf2_signature": lambda x, f=signature: f(**{inp: tf.constant(x)})[outp].numpy(),
+        }
+        measured = {name: measure(fn, make, BATCHES[model], SECONDS[model] * scale) for name, fn in paths.items()}
+        best_path = max(measured, key=lambda n: measured[n]["best_rows_per_s"])
+        fastest_single = min(measured, key=lambda n: measured[n]["batch1_p50_ms"])
+        results[model] = {
+            "call_paths": measured,
+            "ceiling_path": best_path,
+            "ceiling_rows_per_s": measured[best_path]["best_rows_per_s"],
+            "ceiling_batch": measured[best_path]["best_batch"],
+            "batch1_path": fastest_single,
+            "batch1_p50_ms": measured[fastest_single]["batch1_p50_ms"],
+            "reference_output": paths["session_callable"](make(1))[0].astype(float).tolist(),
+        }
+        print(
+            f"ceiling {model}: {results[model]['ceiling_rows_per_s']:.1f} rows/s at batch "
+            f"{results[model]['ceiling_batch']} ({best_path}); batch-1 p50 "
+            f"{results[model]['batch1_p50_ms']:.3f} ms ({fastest_single})",
+            flush=True,
+        )
+        session_model.close()
+        del loaded, signature
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], quick="--quick" in sys.argv)
