@@ -264,7 +264,7 @@ def test_load_errors_name_what_to_fix(beam_models: BeamModels) -> None:  # noqa:
         BundleModelHandler(HALF_PLUS_TWO).validate_inference_args({"training": False})
 
 
-def test_run_inference_reports_each_bad_element_and_pickles(beam_models: BeamModels) -> None:  # noqa: F811
+def test_run_inference_reports_bad_elements_and_runs_ragged_ones(beam_models: BeamModels) -> None:  # noqa: F811
     handler = BundleModelHandler(beam_models.two_inputs)
     model = handler.load_model()
     batch = [{"a": [1.0, 1.0], "b": [1.0, 1.0]}, {"a": [1.0, 1.0]}, {"a": [2.0, 2.0], "b": [1.0, 3.0]}]
@@ -279,6 +279,13 @@ def test_run_inference_reports_each_bad_element_and_pickles(beam_models: BeamMod
     # The good elements run fine without it.
     results = handler.run_inference([batch[0], batch[2]], model)
     assert [float(r.inference["total"]) for r in results] == [4.0, 8.0]
+    model.close()
+
+    # Elements that cannot be stacked into one batch are run one by one instead of failing.
+    five = BundleModelHandler(beam_models.five)
+    model = five.load_model()
+    ragged = five.run_inference([f32(2.0)[0], f32(3.0, 4.0)], model)
+    assert [r.inference["y"].tolist() for r in ragged] == [10.0, [15.0, 20.0]]
     model.close()
 
 

@@ -299,3 +299,23 @@ def test_a_read_interrupted_mid_object_resumes_at_the_same_byte():
     lines = list(gzip.GzipFile(fileobj=reader))
     assert _DroppingStream.dropped
     assert len(lines) == 5000 and lines[4999] == b"4999,24990001\n"
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+
+def test_progress_logs_plain_lines_off_a_terminal(caplog):
+    import logging
+    import time
+
+    from tfservo.transform.progress import Progress
+
+    caplog.set_level(logging.INFO, logger="tfservo.transform")
+    progress = Progress(4, 1000, mode="auto", interval=0.05, stream=io.StringIO())
+    assert progress.mode == "log"
+    progress.add(objects=1, records=120, nbytes=250)
+    time.sleep(0.3)
+    progress.close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
+    assert lines and lines[-1].startswith("progress: 1/4 objects, 120 records, ")
+    assert "records/s, ETA 0:00:0" in lines[-1]  # a quarter of the bytes in well under a second

@@ -241,7 +241,9 @@ def parse_load_request(body: bytes) -> tuple[str, str]:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f'Request body is not JSON ({exc}); send {{"model_name": "...", "url": "..."}}') from None
+        raise InvalidArgument(
+            f'Request body is not JSON ({exc}); send {{"model_name": "...", "url": "..."}}'
+        ) from None
     if not isinstance(doc, dict):
         raise InvalidArgument('Request body must be a JSON object: {"model_name": "...", "url": "..."}')
     missing = [k for k in ("model_name", "url") if k not in doc]
@@ -304,7 +306,9 @@ def _memory_factor() -> float:
     try:
         return float(raw)
     except ValueError:
-        raise BundleError(f"{MEMORY_FACTOR_ENV}={raw!r} must be a number (0 turns the memory check off)") from None
+        raise BundleError(
+            f"{MEMORY_FACTOR_ENV}={raw!r} must be a number (0 turns the memory check off)"
+        ) from None
 
 
 def _numeric_versions(path: str) -> dict[int, str]:

@@ -63,6 +63,7 @@ class Metrics:
             # prometheus_client picks its value store at import; pick again in case it was
             # imported before the variable was set.
             values.ValueClass = values.get_value_class()
+        prometheus_client.disable_created_metrics()  # no *_created series: noise for dashboards
         # Metrics live in a private registry: in multiprocess mode /metrics reads the workers'
         # files instead, and two servers in one process (tests) don't collide.
         self.registry = CollectorRegistry(auto_describe=True)

@@ -6,6 +6,7 @@ processes on one port), or on loopback in a thread so that in-process callers
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -62,6 +63,9 @@ def start_worker(
     """Everything one serving process needs: the loaded service and its ASGI app (with /metrics)."""
     metrics = metrics or Metrics()
     service = build_service(settings, metrics)
+    # TensorFlow leaves ~270k objects on the heap; a full GC pass over them held the GIL for
+    # 100-300 ms, a p99 stall for every request in flight. Frozen objects are never scanned.
+    gc.freeze()
     local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     service.rest_base = f"http://{local_host}:{port}"
     extra_routes = []

@@ -21,7 +21,6 @@ from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     inference_pb2,
-    input_pb2,
     model_management_pb2,
     model_pb2,
     model_service_pb2_grpc,
@@ -37,6 +36,7 @@ from tfservo.tfserving.request_labels import RequestScope, plain_scope
 from tfservo.tfserving.results import classification_result_proto, regression_result_proto
 from tfservo.tfserving.servables import ServableVersion
 from tfservo.tfserving.tensor_proto import to_ndarray, write_tensor_proto
+from tfservo.tfserving.warmup import serialized_examples  # Input → tf.Examples, shared with warmup replay
 
 log = logging.getLogger("tfservo.grpc")
 
@@ -65,19 +65,6 @@ def _answer_spec(out: model_pb2.ModelSpec, sv: ServableVersion, signature_name: 
     out.version.value = sv.version
     if signature_name is not None:
         out.signature_name = signature_name
-
-
-def serialized_examples(request_input: input_pb2.Input) -> list[bytes]:
-    """An Input's examples as serialized tf.Examples, context features merged in as TF Serving does."""
-    kind = request_input.WhichOneof("kind")
-    if kind == "example_list":
-        return [ex.SerializeToString() for ex in request_input.example_list.examples]
-    if kind == "example_list_with_context":
-        listed = request_input.example_list_with_context
-        # Concatenated messages parse as one merged message; the example's own features win.
-        context = listed.context.SerializeToString()
-        return [context + ex.SerializeToString() for ex in listed.examples]
-    raise InvalidArgument("Input is empty: set input.example_list (or example_list_with_context) with examples")
 
 
 class _Calls:

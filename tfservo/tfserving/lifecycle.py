@@ -68,7 +68,9 @@ class ModelLifecycle:
         entry = WatchedModel(name, base_path, policy, dict(labels or {}))
         with self._lock:
             if name in self._watched:
-                raise InvalidArgument(f"Model {name} is already served (from {self._watched[name].base_path})")
+                raise InvalidArgument(
+                    f"Model {name} is already served (from {self._watched[name].base_path})"
+                )
             self._watched[name] = entry
         self.manager.add_model(name, {})
         try:
@@ -178,7 +180,8 @@ class ModelLifecycle:
         with self._lock:
             entry = self._watched.get(name)
         if entry is None:
-            raise NotFound(f"Model {name} is not served; models: {', '.join(sorted(self._watched)) or 'none'}")
+            known = ", ".join(sorted(self._watched)) or "none"
+            raise NotFound(f"Model {name} is not served; models: {known}")
         return entry
 
     def _warn_once(self, entry: WatchedModel, key: str, msg: str, *args: object) -> None:

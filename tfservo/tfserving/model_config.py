@@ -66,7 +66,9 @@ class ModelConfig:
     labels: dict[str, int] = field(default_factory=dict)
 
 
-def parse_model_server_config(config: str | bytes | Any, *, source: str = "model config") -> list[ModelConfig]:
+def parse_model_server_config(
+    config: str | bytes | Any, *, source: str = "model config"
+) -> list[ModelConfig]:
     """A ModelServerConfig (text proto, or the proto message itself) → its model entries, validated.
 
     `source` names the file (or request) in error messages. Relative base paths are taken
@@ -127,7 +129,9 @@ def _entry(config: Any, source: str) -> ModelConfig:
         )
     base_path = config.base_path
     if not base_path:
-        raise InvalidArgument(f"{source}: model {name} has no base_path; set it to the dir holding its version dirs")
+        raise InvalidArgument(
+            f"{source}: model {name} has no base_path; set it to the dir holding its version dirs"
+        )
     if "://" in base_path:
         scheme = base_path.split("://", 1)[0].lower()
         if scheme not in ("file", "local"):

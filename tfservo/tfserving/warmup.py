@@ -63,7 +63,9 @@ def replay_warmup(api: TFServingAPI, sv: ServableVersion) -> int:
                 exc.code,
             ) from None
         count = index
-    log.info("model %s version %d: replayed %d warmup request(s) from %s", sv.model_name, sv.version, count, path)
+    log.info(
+        "model %s version %d: replayed %d warmup request(s) from %s", sv.model_name, sv.version, count, path
+    )
     return count
 
 
@@ -145,12 +147,9 @@ def serialized_examples(input_proto: Any) -> list[bytes]:
 
 
 def _to_array(proto: Any, key: str) -> Any:
-    import tensorflow as tf
+    from tfservo.tfserving.tensor_proto import to_ndarray  # the gRPC codec; imports TF protos
 
-    try:
-        return tf.make_ndarray(proto)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"input {key!r} is not a valid TensorProto: {exc}") from None
+    return to_ndarray(proto, f"input {key!r}")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ CSV rows); each record gets its own part of it, so the .out keeps one line per i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ import orjson
 from tfservo.sagemaker.content_types import TFS_RESPONSE_KEYS, csv_records, response_records
 
 _MISSING = object()
+_SPECIAL = re.compile(r'["\r\n]')
 
 
 class SplitError(ValueError):
@@ -113,6 +115,10 @@ def _raw(body: bytes) -> RecordOutput:
 
 def csv_line(fields: list[tuple[str, bool]]) -> bytes:
     """Fields (text, was quoted) as one CSV line; quoting kept, and added where needed."""
+    if not any(quoted for _, quoted in fields):
+        line = ",".join(text for text, _ in fields)
+        if line.count(",") == len(fields) - 1 and not _SPECIAL.search(line):
+            return line.encode()
     out = []
     for text, quoted in fields:
         if quoted or any(c in text for c in ',"\n\r'):

@@ -71,8 +71,8 @@ class TransformEngine:
         store = OutputStore(job.output)
         check_output_outside_input(job)
         objects = list_inputs(job)
-        todo, done = pending_objects(objects, store, job.overwrite)
-        self.existing = store.existing() if todo else set()
+        self.existing = store.existing()
+        todo, done = pending_objects(objects, self.existing, job.overwrite)
         cleaned = store.clean_partials()
         if cleaned:
             log.info("removed %d partial outputs left by an interrupted run", cleaned)

@@ -22,26 +22,57 @@ class JsonPathError(ValueError):
 @dataclass(frozen=True)
 class _Key:
     name: str
+    many = False
+
+    def apply(self, value: Any, text: str) -> Any:
+        return _get(value, self.name, text)
 
 
 @dataclass(frozen=True)
 class _Keys:
     names: tuple[str, ...]
+    many = False
+
+    def apply(self, value: Any, text: str) -> Any:
+        return {name: _get(value, name, text) for name in self.names}
 
 
 @dataclass(frozen=True)
 class _Index:
     index: int
+    many = False
+
+    def apply(self, value: Any, text: str) -> Any:
+        return _at(value, self.index, text)
 
 
 @dataclass(frozen=True)
 class _Union:
     items: tuple[Union[int, slice], ...]
+    many = True
+
+    def apply(self, value: Any, text: str) -> Any:
+        out: list[Any] = []
+        for item in self.items:
+            if isinstance(item, slice):
+                if not isinstance(value, list):
+                    raise JsonPathError(f"{text}: a slice needs an array, found {_kind(value)}")
+                out.extend(value[item])
+            else:
+                out.append(_at(value, item, text))
+        return out
 
 
 @dataclass(frozen=True)
 class _Wildcard:
-    pass
+    many = True
+
+    def apply(self, value: Any, text: str) -> Any:
+        if isinstance(value, dict):
+            return list(value.values())
+        if isinstance(value, list):
+            return list(value)
+        raise JsonPathError(f"{text}: '*' needs an object or array, found {_kind(value)}")
 
 
 _Step = Union[_Key, _Keys, _Index, _Union, _Wildcard]
@@ -63,34 +94,11 @@ class JsonPath:
         many = False
         for step in self.steps:
             if many:
-                value = [self._apply(step, item) for item in value]
+                value = [step.apply(item, self.text) for item in value]
             else:
-                value = self._apply(step, value)
-            many = many or isinstance(step, (_Union, _Wildcard))
+                value = step.apply(value, self.text)
+                many = step.many
         return value
-
-    def _apply(self, step: _Step, value: Any) -> Any:
-        if isinstance(step, _Key):
-            return _get(value, step.name, self.text)
-        if isinstance(step, _Keys):
-            return {name: _get(value, name, self.text) for name in step.names}
-        if isinstance(step, _Index):
-            return _at(value, step.index, self.text)
-        if isinstance(step, _Wildcard):
-            if isinstance(value, dict):
-                return list(value.values())
-            if isinstance(value, list):
-                return list(value)
-            raise JsonPathError(f"{self.text}: '*' needs an object or array, found {_kind(value)}")
-        out: list[Any] = []
-        for item in step.items:
-            if isinstance(item, slice):
-                if not isinstance(value, list):
-                    raise JsonPathError(f"{self.text}: a slice needs an array, found {_kind(value)}")
-                out.extend(value[item])
-            else:
-                out.append(_at(value, item, self.text))
-        return out
 
 
 def _get(value: Any, name: str, text: str) -> Any:

@@ -7,6 +7,7 @@ sizes are unknown), so one large file gets an honest ETA too.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -45,14 +46,16 @@ class Progress:
         if mode == "bar":
             from tqdm import tqdm
 
+            width = _width(self._stream)
             self._bar = tqdm(
                 total=self.total_bytes or objects,
                 file=self._stream,
                 unit="B" if self.total_bytes else "obj",
                 unit_scale=True,
-                dynamic_ncols=True,
-                bar_format="{l_bar}{bar}| {postfix} [{elapsed}<{remaining}]",
-                desc="transform",
+                dynamic_ncols=width is None,
+                ncols=width,
+                nrows=None if width is None else 20,  # a pty reporting 0 lines would hide the bar
+                bar_format="transform {percentage:3.0f}%|{bar}| {desc} [{elapsed}<{remaining}]",
             )
             self._refresh()
         if mode in ("bar", "log"):
@@ -100,7 +103,7 @@ class Progress:
     def _refresh(self) -> None:
         if self._bar is not None:
             failed = f" ({self.failed} failed)" if self.failed else ""
-            self._bar.set_postfix_str(
+            self._bar.set_description_str(
                 f"{self.objects}/{self.total_objects} objects{failed}, {self.records} records, "
                 f"{self.rate():.1f} rec/s",
                 refresh=True,
@@ -129,6 +132,15 @@ def _isatty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def _width(stream: TextIO) -> int | None:
+    """None to follow the terminal, or 100 where it reports no size (some ptys)."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+        return None if size.columns > 0 and size.lines > 0 else 100
+    except (AttributeError, ValueError, OSError):
+        return 100
 
 
 def _clock(seconds: float) -> str:

@@ -92,12 +92,13 @@ class TransformSummary:
         return "; ".join(p for p in parts if p)
 
 
-def pending_objects(objects: Iterable[InputObject], store: OutputStore, overwrite: bool) -> tuple[list[InputObject], list[InputObject]]:
-    """(to do, already done): objects whose .out exists are done unless `overwrite`."""
+def pending_objects(
+    objects: Iterable[InputObject], existing: set[str], overwrite: bool
+) -> tuple[list[InputObject], list[InputObject]]:
+    """(to do, already done): objects whose .out is in `existing` are done unless `overwrite`."""
     objects = list(objects)
     if overwrite:
         return objects, []
-    existing = store.existing()
     todo = [o for o in objects if o.out_name not in existing]
     done = [o for o in objects if o.out_name in existing]
     return todo, done
