@@ -271,6 +271,7 @@ def environment() -> dict:
 
 
 def main() -> None:
+    global REPEATS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=10000)
     parser.add_argument("--batch", type=int, default=256, help="batch size for raw calls and tfservo_*_batch")
@@ -280,7 +281,6 @@ def main() -> None:
     parser.add_argument("--skip-venv", action="store_true", help="skip Beam's TF handler and tfx-bsl")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global REPEATS
     REPEATS = args.repeats
     if args.worker:
         print(json.dumps(worker(args.worker, args.work, args.records)))

@@ -111,7 +111,10 @@ def tfservo(model: str, bundle: str, *, batching: dict[str, int] | None, workers
     port = free_port()
     env = {"SAGEMAKER_TFS_ENABLE_BATCHING": "true" if batching else "false"}
     for key, value in (batching or {}).items():
-        env[f"SAGEMAKER_TFS_{key.upper()}"] = str(value)
+        if key == "eager":
+            env["TFSERVO_BATCHING_EAGER"] = "true" if value else "false"
+        else:
+            env[f"SAGEMAKER_TFS_{key.upper()}"] = str(value)
     name = f"tfservo batching {'on' if batching else 'off'}, {workers} worker{'s' if workers > 1 else ''}"
     if model == "resnet":
         endpoints = {

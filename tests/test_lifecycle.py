@@ -56,7 +56,10 @@ def save_slow_model(path: Path) -> None:
             self.w = tf.Variable(tf.eye(128) * 0.5)
 
         @tf.function(
-            input_signature=[tf.TensorSpec([None], tf.float32, name="x"), tf.TensorSpec([], tf.int32, name="n")]
+            input_signature=[
+                tf.TensorSpec([None], tf.float32, name="x"),
+                tf.TensorSpec([], tf.int32, name="n"),
+            ]
         )
         def serve(self, x, n):
             _, m = tf.while_loop(
@@ -71,11 +74,8 @@ def save_slow_model(path: Path) -> None:
 def float_example(**features: float):
     import tensorflow as tf
 
-    return tf.train.Example(
-        features=tf.train.Features(
-            feature={k: tf.train.Feature(float_list=tf.train.FloatList(value=[v])) for k, v in features.items()}
-        )
-    )
+    feature = {k: tf.train.Feature(float_list=tf.train.FloatList(value=[v])) for k, v in features.items()}
+    return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
 def write_warmup(version_dir: Path, records: list) -> Path:
@@ -202,7 +202,9 @@ def client(server):
 
 def states(client: httpx.Client, name: str) -> dict[int, tuple[str, str]]:
     doc = client.get(f"/v1/models/{name}").json()
-    return {int(v["version"]): (v["state"], v["status"]["error_message"]) for v in doc["model_version_status"]}
+    return {
+        int(v["version"]): (v["state"], v["status"]["error_message"]) for v in doc["model_version_status"]
+    }
 
 
 # -- model config file -------------------------------------------------------------------------
@@ -237,7 +239,8 @@ def test_config_errors_name_the_file_and_model(tmp_path):
     assert str(bad) in err and "/no/such/dir" in err and "model m" in err
 
     bad.write_text("model_config_list { config { name: 'm' base_pth: '/x' } }")
-    with pytest.raises(InvalidArgument, match=f"model config file {bad} is not a valid text ModelServerConfig.*base_pth"):
+    not_valid = f"model config file {bad} is not a valid text ModelServerConfig.*base_pth"
+    with pytest.raises(InvalidArgument, match=not_valid):
         read_model_config_file(str(bad))
     for text, needle in (
         ("model_config_list { config { name: 'm' base_path: '/x' model_platform: 'onnx' } }", "'onnx'"),
@@ -258,7 +261,8 @@ def test_config_errors_name_the_file_and_model(tmp_path):
 def test_warmup_predict_records_are_replayed_before_available(client):
     assert states(client, "counter") == {1: ("AVAILABLE", "")}
     # The counter's variable saw the three warmup increments (1 + 2 + 3) before any request.
-    r = client.post("/v1/models/counter:predict", json={"signature_name": "incr_counter_by", "inputs": {"delta": 0.0}})
+    body = {"signature_name": "incr_counter_by", "inputs": {"delta": 0.0}}
+    r = client.post("/v1/models/counter:predict", json=body)
     assert r.status_code == 200, r.text
     assert r.json() == {"outputs": 6.0}
 
@@ -352,7 +356,9 @@ def test_reload_config_adds_updates_and_removes_models(layout, tmp_path):
         assert service.manager.resolve("a", label="old").version == 123
         assert service.manager.model_names() == ["a", "b"]
 
-        service.model_config.reload_config(f"model_config_list {{ config {{ name: 'b' base_path: '{HALF_PLUS_TWO.parent}' }} }}")
+        service.model_config.reload_config(
+            f"model_config_list {{ config {{ name: 'b' base_path: '{HALF_PLUS_TWO.parent}' }} }}"
+        )
         assert service.manager.model_names() == ["b"]
         assert service.model_config.model_names() == ["b"]
 

@@ -105,7 +105,8 @@ def test_load_two_models_and_pick_versions(mme):
     # TF Serving's REST API and /invocations (named by attribute) reach loaded models too.
     r = mme.post("/v1/models/hp3/versions/123:predict", json={"instances": [1.0]})
     assert r.json() == {"predictions": [3.5]}
-    r = mme.post("/invocations", json={"instances": [1.0]}, headers={"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=hp3"})
+    named = {"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=hp3"}
+    r = mme.post("/invocations", json={"instances": [1.0]}, headers=named)
     assert r.status_code == 200 and r.json() == {"predictions": [3.5]}
     for name in ("half_plus_two", "hp3"):
         assert mme.delete(f"/models/{name}").status_code == 200
@@ -182,7 +183,7 @@ def root(tmp_path_factory) -> Path:
     outside = base / "outside"
     shutil.copytree(MME / "half_plus_two", outside / "half_plus_two")
     (outside / "code").mkdir()
-    (outside / "code" / "inference.py").write_text("raise SystemExit('outside code must never be imported')\n")
+    (outside / "code" / "inference.py").write_text("raise SystemExit('outside code must not be imported')\n")
 
     models = base / "models"
     (models / "code").mkdir(parents=True)

@@ -21,7 +21,6 @@ from s3_server import s3_client, upload_dir
 
 from tfservo.transform.engine import TransformEngine
 from tfservo.transform.job import JobError, TransformJob
-from tfservo.transform.records import tfrecord_frame
 from tfservo.transform.run import load_service, run_transform
 from tfservo.transform.state import REPORT_NAME
 
@@ -281,9 +280,14 @@ def tfrecord_service(tmp_path_factory):
 
 
 def test_tfrecord_examples_through_a_handler_to_a_regress_signature(tfrecord_service, tmp_path):
+    import tensorflow as tf
+
     values = [float(i) for i in range(40)]
-    write(tmp_path / "in" / "part-0.tfrecord", b"".join(tfrecord_frame(_example(x)) for x in values[:25]))
-    write(tmp_path / "in" / "part-1.tfrecord", b"".join(tfrecord_frame(_example(x)) for x in values[25:]))
+    (tmp_path / "in").mkdir()
+    for name, part in (("part-0", values[:25]), ("part-1", values[25:])):
+        with tf.io.TFRecordWriter(str(tmp_path / "in" / f"{name}.tfrecord")) as writer:
+            for x in part:
+                writer.write(_example(x))
     job = TransformJob(
         "unused", str(tmp_path / "in"), str(tmp_path / "out"), split_type="TFRecord", assemble_with="Line",
         custom_attributes="tfs-method=regress", max_payload_mb=0.0005, max_concurrent_transforms=3,

@@ -22,8 +22,6 @@ from tfservo.transform.records import (
     iter_records,
     pack,
     payload,
-    recordio_frame,
-    tfrecord_frame,
 )
 from tfservo.transform.retry import RetryingReader, is_transient, retry
 from tfservo.transform.sinks import OutputStore
@@ -83,8 +81,17 @@ def test_line_records_keep_line_numbers_blank_lines_and_crlf():
     assert records[2].offset == 6
 
 
-def test_tfrecord_records_keep_their_framing_and_check_crcs():
-    stream = b"".join(tfrecord_frame(d) for d in (b"one", b"", b"three"))
+def recordio_frame(data: bytes) -> bytes:
+    return struct.pack("<II", RECORDIO_MAGIC, len(data)) + data + b"\0" * (-len(data) % 4)
+
+
+def test_tfrecord_records_keep_their_framing_and_check_crcs(tmp_path):
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(tmp_path / "x.tfrecord")) as writer:  # TF's own writer
+        for data in (b"one", b"", b"three"):
+            writer.write(data)
+    stream = (tmp_path / "x.tfrecord").read_bytes()
     records = list(iter_records(io.BytesIO(stream), "TFRecord", "x.tfrecord"))
     assert [r.data for r in records] == [b"one", b"", b"three"]
     assert b"".join(r.framed for r in records) == stream

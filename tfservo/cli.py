@@ -67,6 +67,13 @@ def main() -> None:
     "num_batch_threads, max_enqueued_batches, allowed_batch_sizes); turns batching on.",
 )
 @click.option(
+    "--batching-eager",
+    is_flag=True,
+    default=False,
+    help="With batching on: run a batch as soon as a batch thread is free instead of waiting "
+    "for the timeout [default: $TFSERVO_BATCHING_EAGER].",
+)
+@click.option(
     "--workers",
     type=int,
     default=None,
@@ -114,6 +121,7 @@ def serve(
     log_level,
     enable_batching,
     batching_parameters_file,
+    batching_eager,
     workers,
     multi_model,
     model_root,
@@ -141,6 +149,7 @@ def serve(
         log_level=log_level,
         enable_batching=enable_batching,
         batching_parameters_file=batching_parameters_file,
+        batching_eager=batching_eager,
         workers=workers,
         multi_model=multi_model,
         model_root=model_root,

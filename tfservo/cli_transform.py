@@ -94,6 +94,8 @@ def transform(model, input_url, output_url, env_pairs, progress, log_level, **fl
         raise click.UsageError(exc.message) from None
     except ServingError as exc:
         raise click.ClickException(exc.message) from None
+    except OSError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
     except KeyboardInterrupt:
         click.echo("tfservo: interrupted; run the same command again to resume", err=True)
         sys.exit(130)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ def resolve_settings(
     log_level: str | None,
     enable_batching: bool = False,
     batching_parameters_file: str | None = None,
+    batching_eager: bool = False,
     workers: int | None = None,
     multi_model: bool = False,
     model_root: str | None = None,
@@ -102,7 +104,7 @@ def resolve_settings(
         else _env_int(env, "SAGEMAKER_TFS_INTER_OP_PARALLELISM", 0),
         log_level=log_level or env.get("TFSERVO_LOG_LEVEL", "info"),
         execution_parameters=execution_parameters_from_env(env),
-        batching=resolve_batching(enable_batching, batching_parameters_file, env),
+        batching=resolve_batching(enable_batching, batching_parameters_file, env, batching_eager),
         workers=workers,
         multi_model=multi_model,
         model_root=model_root or "/opt/ml/models",
@@ -112,17 +114,27 @@ def resolve_settings(
 
 
 def resolve_batching(
-    enable: bool, parameters_file: str | None, env: Mapping[str, str]
+    enable: bool, parameters_file: str | None, env: Mapping[str, str], eager: bool = False
 ) -> BatchingOptions | None:
-    """--enable-batching [--batching-parameters-file] or SAGEMAKER_TFS_ENABLE_BATCHING and friends."""
+    """--enable-batching [--batching-parameters-file] or SAGEMAKER_TFS_ENABLE_BATCHING and friends.
+
+    --batching-eager / TFSERVO_BATCHING_EAGER closes a batch as soon as a batch thread is free
+    instead of waiting for the timeout (a lone request runs at once; batches form under load).
+    """
+    raw_eager = env.get("TFSERVO_BATCHING_EAGER", "").strip().lower()
+    if raw_eager not in ("", "true", "false", "1", "0"):
+        raise SystemExit(f"tfservo: environment variable TFSERVO_BATCHING_EAGER={raw_eager!r} must be 'true' or 'false'")
+    eager = eager or raw_eager in ("true", "1")
     try:
         if parameters_file:
-            return BatchingOptions.from_parameters_file(parameters_file)
-        if enable:
-            return BatchingOptions.from_env({**env, "SAGEMAKER_TFS_ENABLE_BATCHING": "true"})
-        return BatchingOptions.from_env(env)
+            options = BatchingOptions.from_parameters_file(parameters_file)
+        elif enable:
+            options = BatchingOptions.from_env({**env, "SAGEMAKER_TFS_ENABLE_BATCHING": "true"})
+        else:
+            options = BatchingOptions.from_env(env)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"tfservo: batching settings: {exc}") from None
+    return dataclasses.replace(options, eager=True) if options is not None and eager else options
 
 
 def execution_parameters_from_env(env: Mapping[str, str]) -> dict[str, object]:

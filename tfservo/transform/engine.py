@@ -70,8 +70,14 @@ class TransformEngine:
         job = self.job
         store = OutputStore(job.output)
         check_output_outside_input(job)
-        objects = list_inputs(job)
-        self.existing = store.existing()
+        try:
+            objects = list_inputs(job)
+        except OSError as exc:
+            raise JobError(f"cannot list INPUT {job.input}: {type(exc).__name__}: {exc}") from None
+        try:
+            self.existing = store.existing()
+        except OSError as exc:
+            raise JobError(f"cannot list OUTPUT {job.output}: {type(exc).__name__}: {exc}") from None
         todo, done = pending_objects(objects, self.existing, job.overwrite)
         cleaned = store.clean_partials()
         if cleaned:
@@ -187,7 +193,12 @@ class _ObjectRun:
                 )
             processing = engine.processing(fmt)
             caller = BatchCaller(engine.invoker, job, processing, content_type)
-            self.writer = engine.store.writer(obj.out_name)
+            try:
+                self.writer = engine.store.writer(obj.out_name)
+            except OSError as exc:
+                raise _WriteError(
+                    f"cannot write {engine.store.display(obj.out_name)}: {type(exc).__name__}: {exc}"
+                ) from None
             self._submit_batches(caller, processing)
         except Exception as exc:
             self._fail(_failure_from(exc, self.obj))
@@ -325,7 +336,13 @@ def _items(records: Iterator[Record], processing: DataProcessing, split_type: st
             yield Item(record, None, str(exc))
 
 
+class _WriteError(Exception):
+    pass
+
+
 def _failure_from(exc: BaseException, obj: InputObject) -> RecordFailure:
+    if isinstance(exc, _WriteError):
+        return RecordFailure("the object", str(exc))
     if isinstance(exc, RecordError):
         return RecordFailure(exc.where, exc.message)
     if isinstance(exc, ServingError):

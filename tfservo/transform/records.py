@@ -6,6 +6,7 @@ them: a request of k records is itself a valid RecordIO / TFRecord stream of k r
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -167,8 +168,9 @@ def _recordio(stream: BinaryIO, name: str) -> Iterator[Record]:
         yield Record(index, data, b"".join(frames), start)
 
 
+@functools.lru_cache(maxsize=1)
 def _crc32c():
-    """google_crc32c's CRC-32C when installed (it comes with apache-beam), else None (no checks)."""
+    """google-crc32c's CRC-32C (C speed), or None where it is missing: framing is still checked."""
     try:
         import google_crc32c
     except ImportError:
@@ -178,24 +180,6 @@ def _crc32c():
 
 def _masked(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord_frame(data: bytes) -> bytes:
-    """One TFRecord record around `data` (for tests and writers)."""
-    import google_crc32c
-
-    head = struct.pack("<Q", len(data))
-    return (
-        head
-        + struct.pack("<I", _masked(google_crc32c.value(head)))
-        + data
-        + struct.pack("<I", _masked(google_crc32c.value(data)))
-    )
-
-
-def recordio_frame(data: bytes) -> bytes:
-    """One RecordIO record around `data` (cflag 0; for tests and writers)."""
-    return _RECORDIO_HEAD.pack(RECORDIO_MAGIC, len(data)) + data + b"\0" * (-len(data) % 4)
 
 
 # -- packing ---------------------------------------------------------------------------------
