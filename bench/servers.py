@@ -115,7 +115,8 @@ def tfservo(model: str, bundle: str, *, batching: dict[str, int] | None, workers
             env["TFSERVO_BATCHING_EAGER"] = "true" if value else "false"
         else:
             env[f"SAGEMAKER_TFS_{key.upper()}"] = str(value)
-    name = f"tfservo batching {'on' if batching else 'off'}, {workers} worker{'s' if workers > 1 else ''}"
+    mode = ("eager" if batching.get("eager") else "on") if batching else "off"
+    name = f"tfservo batching {mode}, {workers} worker{'s' if workers > 1 else ''}"
     if model == "resnet":
         endpoints = {
             "resnet_b64": Endpoint("/invocations", "resnet_b64.tfs.json", "tfs"),

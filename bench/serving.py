@@ -47,6 +47,7 @@ def server_configs(model: str, paths: dict[str, str]) -> list[servers.Server]:
         servers.tfservo(model, bundle, batching=batching, workers=1),
         servers.tfservo(model, bundle, batching=None, workers=2),
         servers.tfservo(model, bundle, batching=batching, workers=2),
+        servers.tfservo(model, bundle, batching={**batching, "eager": True}, workers=2),
         servers.pytriton(
             model, version, max_batch_size=batching["max_batch_size"],
             queue_delay_micros=batching["batch_timeout_micros"],

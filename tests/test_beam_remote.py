@@ -84,6 +84,42 @@ def test_rest_predict_classify_regress_and_invocations(server: ServerProcess) ->
     p.run().wait_until_finish()
 
 
+def test_grpc_predict_classify_regress(server: ServerProcess) -> None:
+    assert server.grpc_target, "tfservo serve printed no gRPC address:\n" + server.output
+    endpoint = f"grpc://{server.grpc_target}"
+    p = beam.Pipeline()
+    predicted = (
+        p
+        | "arrays" >> beam.Create([np.array([2.0], np.float32), np.array([6.0], np.float32)])
+        | "predict" >> RunInference(RemoteBundleModelHandler(endpoint, model_name=MODEL, output="prediction_log"))
+        | "predict out" >> beam.Map(
+            lambda log: (
+                tf.make_ndarray(log.predict_log.request.inputs["x"]).tolist(),
+                tf.make_ndarray(log.predict_log.response.outputs["y"]).tolist(),
+                log.predict_log.response.model_spec.version.value,
+            )
+        )
+    )
+    assert_that(predicted, equal_to([([[2.0]], [[3.0]], 124), ([[6.0]], [[5.0]], 124)]), label="predict")
+    classified = (
+        p
+        | "examples" >> beam.Create([example(4.0)])
+        | "classify" >> RunInference(RemoteBundleModelHandler(endpoint, model_name=MODEL, signature_name="classify_x_to_y"))
+        | "classify out" >> beam.Map(lambda r: r.inference)
+    )
+    assert_that(classified, equal_to([[("", 4.0)]]), label="classify")
+    regressed = (
+        p
+        | "features" >> beam.Create([{"x": 2.0}])
+        | "regress" >> RunInference(
+            RemoteBundleModelHandler(endpoint, model_name=MODEL, version=123, signature_name="regress_x_to_y")
+        )
+        | "regress out" >> beam.Map(lambda r: (r.inference, r.model_id))
+    )
+    assert_that(regressed, equal_to([(3.0, f"{MODEL}/123")]), label="regress")
+    p.run().wait_until_finish()
+
+
 class _Overloaded(http.server.ThreadingHTTPServer):
     """Answers `failures[METHOD]` (status codes, in order) before proxying requests to `upstream`."""
 

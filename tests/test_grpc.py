@@ -301,7 +301,7 @@ def test_get_model_status_matches_rest(models, http):
     assert [s.version for s in response.model_version_status] == [123]
 
 
-def test_reload_config_adds_and_removes_models(models, predictions):
+def test_reload_config_adds_and_removes_models(models, predictions, http):
     config = model_management_pb2.ReloadConfigRequest()
     entry = config.config.model_config_list.config.add()
     entry.name, entry.base_path, entry.model_platform = "three", str(TFS / "saved_model_half_plus_three"), "tensorflow"
@@ -315,6 +315,7 @@ def test_reload_config_adds_and_removes_models(models, predictions):
     status_request = get_model_status_pb2.GetModelStatusRequest()
     status_request.model_spec.name = "three"
     assert error_of(models.GetModelStatus, status_request).code() == grpc.StatusCode.NOT_FOUND
+    assert http.get("/ping").status_code == 200  # a model the config dropped is not awaited
 
 
 def test_reload_config_refuses_to_take_over_a_served_name(models):

@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO, SMC, TFS
 from s3_server import s3_client, upload_dir
 
+from tfservo.transform import sources
 from tfservo.transform.engine import TransformEngine
 from tfservo.transform.job import JobError, TransformJob
 from tfservo.transform.run import load_service, run_transform
@@ -98,7 +99,8 @@ def test_container_batch_csv_one_prediction_row_per_line(hp3, tmp_path):
     assert json.loads((tmp_path / "whole" / "batch.csv.out").read_bytes()) == {"predictions": [[3.5, 4.0, 5.5]] * 10}
 
 
-def test_multirecord_requests_keep_one_output_line_per_input_line(hp3, tmp_path):
+def test_multirecord_requests_keep_one_output_line_per_input_line(hp3, tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "SMALL_OBJECT_BYTES", 1024)  # stream this object instead of one read
     rows = []
     for i in range(1, 3001):
         rows.append("" if i % 500 == 0 else f"{i},{i % 7}.5")
@@ -337,7 +339,8 @@ def test_jpeg_and_png_images_through_a_b64_handler(image_example, tmp_path):
 # -- S3 ---------------------------------------------------------------------------------------
 
 
-def test_s3_in_and_out_through_a_real_s3_api(hp3, tmp_path, s3_endpoint, s3_bucket):
+def test_s3_in_and_out_through_a_real_s3_api(hp3, tmp_path, s3_endpoint, s3_bucket, monkeypatch):
+    monkeypatch.setattr(sources, "SMALL_OBJECT_BYTES", 10)  # q1.csv is streamed (ranged reads), q2.csv read whole
     write(tmp_path / "in" / "q1.csv", "a,1\nb,2\n")
     write(tmp_path / "in" / "deep" / "q2.csv", "c,3\n")
     write(tmp_path / "in" / "deep" / "bad.csv", "d,oops\n")

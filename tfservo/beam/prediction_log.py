@@ -1,7 +1,8 @@
 """TF Serving PredictionLog protos, one per element, in the shape tfx-bsl's RunInference emits.
 
 predict_log: the request holds the element's inputs as tensors with a batch dimension of 1,
-the response its outputs sliced the same way (tfx-bsl's "mimic tensor::Split");
+the response its outputs sliced the same way (tfx-bsl's "mimic tensor::Split"), written by
+the gRPC endpoint's tensor codec (numbers in the typed value fields, as TF Serving answers);
 classify_log / regress_log: the request holds the element's tf.train.Example in
 input.example_list, the response its one Classifications / Regression. Unlike tfx-bsl, both
 request and response also carry the model_spec (name, version, signature), as TF Serving's
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from tfservo.beam.target import Target
+from tfservo.tfserving.tensor_proto import write_tensor_proto
 
 
 def _model_spec(spec, target: Target) -> None:  # noqa: ANN001 - a ModelSpec proto
@@ -22,12 +24,6 @@ def _model_spec(spec, target: Target) -> None:  # noqa: ANN001 - a ModelSpec pro
     if target.version is not None:
         spec.version.value = target.version
     spec.signature_name = target.signature.name if target.signature else ""
-
-
-def _tensor_proto(arr: np.ndarray):  # -> tensorflow.TensorProto
-    import tensorflow as tf
-
-    return tf.make_tensor_proto(arr)
 
 
 def predict_logs(
@@ -43,9 +39,9 @@ def predict_logs(
         _model_spec(request.model_spec, target)
         _model_spec(response.model_spec, target)
         for key, arr in inputs.items():
-            request.inputs[key].CopyFrom(_tensor_proto(arr[i : i + 1]))
+            write_tensor_proto(arr[i : i + 1], request.inputs[key], f"input '{key}'")
         for key, arr in outputs.items():
-            response.outputs[key].CopyFrom(_tensor_proto(arr[i : i + 1]))
+            write_tensor_proto(arr[i : i + 1], response.outputs[key], f"output '{key}'")
         logs.append(log)
     return logs
 

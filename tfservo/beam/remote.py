@@ -337,15 +337,16 @@ class GrpcEndpoint(_Endpoint):
         return response.model_spec.version.value, {k: _signature(k, v) for k, v in sig_map.signature_def.items()}
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import tensorflow as tf
         from tensorflow_serving.apis import predict_pb2
+
+        from tfservo.tfserving.tensor_proto import to_ndarray, write_tensor_proto
 
         request = predict_pb2.PredictRequest()
         self._spec(request)
         for key, arr in inputs.items():
-            request.inputs[key].CopyFrom(tf.make_tensor_proto(arr))
+            write_tensor_proto(arr, request.inputs[key], f"input '{key}'")
         response = self.retry.call(f"Predict {self._target.model_id}", lambda: self._call("Predict", request))
-        return {key: tf.make_ndarray(proto) for key, proto in response.outputs.items()}
+        return {key: to_ndarray(proto, f"output '{key}'") for key, proto in response.outputs.items()}
 
     def classify(self, examples: Sequence[bytes]) -> list[list[tuple[str, float]]]:
         from tensorflow_serving.apis import classification_pb2

@@ -149,10 +149,14 @@ class ModelService:
 
     def is_healthy(self) -> bool:
         """Every configured model has at least one AVAILABLE version (multi-model mode: always)."""
+        return not self.unavailable_models()
+
+    def unavailable_models(self) -> list[str]:
+        """Configured models without an AVAILABLE version (none in multi-model mode)."""
         if self.options.multi_model:
-            return True
+            return []
         served = {m.name: m for m in self.manager.models()}
-        return all(name in served and served[name].available() for name in self.configured_models)
+        return [name for name in self.configured_models if name not in served or not served[name].available()]
 
     def close(self) -> None:
         self.lifecycle.stop()

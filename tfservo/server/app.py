@@ -89,9 +89,13 @@ def build_app(
         return await anyio.to_thread.run_sync(fn, limiter=lim)
 
     async def ping(request: Request) -> Response:
-        if service.is_healthy():
+        missing = service.unavailable_models()
+        if not missing:
             return Response(b"", status_code=200)
-        return json_response({"error": "not all models have an AVAILABLE version"}, 503)
+        names = ", ".join(missing)
+        return json_response(
+            {"error": f"no AVAILABLE version of model(s) {names}; GET /v1/models/NAME shows why"}, 503
+        )
 
     async def invocations(request: Request) -> Response:
         return await _invoke(request, request.path_params.get("name"))

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ import anyio
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
 
+from tfservo.errors import FailedPrecondition
 from tfservo.tfserving.request_labels import RequestLabels, tracking
 from tfservo.tfserving.servables import ServableVersion, State
 
@@ -55,7 +57,7 @@ class Metrics:
         self.multiprocess_dir = multiprocess_dir if multiprocess_dir is not None else os.environ.get(MULTIPROC_ENV)
         if self.multiprocess_dir:
             if not os.path.isdir(self.multiprocess_dir):
-                raise ValueError(
+                raise FailedPrecondition(
                     f"{MULTIPROC_ENV}={self.multiprocess_dir} is not a directory; create it (empty) "
                     "before starting the server"
                 )
@@ -106,6 +108,7 @@ class Metrics:
             "tfservo_batch_run_seconds", "Time the model took to run one batch",
             buckets=LATENCY_BUCKETS, registry=reg,
         )
+        self._failures_counted: set[int] = set()
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -116,7 +119,10 @@ class Metrics:
             self.model_state.labels(model, version, state.value).set(1 if sv.state is state else 0)
         if sv.state is State.AVAILABLE and sv.load_seconds is not None:
             self.model_load_seconds.labels(model, version).set(sv.load_seconds)
-        if sv.state is State.END and sv.error:
+        if sv.state is State.END and sv.error and id(sv) not in self._failures_counted:
+            # Unloading a failed version reports it again: count each version object once.
+            self._failures_counted.add(id(sv))
+            weakref.finalize(sv, self._failures_counted.discard, id(sv))
             self.model_load_failures.labels(model, version).inc()
 
     def batch_hook(self, real: int, padded: int, seconds: float) -> None:

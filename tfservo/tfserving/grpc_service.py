@@ -29,7 +29,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from tfservo.errors import InvalidArgument, ServingError, Unavailable, Unimplemented
+from tfservo.errors import Code, InvalidArgument, ServingError, Unavailable, Unimplemented
 from tfservo.runtime.signatures import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
 from tfservo.tfserving.api import TFServingAPI
 from tfservo.tfserving.request_labels import RequestScope, plain_scope
@@ -67,6 +67,14 @@ def _answer_spec(out: model_pb2.ModelSpec, sv: ServableVersion, signature_name: 
         out.signature_name = signature_name
 
 
+def grpc_status(code: Code | int) -> grpc.StatusCode:
+    """The gRPC status of a canonical code (the same numbering and names)."""
+    try:
+        return grpc.StatusCode[Code(code).name]
+    except (ValueError, KeyError):
+        return grpc.StatusCode.UNKNOWN
+
+
 class _Calls:
     """Runs one RPC inside a request scope and turns ServingErrors into gRPC statuses."""
 
@@ -79,7 +87,7 @@ class _Calls:
             try:
                 response = fn()
             except ServingError as exc:
-                code = grpc.StatusCode[exc.code.name]
+                code = grpc_status(exc.code)
                 labels.status = code.name
                 context.abort(code, exc.message)
             except Exception as exc:  # a bug must answer INTERNAL, not hang or kill the server

@@ -21,7 +21,7 @@ from tfservo.transform.calls import BatchCaller, BatchResult
 from tfservo.transform.job import JobError, TransformJob, record_format
 from tfservo.transform.joiner import DataProcessing, FilterError
 from tfservo.transform.progress import Progress
-from tfservo.transform.records import Item, Record, RecordError, excerpt, iter_records, pack, where
+from tfservo.transform.records import Item, Record, RecordError, iter_records, pack, where
 from tfservo.transform.sinks import ObjectWriter, OutputStore
 from tfservo.transform.sources import (
     InputObject,
@@ -33,6 +33,7 @@ from tfservo.transform.sources import (
     url_to_fs,
 )
 from tfservo.transform.state import (
+    DeadLetter,
     ObjectOutcome,
     RecordFailure,
     TransformSummary,
@@ -64,16 +65,13 @@ class TransformEngine:
         self.stopping = threading.Event()
         self._processing: dict[str | None, DataProcessing] = {}
 
-    def run(self) -> TransformSummary:
-        """Transform every object not done yet; the summary lists what failed."""
+    def run(self, objects: list[InputObject] | None = None) -> TransformSummary:
+        """Transform every object not done yet (listing INPUT unless `objects` are given)."""
         started = time.monotonic()
         job = self.job
         store = OutputStore(job.output)
-        check_output_outside_input(job)
-        try:
-            objects = list_inputs(job)
-        except OSError as exc:
-            raise JobError(f"cannot list INPUT {job.input}: {type(exc).__name__}: {exc}") from None
+        if objects is None:
+            objects = list_job_inputs(job)
         try:
             self.existing = store.existing()
         except OSError as exc:
@@ -160,8 +158,9 @@ class _ObjectRun:
         self.read_done = False
         self.read_complete = False
         self.finishing = False
-        self.failure: RecordFailure | None = None
-        self.dead: list = []
+        self.failure: RecordFailure | None = None  # the first record that failed, in order
+        self.read_failure: RecordFailure | None = None  # the object could not be read to the end
+        self.dead: list[DeadLetter] = []
         self.records = 0
         self.writer: ObjectWriter | None = None
         self.holds_slot = False
@@ -221,7 +220,7 @@ class _ObjectRun:
                 name=self.obj.url,
                 limit_mb=job.max_payload_mb,
             ):
-                if self.failure is not None or engine.stopping.is_set():
+                if self.failure is not None or self.read_failure is not None or engine.stopping.is_set():
                     return
                 consumed = opened.consumed
                 engine.progress.add(nbytes=consumed - seen)
@@ -275,8 +274,7 @@ class _ObjectRun:
 
     def _fail(self, failure: RecordFailure) -> None:
         with self.lock:
-            if self.failure is None:
-                self.failure = failure
+            self.read_failure = failure
 
     def _maybe_finish(self) -> None:
         """Called with the lock held: hand the object to a writer once every answer is in."""
@@ -293,6 +291,8 @@ class _ObjectRun:
         engine, obj = self.engine, self.obj
         store = engine.store
         try:
+            # a record that failed before the reader stopped is the first reason, else the reader's
+            self.failure = self.failure or self.read_failure
             if self.failure is None and not self.read_complete:
                 self.failure = RecordFailure("the object", "interrupted before it was read to the end")
             if self.failure is not None:
@@ -355,6 +355,18 @@ def _failure_from(exc: BaseException, obj: InputObject) -> RecordFailure:
         return RecordFailure("the object", f"cannot read {obj.url}: {type(exc).__name__}: {exc}")
     log.error("reading %s failed", obj.url, exc_info=exc)
     return RecordFailure("the object", f"internal error reading {obj.url}: {type(exc).__name__}: {exc}")
+
+
+def list_job_inputs(job: TransformJob) -> list[InputObject]:
+    """The job's input objects, after checking that OUTPUT is a folder outside INPUT."""
+    out_fs, out_root = url_to_fs(job.output)
+    if is_local(out_fs) and os.path.exists(out_root) and not os.path.isdir(out_root):
+        raise JobError(f"OUTPUT {job.output} is a file; give a folder (it is made if missing)")
+    check_output_outside_input(job)
+    try:
+        return list_inputs(job)
+    except OSError as exc:
+        raise JobError(f"cannot list INPUT {job.input}: {type(exc).__name__}: {exc}") from None
 
 
 def check_output_outside_input(job: TransformJob) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from tfservo.errors import InvalidArgument
 from tfservo.transform.jsonpath import JsonPath, JsonPathError, parse_jsonpath
@@ -86,9 +85,6 @@ class TransformJob:
             or self.output_filter_path is not None
             or self.join_source == "Input"
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def validated(self) -> TransformJob:
         """The job with canonical spellings, or JobError naming the flag that is wrong."""

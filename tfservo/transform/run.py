@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from tfservo.sagemaker.service import ModelService
-from tfservo.transform.engine import TransformEngine
+from tfservo.transform.engine import TransformEngine, list_job_inputs
 from tfservo.transform.job import JobError, TransformJob
 from tfservo.transform.state import TransformSummary
 
@@ -47,6 +47,7 @@ def run_transform(
 ) -> TransformSummary:
     """Run `job` to the end in this process; pass `service` to reuse an already loaded model."""
     job = job.validated()
+    objects = list_job_inputs(job)  # before loading the model: a wrong path fails in a second
     own = service is None
     if service is None:
         apply_env(job.env)
@@ -59,7 +60,7 @@ def run_transform(
         loopback = LoopbackServer(service).start()
     try:
         engine = TransformEngine(job, service.invoker, progress=progress, progress_interval=progress_interval)
-        return engine.run()
+        return engine.run(objects)
     finally:
         if loopback is not None:
             loopback.stop()

@@ -93,9 +93,6 @@ class OutputStore:
         except FileNotFoundError:
             pass
 
-    def read(self, name: str) -> bytes:
-        return retry(lambda: self.fs.cat_file(self.path(name)), f"reading {self.display(name)}")
-
 
 class ObjectWriter:
     """Bytes appended in order; commit() publishes them under the final name, abort() drops them."""

@@ -85,8 +85,9 @@ def list_inputs(job: TransformJob) -> list[InputObject]:
         objects = _prefix(fs, root, job.input)
     if not objects:
         raise JobError(
-            f"no input objects in {job.input}; give a folder, a file, an S3 prefix or "
-            "--data-type ManifestFile with a manifest"
+            f"no input objects in {job.input}: no file, no folder with files, no objects whose name "
+            "starts with it (hidden files do not count); check the path, or use --data-type "
+            "ManifestFile for a manifest"
         )
     return sorted(objects, key=lambda o: o.rel)
 

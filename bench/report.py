@@ -1,0 +1,181 @@
+"""Write docs/performance.md from bench/results/*.json: machine facts, the ceiling, every run as
+ratios to the ceiling and to each peer, and the issue's targets checked.
+
+Usage: python bench/report.py RESULTS_DIR OUT.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+PEERS = [("pytriton", "PyTriton"), ("kserve", "KServe"), ("fastapi", "FastAPI")]
+TITLES = {
+    "mlp": "MLP 784-256-256-10, one 1×784 JSON instance per request",
+    "resnet_b64": "ResNet-50, one base64 JPEG per request through code/inference.py (PyTriton, KServe, FastAPI: decoded in their Python code)",
+    "resnet_float": "ResNet-50, one 224×224×3 image as float JSON per request",
+}
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if not a or not b:
+        return "–"
+    return f"{a / b:.2f}×"
+
+
+def _fmt(x: float, digits: int = 2) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def _peer_runs(runs: list[dict], workload: str, c: int) -> dict[str, dict]:
+    return {r["family"]: r for r in runs if r.get("workload") == workload and r["concurrency"] == c
+            and r["family"] != "tfservo"}
+
+
+def workload_table(runs: list[dict], workload: str, c: int, ceiling: dict) -> list[str]:
+    rows = [r for r in runs if r.get("workload") == workload and r["concurrency"] == c]
+    peers = _peer_runs(runs, workload, c)
+    model = "mlp" if workload == "mlp" else "resnet"
+    ceil_rps = ceiling[model]["ceiling_rows_per_s"]
+    ceil_p50 = ceiling[model]["batch1_p50_ms"]
+    head = ["server", "req/s", "× ceiling"] + [f"× {label}" for _, label in PEERS] + [
+        "p50 ms", "p50 − in-process ms", "p99 ms"] + [f"p99 × {label}" for _, label in PEERS] + [
+        "errors", "server CPU (cores)", "other load (cores)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["server"], _fmt(r["rps"], 1), _ratio(r["rps"], ceil_rps)]
+        cells += [_ratio(r["rps"], peers.get(f, {}).get("rps")) if f != r["family"] else "–" for f, _ in PEERS]
+        cells += [_fmt(r["p50_ms"]), _fmt(r["p50_ms"] - ceil_p50), _fmt(r["p99_ms"])]
+        cells += [_ratio(r["p99_ms"], peers.get(f, {}).get("p99_ms")) if f != r["family"] else "–" for f, _ in PEERS]
+        cells += [str(r["errors"]), _fmt(r["server_cores"]), _fmt(r["other_cores"])]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def targets(runs: list[dict], ceiling: dict) -> list[str]:
+    """The issue's three targets, checked for every tfservo configuration."""
+    out = ["| target | tfservo configuration | measured | verdict |", "|---|---|---|---|"]
+    ours = [r for r in runs if r.get("family") == "tfservo" and "workload" in r]
+    tri32 = _peer_runs(runs, "mlp", 32).get("pytriton")
+    for r in [r for r in ours if r["workload"] == "mlp" and r["concurrency"] == 32]:
+        if tri32 is None:
+            out.append(f"| MLP c=32: ≥ 2× PyTriton req/s, p99 ≤ PyTriton's | {r['server']} | no PyTriton run | – |")
+            continue
+        ok = r["rps"] >= 2 * tri32["rps"] and r["p99_ms"] <= tri32["p99_ms"]
+        out.append(
+            f"| MLP c=32: ≥ 2× PyTriton req/s, p99 ≤ PyTriton's | {r['server']} | "
+            f"{r['rps'] / tri32['rps']:.2f}× req/s, p99 {r['p99_ms']:.1f} vs {tri32['p99_ms']:.1f} ms | "
+            f"{'met' if ok else 'missed'} |"
+        )
+    ref = ceiling["mlp"]["batch1_p50_ms"]
+    for r in [r for r in ours if r["workload"] == "mlp" and r["concurrency"] == 1]:
+        gap = r["p50_ms"] - ref
+        out.append(
+            f"| MLP c=1: p50 within 1 ms of the in-process call ({ref:.3f} ms) | {r['server']} | "
+            f"p50 {r['p50_ms']:.2f} ms (+{gap:.2f} ms) | {'met' if gap <= 1.0 else 'missed'} |"
+        )
+    ceil = ceiling["resnet"]["ceiling_rows_per_s"]
+    for r in [r for r in ours if r["workload"] == "resnet_b64"]:
+        share = r["rps"] / ceil
+        out.append(
+            f"| ResNet-50 b64 JPEG ≥ 85% of in-process ({ceil:.2f} images/s) | {r['server']} | "
+            f"{r['rps']:.2f} req/s = {share:.0%} | {'met' if share >= 0.85 else 'missed'} |"
+        )
+    return out
+
+
+def ceiling_table(ceiling: dict) -> list[str]:
+    out = []
+    for model, doc in ceiling.items():
+        paths = doc["call_paths"]
+        batches = list(next(iter(paths.values()))["by_batch"])
+        out.append(f"**{model}** — ceiling {doc['ceiling_rows_per_s']:,.1f} rows/s ({doc['ceiling_path']}, "
+                   f"batch {doc['ceiling_batch']}); batch-1 call p50 {doc['batch1_p50_ms']:.3f} ms ({doc['batch1_path']})")
+        out.append("")
+        out.append("| call path | " + " | ".join(f"batch {b} rows/s" for b in batches) + " | batch-1 p50 ms |")
+        out.append("|---|" + "---|" * (len(batches) + 1))
+        for name, p in paths.items():
+            cells = [_fmt(p["by_batch"][b]["rows_per_s"], 1) for b in batches]
+            out.append(f"| {name} | " + " | ".join(cells) + f" | {p['batch1_p50_ms']:.3f} |")
+        out.append("")
+    return out
+
+
+def extra_section(doc: dict) -> list[str]:
+    """A section another benchmark wrote (e.g. bench/results/transform.json): title, rows, notes."""
+    out = [f"### {doc.get('title', 'More results')}", ""]
+    rows = doc.get("rows") or []
+    if rows:
+        head = list(rows[0])
+        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(str(r.get(h, "")) for h in head) + " |" for r in rows]
+        out.append("")
+    out += [str(n) for n in doc.get("notes", [])]
+    return out + [""]
+
+
+BEGIN = "<!-- bench/run: serving benchmark (generated by bench/report.py; edits here are overwritten) -->"
+END = "<!-- bench/run: end of serving benchmark -->"
+
+
+def write_section(out: Path, text: str) -> None:
+    """Replace this benchmark's section of `out` (or add it); the rest of the file is kept."""
+    block = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
+    old = out.read_text() if out.exists() else ""
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        new = head + block + rest.split(END, 1)[1].lstrip("\n")
+    elif old:
+        new = old.rstrip() + "\n\n" + block
+    else:
+        new = "# Performance\n\n" + block
+    out.write_text(new)
+
+
+def render(results: Path) -> str:
+    ceiling = json.loads((results / "ceiling.json").read_text())
+    serving = json.loads((results / "serving.json").read_text())
+    m, runs = serving["machine"], serving["runs"]
+    lines = [
+        "## Serving: tfservo beside PyTriton, KServe and FastAPI",
+        "",
+        "Written by `./bench/run` (bench/report.py) from `bench/results/*.json`; rerun it to reproduce.",
+        "Every server ran alone, one after another, on the machine below, driven by wrk with one",
+        "connection per concurrent client (closed loop: each client sends its next request when",
+        "the answer arrives). \"× ceiling\" divides requests/s by the in-process rows/s at the best",
+        "batch size; \"× PEER\" divides by that peer's figure in the same table. \"other load\" is CPU",
+        "that neither the server nor wrk used during the run (other processes on the machine).",
+        "",
+        "### Machine",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
+    for k, v in m.items():
+        lines.append(f"| {k} | {v} |")
+    lines += ["", f"Batching settings (tfservo \"batching on\" and PyTriton's dynamic batcher): `{json.dumps(serving['batching'])}`", ""]
+    lines += ["### Targets", ""] + targets(runs, ceiling) + [""]
+    lines += ["### Ceiling: in-process calls, no server", ""] + ceiling_table(ceiling)
+    for workload, spec in serving["workloads"].items():
+        for c in spec["concurrency"]:
+            lines += [f"### {TITLES.get(workload, workload)} — concurrency {c}, {spec['seconds']:g} s", ""]
+            lines += workload_table(runs, workload, c, ceiling) + [""]
+    failed = [r for r in runs if "failed" in r]
+    if failed:
+        lines += ["### Runs that failed", ""] + [f"- {r['model']}: {r['server']}: {r['failed']}" for r in failed] + [""]
+    for extra in sorted(results.glob("*.json")):
+        if extra.name not in ("ceiling.json", "serving.json"):
+            doc = json.loads(extra.read_text())
+            if isinstance(doc, dict) and "title" in doc and isinstance(doc.get("rows"), list):
+                lines += extra_section(doc)  # written by a bench/more/*.sh hook
+    analysis = Path(__file__).with_name("analysis.md")
+    if analysis.exists():
+        lines += [analysis.read_text().rstrip(), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    results_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    write_section(out, render(results_dir))
+    print(f"wrote {out}")
