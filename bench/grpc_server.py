@@ -74,9 +74,11 @@ def _service(model_dir: str):
 def serve_sync(model_dir: str, port: int) -> None:
     from tfservo.tfserving.grpc_service import GrpcServer
 
-    server = GrpcServer(_service(model_dir).api, port=port).start()
+    import threading
+
+    GrpcServer(_service(model_dir).api, port=port).start()
     print("ready", flush=True)
-    server._server.wait_for_termination()
+    threading.Event().wait()  # until terminated
 
 
 def serve_aio(model_dir: str, port: int) -> None:
