@@ -40,11 +40,16 @@ def measure(call: Callable[[np.ndarray], np.ndarray], make: Callable[[int], np.n
     rows = {}
     for b in batches:
         x = make(b)
+        call(x)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
         times = _time_calls(lambda: call(x), seconds)
+        cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
         rows[str(b)] = {
             "calls": len(times),
             "ms_per_call_p50": round(float(np.median(times)) * 1e3, 4),
             "rows_per_s": round(b * len(times) / sum(times), 2),
+            "cpu_cores": round(cores, 3),
+            "rows_per_cpu_s": round(b * len(times) / sum(times) / max(cores, 1e-9), 2),
         }
     best = max(rows, key=lambda b: rows[b]["rows_per_s"])
     single = _time_calls(lambda: call(make(1)), seconds, min_calls=20)
@@ -92,6 +97,8 @@ def main(workdir: str, out: str, quick: bool = False) -> dict:
             "ceiling_path": best_path,
             "ceiling_rows_per_s": measured[best_path]["best_rows_per_s"],
             "ceiling_batch": measured[best_path]["best_batch"],
+            "ceiling_rows_per_cpu_s": measured[best_path]["by_batch"][str(measured[best_path]["best_batch"])]["rows_per_cpu_s"],
+            "ceiling_cpu_cores": measured[best_path]["by_batch"][str(measured[best_path]["best_batch"])]["cpu_cores"],
             "batch1_path": fastest_single,
             "batch1_p50_ms": measured[fastest_single]["batch1_p50_ms"],
             "reference_output": paths["session_callable"](make(1))[0].astype(float).tolist(),

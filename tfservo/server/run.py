@@ -156,6 +156,8 @@ def _serve_workers(settings: ServerSettings, sock: socket.socket, port: int) -> 
     """N processes share the listening socket; each loads the models itself (no fork after TF)."""
     from uvicorn.supervisors import Multiprocess
 
+    if settings.grpc_port == 0:  # every worker must bind the same gRPC port (SO_REUSEPORT)
+        settings = dataclasses.replace(settings, grpc_port=_free_port(settings.host))
     os.environ[_WORKER_SETTINGS_ENV] = json.dumps({**_settings_dict(settings), "port": port})
     os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="tfservo-metrics-"))
     config = _uvicorn_config(
@@ -172,6 +174,9 @@ def _settings_dict(settings: ServerSettings) -> dict:
     return doc
 
 
+_worker_grpc: list = []
+
+
 def worker_app() -> ASGIApp:
     """uvicorn factory run inside each worker process: settings come from the parent's env."""
     from tfservo.batching.options import BatchingOptions
@@ -186,9 +191,18 @@ def worker_app() -> ASGIApp:
         batching["allowed_batch_sizes"] = tuple(batching["allowed_batch_sizes"])
         settings.batching = BatchingOptions(**batching)
     setup_logging(settings.log_level)
-    service, app = start_worker(settings, port)
+    metrics = Metrics()
+    service, app = start_worker(settings, port, metrics)
+    # kept referenced for the worker's life: a collected grpc.Server stops serving
+    _worker_grpc.append(start_grpc(service, settings, metrics, reuse_port=True))
     _log_ready(settings, port, service)
     return app
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 class LoopbackServer:
