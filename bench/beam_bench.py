@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -98,7 +97,11 @@ def to_examples(data):
     import tensorflow as tf
 
     return [
-        tf.train.Example(features=tf.train.Features(feature={"x": tf.train.Feature(float_list=tf.train.FloatList(value=row))}))
+        tf.train.Example(
+            features=tf.train.Features(
+                feature={"x": tf.train.Feature(float_list=tf.train.FloatList(value=row))}
+            )
+        )
         for row in data
     ]
 
@@ -121,8 +124,16 @@ def timed(name: str, fn, records: int, **notes) -> dict:
             return {"name": name, "ok": False, "error": " ".join(line)[:600], **notes}
         samples.append(time.perf_counter() - t0)
     best, median = min(samples), statistics.median(samples)
-    return {"name": name, "ok": True, "seconds": round(best, 3), "median_seconds": round(median, 3),
-            "records_per_s": round(records / best, 1), "samples": [round(x, 3) for x in samples], **notes, **extra}
+    return {
+        "name": name,
+        "ok": True,
+        "seconds": round(best, 3),
+        "median_seconds": round(median, 3),
+        "records_per_s": round(records / best, 1),
+        "samples": [round(x, 3) for x in samples],
+        **notes,
+        **extra,
+    }
 
 
 def raw_tf_signature(version_dir: Path, data, batch: int) -> dict:
@@ -226,7 +237,9 @@ def run_tfx_bsl(version_dir: Path, data_path: Path, records: int) -> dict:
     from tfx_bsl.public.proto import model_spec_pb2
 
     spec = model_spec_pb2.InferenceSpecType(
-        saved_model_spec=model_spec_pb2.SavedModelSpec(model_path=str(version_dir), signature_name=["examples"])
+        saved_model_spec=model_spec_pb2.SavedModelSpec(
+            model_path=str(version_dir), signature_name=["examples"]
+        )
     )
     return _count(lambda pc: pc | RunInference(spec), data_path, "examples", records)
 
@@ -240,24 +253,41 @@ def ensure_venv() -> str | None:
         return None
     uv = REPO / ".venv" / "bin" / "uv"
     if not uv.exists():
-        return f"{uv} not found; create {VENV} by hand: python3.11 -m venv {VENV} && {VENV_PY} -m pip install {' '.join(VENV_PACKAGES)}"
+        packages = " ".join(VENV_PACKAGES)
+        return f"{uv} not found; create {VENV} by hand: python3.11 -m venv {VENV} && {VENV_PY} -m pip install {packages}"
     print(f"creating {VENV} ({', '.join(VENV_PACKAGES)}) ...", file=sys.stderr)
-    for cmd in ([str(uv), "venv", str(VENV), "--python", sys.executable],
-                [str(uv), "pip", "install", "--python", str(VENV_PY), *VENV_PACKAGES]):
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    for cmd in (
+        [str(uv), "venv", str(VENV), "--python", sys.executable],
+        [str(uv), "pip", "install", "--python", str(VENV_PY), *VENV_PACKAGES],
+    ):
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
         if done.returncode != 0:
             return f"{' '.join(cmd[:3])} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}"
     return None
 
 
-def venv_run(which: str, work: Path, records: int) -> dict:  # noqa: D103
+def venv_run(which: str, work: Path, records: int) -> dict:
     """Run one venv-only case in a child process of the bench venv; its JSON result."""
-    cmd = [str(VENV_PY), __file__, "--worker", which, "--work", str(work), "--records", str(records),
-           "--repeats", str(REPEATS)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    cmd = [
+        str(VENV_PY),
+        __file__,
+        "--worker",
+        which,
+        "--work",
+        str(work),
+        "--records",
+        str(records),
+        "--repeats",
+        str(REPEATS),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        return {"name": which, "ok": False, "error": f"worker exited {done.returncode}: {done.stderr.strip()[-600:]}"}
+        return {
+            "name": which,
+            "ok": False,
+            "error": f"worker exited {done.returncode}: {done.stderr.strip()[-600:]}",
+        }
     return json.loads(lines[-1])
 
 
@@ -266,31 +296,54 @@ def worker(which: str, work: Path, records: int) -> dict:
     legacy = which == "beam_tf_handler_legacy_keras"
     if legacy:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # must precede the TensorFlow import
-    import tensorflow  # noqa: F401
+    import tensorflow  # noqa: F401 - imported before the clock starts
 
     version_dir, data_path = work / "mlp" / "00000001", work / "data.npy"
     warm_up()
     if which == "tfx_bsl":
         import tfx_bsl.public.beam  # noqa: F401
 
-        return timed("tfx_bsl", lambda: run_tfx_bsl(version_dir, data_path, records), records,
-                     input="tf.train.Example", batching="tfx-bsl's own (BatchElements defaults)", output="PredictionLog")
+        return timed(
+            "tfx_bsl",
+            lambda: run_tfx_bsl(version_dir, data_path, records),
+            records,
+            input="tf.train.Example",
+            batching="tfx-bsl's own (BatchElements defaults)",
+            output="PredictionLog",
+        )
     import apache_beam.ml.inference.tensorflow_inference  # noqa: F401
 
-    return timed(which, lambda: beam_tf_handler(version_dir, data_path, records), records, input="numpy float32[64]",
-                 batching="BatchElements defaults",
-                 keras="tf-keras 2 (TF_USE_LEGACY_KERAS=1)" if legacy else "Keras 3 (default)")
+    return timed(
+        which,
+        lambda: beam_tf_handler(version_dir, data_path, records),
+        records,
+        input="numpy float32[64]",
+        batching="BatchElements defaults",
+        keras="tf-keras 2 (TF_USE_LEGACY_KERAS=1)" if legacy else "Keras 3 (default)",
+    )
 
 
 def environment() -> dict:
     import apache_beam
     import tensorflow as tf
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"python": platform.python_version(), "tensorflow": tf.__version__, "apache_beam": apache_beam.__version__,
-            "cpu": cpu, "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg(),
-            "runner": "DirectRunner (in-process FnApiRunner)"}
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "apache_beam": apache_beam.__version__,
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
+        "runner": "DirectRunner (in-process FnApiRunner)",
+    }
 
 
 def main() -> None:
@@ -300,7 +353,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256, help="batch size for raw calls and tfservo_*_batch")
     parser.add_argument("--work", type=Path, default=BENCH / "work" / "beam")
     parser.add_argument("--out", type=Path, default=BENCH / "results" / "beam.json")
-    parser.add_argument("--repeats", type=int, default=REPEATS, help="runs of each case (best and median reported)")
+    parser.add_argument(
+        "--repeats", type=int, default=REPEATS, help="runs of each case (best and median reported)"
+    )
     parser.add_argument("--skip-venv", action="store_true", help="skip Beam's TF handler and tfx-bsl")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -321,25 +376,52 @@ def main() -> None:
     n, b = args.records, args.batch
     t0 = time.perf_counter()
     warm_up()
-    first = {"name": "beam_warm_up", "ok": True, "seconds": round(time.perf_counter() - t0, 3),
-             "note": "first pipeline in the process (3 records): Beam's one-time start-up, not repeated"}
+    first = {
+        "name": "beam_warm_up",
+        "ok": True,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "note": "first pipeline in the process (3 records): Beam's one-time start-up, not repeated",
+    }
     runs = [
         first,
         timed("raw_tf_signature", lambda: raw_tf_signature(version, data, b), n, batch=b, beam=False),
         timed("raw_tfservo_runtime", lambda: raw_tfservo_runtime(version, data, b), n, batch=b, beam=False),
-        timed("beam_floor_arrays", lambda: beam_floor(data_path, "arrays", n), n,
-              note="no model: rows generated in the pipeline → Map(identity) → Count"),
-        timed("beam_floor_examples", lambda: beam_floor(data_path, "examples", n), n,
-              note="no model: tf.Examples built in the pipeline → Map(identity) → Count"),
-        timed("tfservo_arrays", lambda: tfservo_handler(bundle, data_path, "arrays", n), n,
-              input="numpy float32[64]", batching="BatchElements defaults"),
-        timed("tfservo_arrays_batch",
-              lambda: tfservo_handler(bundle, data_path, "arrays", n, min_batch_size=b, max_batch_size=b), n,
-              input="numpy float32[64]", batching=f"min=max={b}"),
-        timed("tfservo_examples_prediction_log",
-              lambda: tfservo_handler(bundle, data_path, "examples", n, signature_name="examples",
-                                      output="prediction_log"), n,
-              input="tf.train.Example", batching="BatchElements defaults", output="PredictionLog"),
+        timed(
+            "beam_floor_arrays",
+            lambda: beam_floor(data_path, "arrays", n),
+            n,
+            note="no model: rows generated in the pipeline → Map(identity) → Count",
+        ),
+        timed(
+            "beam_floor_examples",
+            lambda: beam_floor(data_path, "examples", n),
+            n,
+            note="no model: tf.Examples built in the pipeline → Map(identity) → Count",
+        ),
+        timed(
+            "tfservo_arrays",
+            lambda: tfservo_handler(bundle, data_path, "arrays", n),
+            n,
+            input="numpy float32[64]",
+            batching="BatchElements defaults",
+        ),
+        timed(
+            "tfservo_arrays_batch",
+            lambda: tfservo_handler(bundle, data_path, "arrays", n, min_batch_size=b, max_batch_size=b),
+            n,
+            input="numpy float32[64]",
+            batching=f"min=max={b}",
+        ),
+        timed(
+            "tfservo_examples_prediction_log",
+            lambda: tfservo_handler(
+                bundle, data_path, "examples", n, signature_name="examples", output="prediction_log"
+            ),
+            n,
+            input="tf.train.Example",
+            batching="BatchElements defaults",
+            output="PredictionLog",
+        ),
     ]
     if args.skip_venv:
         runs.append({"name": "bench venv", "ok": False, "error": "skipped (--skip-venv)"})
@@ -349,9 +431,17 @@ def main() -> None:
         for which in ("beam_tf_handler", "beam_tf_handler_legacy_keras", "tfx_bsl"):
             runs.append(venv_run(which, args.work, n))
 
-    doc = {"benchmark": "beam", "records": n, "batch": b, "repeats": REPEATS, "load_average_at_start": load_start, "model": f"MLP {FEATURES}-{HIDDEN}-{CLASSES} float32",
-           "environment": environment(), "runs": runs,
-           "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    doc = {
+        "benchmark": "beam",
+        "records": n,
+        "batch": b,
+        "repeats": REPEATS,
+        "load_average_at_start": load_start,
+        "model": f"MLP {FEATURES}-{HIDDEN}-{CLASSES} float32",
+        "environment": environment(),
+        "runs": runs,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"{'run':34} {'best s':>8} {'median s':>8} {'records/s':>10}")

@@ -31,18 +31,18 @@ quiet_tensorflow()
 # Beam 2.77 warns once per model load that it cannot measure memory when torch is not installed.
 logging.getLogger().addFilter(lambda record: "Resource module is not available" not in record.getMessage())
 
-import apache_beam as beam  # noqa: E402
-from apache_beam.ml.inference.base import KeyedModelHandler, KeyModelMapping, RunInference  # noqa: E402
-from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+import apache_beam as beam
+from apache_beam.ml.inference.base import KeyedModelHandler, KeyModelMapping, RunInference
+from apache_beam.options.pipeline_options import PipelineOptions
 
-from tfservo.beam import BundleModelHandler  # noqa: E402
+from tfservo.beam import BundleModelHandler
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FACTORS = {"multiply_five": 5.0, "multiply_ten": 10.0}
 
 
 def build_multiply_model(models_dir: str, name: str, factor: float) -> str:
-    """Save `name` version 1 (y = factor·x, input x float32[None]) under models_dir; returns the bundle dir."""
+    """Save `name` version 1 (y = factor·x, input x: float32[None]) under models_dir; returns its dir."""
     import tensorflow as tf
 
     class Multiply(tf.Module):
@@ -56,7 +56,9 @@ def build_multiply_model(models_dir: str, name: str, factor: float) -> str:
 
     bundle = os.path.join(models_dir, name)
     module = Multiply()
-    tf.saved_model.save(module, os.path.join(bundle, "00000001"), signatures={"serving_default": module.serve})
+    tf.saved_model.save(
+        module, os.path.join(bundle, "00000001"), signatures={"serving_default": module.serve}
+    )
     return bundle
 
 
@@ -68,7 +70,7 @@ def parse_record(line: str) -> tuple[str, float]:
 
 def run(input_path: str, five: str, ten: str, keys: list[str], beam_args: list[str]) -> None:
     """Build and run the pipeline with the four patterns."""
-    value_of = lambda result: float(result.inference["y"])  # noqa: E731 - a scalar output per element
+    value_of = lambda result: float(result.inference["y"])
 
     with beam.Pipeline(options=PipelineOptions(beam_args)) as p:
         records = p | "Read" >> beam.io.ReadFromText(input_path) | "Parse" >> beam.Map(parse_record)
@@ -76,14 +78,18 @@ def run(input_path: str, five: str, ten: str, keys: list[str], beam_args: list[s
 
         # 1 predict, 2 post-process
         predictions = values | "1 Predict x5" >> RunInference(BundleModelHandler(five))
-        _ = predictions | "1 Print" >> beam.Map(lambda r: print(f"[1 predict] {r.example} -> {r.inference} ({r.model_id})"))
+        _ = predictions | "1 Print" >> beam.Map(
+            lambda r: print(f"[1 predict] {r.example} -> {r.inference} ({r.model_id})")
+        )
         _ = predictions | "2 Post-process" >> beam.Map(
             lambda r: print(f"[2 post-process] {float(r.example)} * 5 = {value_of(r)}")
         )
 
         # 3 keys
         keyed = records | "3 Predict x5 keyed" >> RunInference(KeyedModelHandler(BundleModelHandler(five)))
-        _ = keyed | "3 Print" >> beam.MapTuple(lambda k, r: print(f"[3 keys] {k}: {float(r.example)} -> {value_of(r)}"))
+        _ = keyed | "3 Print" >> beam.MapTuple(
+            lambda k, r: print(f"[3 keys] {k}: {float(r.example)} -> {value_of(r)}")
+        )
 
         # 4a several models side by side: the same records through both
         tens = records | "4a Predict x10 keyed" >> RunInference(KeyedModelHandler(BundleModelHandler(ten)))
@@ -102,7 +108,9 @@ def run(input_path: str, five: str, ten: str, keys: list[str], beam_args: list[s
             | "4b Predict x10" >> RunInference(KeyedModelHandler(BundleModelHandler(ten)))
         )
         _ = chained | "4b Print" >> beam.MapTuple(
-            lambda k, r: print(f"[4b sequence x5 then x10] {k[0]}: {k[1]} -> {float(r.example)} -> {value_of(r)}")
+            lambda k, r: print(
+                f"[4b sequence x5 then x10] {k[0]}: {k[1]} -> {float(r.example)} -> {value_of(r)}"
+            )
         )
 
         # 4c several models chosen per key: every other key goes to the x10 model
@@ -114,7 +122,9 @@ def run(input_path: str, five: str, ten: str, keys: list[str], beam_args: list[s
         )
         routed = records | "4c Predict per key" >> RunInference(per_key)
         _ = routed | "4c Print" >> beam.MapTuple(
-            lambda k, r: print(f"[4c per key] {k}: {float(r.example)} -> {value_of(r)} ({r.model_id.split('/')[0]})")
+            lambda k, r: print(
+                f"[4c per key] {k}: {float(r.example)} -> {value_of(r)} ({r.model_id.split('/')[0]})"
+            )
         )
 
 

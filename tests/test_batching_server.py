@@ -236,3 +236,15 @@ def test_full_queue_is_resource_exhausted_over_grpc(full_queue_server):
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
     assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes and grpc.StatusCode.OK in codes, codes
 
+
+
+def test_batching_eager_from_flag_or_environment():
+    from tfservo.server.settings import resolve_batching
+
+    on = {"SAGEMAKER_TFS_ENABLE_BATCHING": "true"}
+    assert resolve_batching(False, None, on).eager is False
+    assert resolve_batching(False, None, {**on, "TFSERVO_BATCHING_EAGER": "true"}).eager is True
+    assert resolve_batching(True, None, {}, eager=True).eager is True
+    assert resolve_batching(False, None, {"TFSERVO_BATCHING_EAGER": "true"}) is None  # batching still off
+    with pytest.raises(SystemExit, match="TFSERVO_BATCHING_EAGER='maybe'"):
+        resolve_batching(True, None, {"TFSERVO_BATCHING_EAGER": "maybe"})

@@ -26,7 +26,11 @@ def expected_lines() -> set[str]:
 def test_example_prints_every_pattern(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "examples" / "beam_tfx_patterns.py"), "--models-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("[")]

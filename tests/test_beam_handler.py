@@ -76,13 +76,17 @@ def test_predict_classify_regress_keys_and_batching(beam_models: BeamModels) -> 
     regress_logs = (
         p
         | "D Create" >> beam.Create([example(4.0), example(10.0)])
-        | "D Regress" >> RunInference(
+        | "D Regress"
+        >> RunInference(
             BundleModelHandler(HALF_PLUS_TWO, signature_name="regress_x_to_y", output="prediction_log")
         )
-        | "D Out" >> beam.Map(
+        | "D Out"
+        >> beam.Map(
             lambda log: (
                 log.WhichOneof("log_type"),
-                log.regress_log.request.input.example_list.examples[0].features.feature["x"].float_list.value[0],
+                log.regress_log.request.input.example_list.examples[0]
+                .features.feature["x"]
+                .float_list.value[0],
                 log.regress_log.response.result.regressions[0].value,
                 log.regress_log.response.model_spec.signature_name,
                 log.regress_log.response.model_spec.version.value,
@@ -91,7 +95,12 @@ def test_predict_classify_regress_keys_and_batching(beam_models: BeamModels) -> 
     )
     assert_that(
         regress_logs,
-        equal_to([("regress_log", 4.0, 4.0, "regress_x_to_y", 124), ("regress_log", 10.0, 7.0, "regress_x_to_y", 124)]),
+        equal_to(
+            [
+                ("regress_log", 4.0, 4.0, "regress_x_to_y", 124),
+                ("regress_log", 10.0, 7.0, "regress_x_to_y", 124),
+            ]
+        ),
         label="D",
     )
 
@@ -108,15 +117,20 @@ def test_predict_classify_regress_keys_and_batching(beam_models: BeamModels) -> 
     predict_logs = (
         p
         | "F Create" >> beam.Create([example(6.0)])
-        | "F Predict" >> RunInference(
-            BundleModelHandler(HALF_PLUS_TWO, signature_name="classify_x_to_y", method="predict", output="prediction_log")
+        | "F Predict"
+        >> RunInference(
+            BundleModelHandler(
+                HALF_PLUS_TWO, signature_name="classify_x_to_y", method="predict", output="prediction_log"
+            )
         )
-        | "F Out" >> beam.Map(
+        | "F Out"
+        >> beam.Map(
             lambda log: (
                 log.predict_log.request.inputs["inputs"].dtype,
                 list(tf.make_ndarray(log.predict_log.request.inputs["inputs"]).shape),
                 tf.train.Example.FromString(tf.make_ndarray(log.predict_log.request.inputs["inputs"])[0])
-                .features.feature["x"].float_list.value[0],
+                .features.feature["x"]
+                .float_list.value[0],
                 tf.make_ndarray(log.predict_log.response.outputs["scores"]).tolist(),
             )
         )
@@ -142,7 +156,9 @@ def test_predict_classify_regress_keys_and_batching(beam_models: BeamModels) -> 
     result = p.run()
     result.wait_until_finish()
     metrics = result.metrics().query(MetricsFilter().with_namespace("tfservo"))
-    sizes = [m for m in metrics["distributions"] if m.key.metric.name == "batch_size" and "A Predict" in m.key.step]
+    sizes = [
+        m for m in metrics["distributions"] if m.key.metric.name == "batch_size" and "A Predict" in m.key.step
+    ]
     assert sizes and max(m.committed.max for m in sizes) == 2  # max_batch_size honoured
     assert sum(m.committed.sum for m in sizes) == len(xs)
     assert sum(m.committed.count for m in sizes) == 3  # 2 + 2 + 1: batches of 2 were formed
@@ -167,7 +183,10 @@ def test_several_models_in_sequence_per_key_and_inference_py(beam_models: BeamMo
         | "seq out" >> beam.MapTuple(lambda k, r: (k, float(r.inference["y"]), r.model_id))
     )
     assert_that(
-        chained, equal_to([("a", 50.0, "multiply_ten/1"), ("b", 100.0, "multiply_ten/1"), ("c", 150.0, "multiply_ten/1")]),
+        chained,
+        equal_to(
+            [("a", 50.0, "multiply_ten/1"), ("b", 100.0, "multiply_ten/1"), ("c", 150.0, "multiply_ten/1")]
+        ),
         label="sequence",
     )
 
@@ -184,7 +203,10 @@ def test_several_models_in_sequence_per_key_and_inference_py(beam_models: BeamMo
         | "per key out" >> beam.MapTuple(lambda k, r: (k, float(r.inference["y"]), r.model_id))
     )
     assert_that(
-        routed, equal_to([("a", 5.0, "multiply_five/1"), ("b", 20.0, "multiply_ten/1"), ("c", 15.0, "multiply_five/1")]),
+        routed,
+        equal_to(
+            [("a", 5.0, "multiply_five/1"), ("b", 20.0, "multiply_ten/1"), ("c", 15.0, "multiply_five/1")]
+        ),
         label="per key",
     )
 
@@ -201,7 +223,8 @@ def test_several_models_in_sequence_per_key_and_inference_py(beam_models: BeamMo
     converted = (
         p
         | "csv" >> beam.Create([b"1.0\n2.0"])
-        | "convert" >> RunInference(
+        | "convert"
+        >> RunInference(
             BundleModelHandler(HALF_PLUS_TWO, content_type="text/csv", accept="application/jsonlines")
         )
         | "convert out" >> beam.Map(lambda r: r.inference)
@@ -216,10 +239,13 @@ def test_bad_elements_reach_the_dead_letter_output_with_their_error() -> None:
     main, dlq = (
         p
         | "batch" >> beam.Create([[f32(1.0), "abc", f32(3.0)]])
-        | "batched" >> RunInference(BundleModelHandler(HALF_PLUS_TWO).with_no_batching()).with_exception_handling()
+        | "batched"
+        >> RunInference(BundleModelHandler(HALF_PLUS_TWO).with_no_batching()).with_exception_handling()
     )
     assert_that(main, equal_to([]), label="batched main")
-    messages = dlq.failed_inferences | "batched msg" >> beam.MapTuple(lambda batch, error: (len(batch), error[0].__name__, error[1]))
+    messages = dlq.failed_inferences | "batched msg" >> beam.MapTuple(
+        lambda batch, error: (len(batch), error[0].__name__, error[1])
+    )
 
     def check_batched(items):
         assert len(items) == 1, items
@@ -236,11 +262,13 @@ def test_bad_elements_reach_the_dead_letter_output_with_their_error() -> None:
     good, bad = (
         p
         | "single" >> beam.Create([f32(1.0), "abc", f32(3.0)])
-        | "unbatched" >> RunInference(BundleModelHandler(HALF_PLUS_TWO, max_batch_size=1)).with_exception_handling()
+        | "unbatched"
+        >> RunInference(BundleModelHandler(HALF_PLUS_TWO, max_batch_size=1)).with_exception_handling()
     )
     assert_that(good | beam.Map(lambda r: float(r.inference["y"][0])), equal_to([2.5, 3.5]), label="good")
     assert_that(
-        bad.failed_inferences | beam.MapTuple(lambda batch, error: (list(batch), "element 0 ('abc')" in error[1])),
+        bad.failed_inferences
+        | beam.MapTuple(lambda batch, error: (list(batch), "element 0 ('abc')" in error[1])),
         equal_to([(["abc"], True)]),
         label="bad",
     )
@@ -248,7 +276,9 @@ def test_bad_elements_reach_the_dead_letter_output_with_their_error() -> None:
 
 
 def test_load_errors_name_what_to_fix(beam_models: BeamModels) -> None:  # noqa: F811
-    with pytest.raises(BundleError, match=r"Model nope is not in .*models are: saved_model_half_plus_two_2_versions"):
+    with pytest.raises(
+        BundleError, match=r"Model nope is not in .*models are: saved_model_half_plus_two_2_versions"
+    ):
         BundleModelHandler(HALF_PLUS_TWO, model_name="nope").load_model()
     with pytest.raises(BundleError, match=r"no loaded version 7 .*loaded versions: 123, 124"):
         BundleModelHandler(HALF_PLUS_TWO, version=7).load_model()
@@ -294,5 +324,8 @@ def test_s3_bundle(s3_bucket: str, s3_endpoint: str, beam_models: BeamModels) ->
     handler = BundleModelHandler(url)
     model = handler.load_model()
     results = handler.run_inference([f32(2.0)[0], f32(4.0)[0]], model)
-    assert [(float(r.inference["y"]), r.model_id) for r in results] == [(10.0, "multiply_five/1"), (20.0, "multiply_five/1")]
+    assert [(float(r.inference["y"]), r.model_id) for r in results] == [
+        (10.0, "multiply_five/1"),
+        (20.0, "multiply_five/1"),
+    ]
     model.close()

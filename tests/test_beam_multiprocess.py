@@ -27,7 +27,8 @@ def test_multi_processing_direct_runner(beam_models: BeamModels) -> None:  # noq
         keyed = (
             p
             | "keyed" >> beam.Create([(f"k{int(x)}", np.array([x], dtype=np.float32)) for x in xs])
-            | "predict" >> RunInference(KeyedModelHandler(BundleModelHandler(HALF_PLUS_TWO, max_batch_size=4)))
+            | "predict"
+            >> RunInference(KeyedModelHandler(BundleModelHandler(HALF_PLUS_TWO, max_batch_size=4)))
             | "out" >> beam.MapTuple(lambda k, r: (k, float(r.inference["y"][0])))
         )
         assert_that(keyed, equal_to([(f"k{int(x)}", 0.5 * x + 2) for x in xs]), label="per process")
@@ -35,7 +36,8 @@ def test_multi_processing_direct_runner(beam_models: BeamModels) -> None:  # noq
         shared = (
             p
             | "values" >> beam.Create(xs)
-            | "shared" >> RunInference(BundleModelHandler(beam_models.five, share_model_across_processes=True))
+            | "shared"
+            >> RunInference(BundleModelHandler(beam_models.five, share_model_across_processes=True))
             | "shared out" >> beam.Map(lambda r: (r.example, float(r.inference["y"]), r.model_id))
         )
         assert_that(shared, equal_to([(x, 5 * x, "multiply_five/1") for x in xs]), label="across processes")

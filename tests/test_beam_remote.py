@@ -1,4 +1,4 @@
-"""RemoteBundleModelHandler against a real `tfservo serve` process over REST.
+"""RemoteBundleModelHandler against a real `tfservo serve` process over REST and gRPC.
 
 An overloaded endpoint is played by a small HTTP proxy in front of the real server that
 answers 503/429 for a number of requests before passing them through.
@@ -44,22 +44,33 @@ def test_rest_predict_classify_regress_and_invocations(server: ServerProcess) ->
     keyed = (
         p
         | "keyed" >> beam.Create([("a", np.array([1.0], np.float32)), ("b", np.array([4.0], np.float32))])
-        | "predict" >> RunInference(
-            KeyedModelHandler(RemoteBundleModelHandler(server.url, model_name=MODEL, version=123, max_batch_size=8))
+        | "predict"
+        >> RunInference(
+            KeyedModelHandler(
+                RemoteBundleModelHandler(server.url, model_name=MODEL, version=123, max_batch_size=8)
+            )
         )
         | "predict out" >> beam.MapTuple(lambda k, r: (k, r.inference["y"].tolist(), r.model_id))
     )
-    assert_that(keyed, equal_to([("a", [2.5], f"{MODEL}/123"), ("b", [4.0], f"{MODEL}/123")]), label="predict")
+    assert_that(
+        keyed, equal_to([("a", [2.5], f"{MODEL}/123"), ("b", [4.0], f"{MODEL}/123")]), label="predict"
+    )
 
     logs = (
         p
         | "examples" >> beam.Create([example(2.0), example(6.0)])
-        | "classify" >> RunInference(
-            RemoteBundleModelHandler(server.url, model_name=MODEL, signature_name="classify_x_to_y", output="prediction_log")
+        | "classify"
+        >> RunInference(
+            RemoteBundleModelHandler(
+                server.url, model_name=MODEL, signature_name="classify_x_to_y", output="prediction_log"
+            )
         )
-        | "classify out" >> beam.Map(
+        | "classify out"
+        >> beam.Map(
             lambda log: (
-                log.classify_log.request.input.example_list.examples[0].features.feature["x"].float_list.value[0],
+                log.classify_log.request.input.example_list.examples[0]
+                .features.feature["x"]
+                .float_list.value[0],
                 log.classify_log.response.result.classifications[0].classes[0].score,
             )
         )
@@ -69,7 +80,10 @@ def test_rest_predict_classify_regress_and_invocations(server: ServerProcess) ->
     regressed = (
         p
         | "features" >> beam.Create([{"x": 10.0}])
-        | "regress" >> RunInference(RemoteBundleModelHandler(server.url, model_name=MODEL, signature_name="regress_x_to_y2"))
+        | "regress"
+        >> RunInference(
+            RemoteBundleModelHandler(server.url, model_name=MODEL, signature_name="regress_x_to_y2")
+        )
         | "regress out" >> beam.Map(lambda r: (r.inference, r.model_id))
     )
     assert_that(regressed, equal_to([(8.0, f"{MODEL}/124")]), label="regress")
@@ -77,7 +91,8 @@ def test_rest_predict_classify_regress_and_invocations(server: ServerProcess) ->
     invoked = (
         p
         | "bodies" >> beam.Create([b"1.0\n2.0"])
-        | "invoke" >> RunInference(RemoteBundleModelHandler(server.url, content_type="text/csv", accept="text/csv"))
+        | "invoke"
+        >> RunInference(RemoteBundleModelHandler(server.url, content_type="text/csv", accept="text/csv"))
         | "invoke out" >> beam.Map(lambda r: r.inference)
     )
     assert_that(invoked, equal_to([b"2.5\n3.0\n"]), label="invocations")
@@ -91,8 +106,10 @@ def test_grpc_predict_classify_regress(server: ServerProcess) -> None:
     predicted = (
         p
         | "arrays" >> beam.Create([np.array([2.0], np.float32), np.array([6.0], np.float32)])
-        | "predict" >> RunInference(RemoteBundleModelHandler(endpoint, model_name=MODEL, output="prediction_log"))
-        | "predict out" >> beam.Map(
+        | "predict"
+        >> RunInference(RemoteBundleModelHandler(endpoint, model_name=MODEL, output="prediction_log"))
+        | "predict out"
+        >> beam.Map(
             lambda log: (
                 tf.make_ndarray(log.predict_log.request.inputs["x"]).tolist(),
                 tf.make_ndarray(log.predict_log.response.outputs["y"]).tolist(),
@@ -104,14 +121,18 @@ def test_grpc_predict_classify_regress(server: ServerProcess) -> None:
     classified = (
         p
         | "examples" >> beam.Create([example(4.0)])
-        | "classify" >> RunInference(RemoteBundleModelHandler(endpoint, model_name=MODEL, signature_name="classify_x_to_y"))
+        | "classify"
+        >> RunInference(
+            RemoteBundleModelHandler(endpoint, model_name=MODEL, signature_name="classify_x_to_y")
+        )
         | "classify out" >> beam.Map(lambda r: r.inference)
     )
     assert_that(classified, equal_to([[("", 4.0)]]), label="classify")
     regressed = (
         p
         | "features" >> beam.Create([{"x": 2.0}])
-        | "regress" >> RunInference(
+        | "regress"
+        >> RunInference(
             RemoteBundleModelHandler(endpoint, model_name=MODEL, version=123, signature_name="regress_x_to_y")
         )
         | "regress out" >> beam.Map(lambda r: (r.inference, r.model_id))
@@ -150,7 +171,9 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             self.send_header("Retry-After", "0")
         else:
             answer = httpx.request(
-                self.command, self.server.upstream + self.path, content=body,
+                self.command,
+                self.server.upstream + self.path,
+                content=body,
                 headers={"Content-Type": self.headers.get("Content-Type", "application/json")},
             )
             payload = answer.content
@@ -171,7 +194,9 @@ def test_retries_with_back_off_on_503_and_429(server: ServerProcess) -> None:
     try:
         # Loading reads the model's metadata: refused twice, then answered.
         proxy.failures["GET"] = [503, 429]
-        handler = RemoteBundleModelHandler(proxy.url, model_name=MODEL, max_retries=2, initial_backoff_secs=0.01)
+        handler = RemoteBundleModelHandler(
+            proxy.url, model_name=MODEL, max_retries=2, initial_backoff_secs=0.01
+        )
         model = handler.load_model()
         assert proxy.seen == [("GET", 503), ("GET", 429), ("GET", 200)]
         assert model.target().model_id == f"{MODEL}/124"
@@ -202,7 +227,9 @@ def test_retries_with_back_off_on_503_and_429(server: ServerProcess) -> None:
 
 
 def test_remote_errors_name_model_and_endpoint(server: ServerProcess) -> None:
-    with pytest.raises(ServingError, match=r"GET http://127\.0\.0\.1:\d+/v1/models/nope/metadata answered 404"):
+    with pytest.raises(
+        ServingError, match=r"GET http://127\.0\.0\.1:\d+/v1/models/nope/metadata answered 404"
+    ):
         RemoteBundleModelHandler(server.url, model_name="nope").load_model()
     with pytest.raises(ValueError, match="model_name= is required"):
         RemoteBundleModelHandler(server.url)

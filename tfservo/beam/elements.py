@@ -103,7 +103,9 @@ def serialize_examples(batch: Sequence[Any], feature_types: Mapping[str, str]) -
     return out
 
 
-def split_outputs(outputs: Mapping[str, np.ndarray], batch_size: int, where: str) -> list[dict[str, np.ndarray]]:
+def split_outputs(
+    outputs: Mapping[str, np.ndarray], batch_size: int, where: str
+) -> list[dict[str, np.ndarray]]:
     """Batch outputs → one dict of output name → row per element."""
     for key, arr in outputs.items():
         if arr.ndim == 0 or arr.shape[0] != batch_size:

@@ -97,7 +97,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
             else:
                 try:
                     results = self._run(batch, model, target)
-                except Exception as exc:  # noqa: BLE001 - any failure: find the element(s) behind it
+                except Exception as exc:  # any failure: find the element(s) behind it
                     if is_transient(exc):
                         raise
                     if len(batch) == 1:
@@ -154,7 +154,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         for i, element in enumerate(batch):
             try:
                 results.extend(self._run([element], model, target))
-            except Exception as exc:  # noqa: BLE001 - reported per element
+            except Exception as exc:  # reported per element
                 if is_transient(exc):
                     raise
                 failures.append(ElementFailure(i, element, exc))
@@ -217,9 +217,7 @@ class BundleModelHandler(ServingModelHandler):
 
     def __repr__(self) -> str:
         s = self._selection
-        chosen = ", ".join(
-            f"{k}={v!r}" for k, v in vars(s).items() if v is not None
-        )
+        chosen = ", ".join(f"{k}={v!r}" for k, v in vars(s).items() if v is not None)
         return f"BundleModelHandler({self._bundle!r}{', ' + chosen if chosen else ''})"
 
 

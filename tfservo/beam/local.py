@@ -125,7 +125,7 @@ class LoadedBundle:
         _shutdown(self.service, self._loopback)
 
 
-def _shutdown(service: ModelService, loopback) -> None:  # noqa: ANN001
+def _shutdown(service: ModelService, loopback) -> None:
     if loopback is not None:
         loopback.stop()
     service.close()

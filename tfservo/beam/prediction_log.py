@@ -19,7 +19,7 @@ from tfservo.beam.target import Target
 from tfservo.tfserving.tensor_proto import write_tensor_proto
 
 
-def _model_spec(spec, target: Target) -> None:  # noqa: ANN001 - a ModelSpec proto
+def _model_spec(spec, target: Target) -> None:
     spec.name = target.model_name or ""
     if target.version is not None:
         spec.version.value = target.version
@@ -46,7 +46,9 @@ def predict_logs(
     return logs
 
 
-def classify_logs(target: Target, examples: Sequence[bytes], results: Sequence[list[tuple[str, float]]]) -> list:
+def classify_logs(
+    target: Target, examples: Sequence[bytes], results: Sequence[list[tuple[str, float]]]
+) -> list:
     """One PredictionLog(classify_log=...) per example."""
     from tensorflow_serving.apis import prediction_log_pb2
 

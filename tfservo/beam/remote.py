@@ -48,7 +48,9 @@ _GRPC_MAX_MESSAGE = 512 * 2**20
 class RetryPolicy:
     """Exponential back-off with jitter: attempt n waits min(max, initial·2ⁿ)·U(0.5, 1) seconds."""
 
-    def __init__(self, max_retries: int = 5, initial_backoff_secs: float = 0.5, max_backoff_secs: float = 30.0) -> None:
+    def __init__(
+        self, max_retries: int = 5, initial_backoff_secs: float = 0.5, max_backoff_secs: float = 30.0
+    ) -> None:
         if max_retries < 0 or initial_backoff_secs < 0 or max_backoff_secs < initial_backoff_secs:
             raise ValueError(
                 "need max_retries >= 0 and 0 <= initial_backoff_secs <= max_backoff_secs, got "
@@ -105,7 +107,8 @@ class RemoteBundleModelHandler(ServingModelHandler):
     ) -> None:
         super().__init__(**options)
         self._endpoint, self._protocol = _parse_endpoint(endpoint, protocol)
-        if self._selection.content_type is None and not self._selection.model_name:
+        named = self._selection.model_name or parse_custom_attributes(self._selection.custom_attributes).model_name
+        if self._selection.content_type is None and not named:
             raise ValueError(
                 f"model_name= is required for {endpoint}: TF Serving's API has no way to list "
                 "models (or pass content_type= to POST raw bodies to /invocations)"
@@ -124,7 +127,8 @@ class RemoteBundleModelHandler(ServingModelHandler):
         return cls(self._endpoint, self._selection, timeout=self._timeout, retry=self._retry)
 
     def __repr__(self) -> str:
-        return f"RemoteBundleModelHandler({self._protocol}: {self._endpoint!r}, model={self._selection.model_name!r})"
+        model = self._selection.model_name
+        return f"RemoteBundleModelHandler({self._protocol}: {self._endpoint!r}, model={model!r})"
 
 
 def _parse_endpoint(endpoint: str, protocol: str | None) -> tuple[str, str]:
@@ -137,9 +141,7 @@ def _parse_endpoint(endpoint: str, protocol: str | None) -> tuple[str, str]:
     target = endpoint.removeprefix("grpc://")
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(
-            f"endpoint {endpoint!r} is neither an http(s):// URL nor grpc://host:port"
-        )
+        raise ValueError(f"endpoint {endpoint!r} is neither an http(s):// URL nor grpc://host:port")
     if protocol == "rest":
         return f"http://{target}", "rest"
     return target, "grpc"
@@ -175,7 +177,9 @@ class _Endpoint:
         if s.content_type is not None:
             return Target(self.endpoint, INVOKE, name, version)
         assert name is not None
-        seen_version, signatures = self.retry.call(f"metadata of {name}", lambda: self._metadata(name, version))
+        seen_version, signatures = self.retry.call(
+            f"metadata of {name}", lambda: self._metadata(name, version)
+        )
         wanted = s.signature_name or DEFAULT_SIGNATURE
         if wanted not in signatures:
             raise InvalidArgument(
@@ -208,7 +212,9 @@ class RestEndpoint(_Endpoint):
     def _model_path(self, name: str, version: int | None) -> str:
         return f"/v1/models/{name}" + (f"/versions/{version}" if version is not None else "")
 
-    def _send(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None) -> bytes:
+    def _send(
+        self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> bytes:
         """One HTTP call; non-2xx → ServingError of its kind (429/503 carry Retry-After)."""
         what = f"{method} {self.endpoint}{path}"
         try:
@@ -259,9 +265,13 @@ class RestEndpoint(_Endpoint):
         assert t.signature is not None
         doc = self._post("predict", _predict_body(t.signature.name, inputs))
         if not isinstance(doc, dict) or "outputs" not in doc:
-            raise InvalidArgument(f"{self.endpoint} answered predict without 'outputs': {json_codec.render_value(doc)}")
+            raise InvalidArgument(
+                f"{self.endpoint} answered predict without 'outputs': {json_codec.render_value(doc)}"
+            )
         # The answer's columnar "outputs" decode like columnar inputs of the signature's outputs.
-        outputs_sig = SignatureDef(t.signature.name, t.signature.method_name, inputs=dict(t.signature.outputs))
+        outputs_sig = SignatureDef(
+            t.signature.name, t.signature.method_name, inputs=dict(t.signature.outputs)
+        )
         return json_codec.decode_predict_request({"inputs": doc["outputs"]}, lambda _: outputs_sig).inputs
 
     def classify(self, examples: Sequence[bytes]) -> list[list[tuple[str, float]]]:
@@ -276,10 +286,14 @@ class RestEndpoint(_Endpoint):
         assert t.signature is not None
         request = {"signature_name": t.signature.name, "examples": [_example_json(e) for e in examples]}
         doc = self._post(verb, orjson.dumps(request))
-        if not isinstance(doc, dict) or not isinstance(doc.get("results"), list) or len(doc["results"]) != len(examples):
+        if (
+            not isinstance(doc, dict)
+            or not isinstance(doc.get("results"), list)
+            or len(doc["results"]) != len(examples)
+        ):
             raise InvalidArgument(
                 f"{self.endpoint} answered {verb} of {len(examples)} examples with "
-                f"{json_codec.render_value(doc)}; expected {{\"results\": [...]}} with one result each"
+                f'{json_codec.render_value(doc)}; expected {{"results": [...]}} with one result each'
             )
         return doc["results"]
 
@@ -304,7 +318,10 @@ class GrpcEndpoint(_Endpoint):
         from tensorflow_serving.apis import prediction_service_pb2_grpc
 
         self._grpc = grpc
-        options = [("grpc.max_send_message_length", _GRPC_MAX_MESSAGE), ("grpc.max_receive_message_length", _GRPC_MAX_MESSAGE)]
+        options = [
+            ("grpc.max_send_message_length", _GRPC_MAX_MESSAGE),
+            ("grpc.max_receive_message_length", _GRPC_MAX_MESSAGE),
+        ]
         self._channel = grpc.insecure_channel(self.endpoint, options=options)
         self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
 
@@ -314,7 +331,9 @@ class GrpcEndpoint(_Endpoint):
             return getattr(self._stub, rpc)(request, timeout=self.timeout)
         except self._grpc.RpcError as exc:
             code = Code(exc.code().value[0]) if exc.code() is not None else Code.UNKNOWN
-            raise ServingError(f"{rpc} on {self.endpoint} failed: {code.name}: {exc.details()}", code) from None
+            raise ServingError(
+                f"{rpc} on {self.endpoint} failed: {code.name}: {exc.details()}", code
+            ) from None
 
     def _spec(self, request: Any, signature: bool = True) -> None:
         t = self._target
@@ -334,7 +353,9 @@ class GrpcEndpoint(_Endpoint):
         response = self._call("GetModelMetadata", request)
         sig_map = get_model_metadata_pb2.SignatureDefMap()
         response.metadata["signature_def"].Unpack(sig_map)
-        return response.model_spec.version.value, {k: _signature(k, v) for k, v in sig_map.signature_def.items()}
+        return response.model_spec.version.value, {
+            k: _signature(k, v) for k, v in sig_map.signature_def.items()
+        }
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from tensorflow_serving.apis import predict_pb2
@@ -355,7 +376,9 @@ class GrpcEndpoint(_Endpoint):
         self._spec(request)
         for serialized in examples:
             request.input.example_list.examples.add().ParseFromString(serialized)
-        response = self.retry.call(f"Classify {self._target.model_id}", lambda: self._call("Classify", request))
+        response = self.retry.call(
+            f"Classify {self._target.model_id}", lambda: self._call("Classify", request)
+        )
         return [[(c.label, c.score) for c in item.classes] for item in response.result.classifications]
 
     def regress(self, examples: Sequence[bytes]) -> list[float]:
@@ -399,7 +422,9 @@ def _predict_body(signature_name: str, inputs: Mapping[str, np.ndarray]) -> byte
     nonfinite = False
     for key, arr in inputs.items():
         if arr.dtype == object or arr.dtype.kind in "SU":
-            values[key] = np.vectorize(_json_string, otypes=[object])(arr).tolist() if arr.size else arr.tolist()
+            values[key] = (
+                np.vectorize(_json_string, otypes=[object])(arr).tolist() if arr.size else arr.tolist()
+            )
         else:
             nonfinite = nonfinite or (arr.dtype.kind == "f" and not bool(np.all(np.isfinite(arr))))
             values[key] = np.ascontiguousarray(arr)
