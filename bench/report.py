@@ -164,6 +164,9 @@ def render(results: Path) -> str:
     ]
     for k, v in m.items():
         lines.append(f"| {k} | {v} |")
+    for rerun in serving.get("reruns", []):
+        lines.append(f"| re-measured later: {', '.join(rerun['only'])} | load average "
+                     f"{' '.join(rerun['machine']['loadavg_at_start'])} at the start |")
     lines += ["", f"Batching settings (tfservo \"batching on\" and PyTriton's dynamic batcher): `{json.dumps(serving['batching'])}`", ""]
     lines += ["### Targets", ""] + targets(runs, ceiling) + [""]
     lines += ["### Ceiling: in-process calls, no server", ""] + ceiling_table(ceiling)

@@ -161,6 +161,23 @@ def run(workdir: Path, ceiling: dict, out: Path, *, quick: bool, only: list[str]
             finally:
                 server.stop()
     doc["machine"]["loadavg_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    if only and out.exists():
+        # A partial rerun replaces its own runs in the last full results and keeps the rest.
+        previous = json.loads(out.read_text())
+        fresh: dict[tuple, list[dict]] = {}
+        for r in doc["runs"]:
+            fresh.setdefault((r["model"], r["server"]), []).append(r)
+        runs: list[dict] = []
+        for r in previous["runs"]:
+            key = (r["model"], r["server"])
+            if key not in fresh:
+                runs.append(r)
+            elif fresh[key]:  # the new runs take the place of the first old one
+                runs.extend(fresh.pop(key))
+                fresh[key] = []
+        runs.extend(r for rs in fresh.values() for r in rs)
+        doc = {**previous, "runs": runs}
+        doc.setdefault("reruns", []).append({"only": only, "machine": machine_facts()})
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
     return doc
