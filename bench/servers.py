@@ -164,7 +164,8 @@ def pytriton(model: str, version_dir: str, *, max_batch_size: int, queue_delay_m
         cwd=str(BENCH / "peers"),
         # Triton's Python backend stub links libpython; without this it may load the system one.
         env={"LD_LIBRARY_PATH": f"{libdir}:{os.environ.get('LD_LIBRARY_PATH', '')}".rstrip(":")},
-        ready_path=f"/v2/models/{name}/ready",
+        # The JPEG model is bound last: when it is ready, both are.
+        ready_path=f"/v2/models/{name}_jpeg/ready" if model == "resnet" else f"/v2/models/{name}/ready",
         endpoints=endpoints,
         port=port,
         settings={"dynamic_batcher": {"max_batch_size": max_batch_size, "max_queue_delay_microseconds": queue_delay_micros}},

@@ -50,6 +50,12 @@ def stack_inputs(batch: Sequence[Any], signature: SignatureDef) -> dict[str, np.
 def _stack(key: str, values: list[Any], signature: SignatureDef) -> np.ndarray:
     spec = signature.inputs.get(key)
     strings = spec is not None and spec.dtype == "DT_STRING"
+    if strings:
+        values = [v.SerializeToString() if _is_example(v) else v for v in values]
+        if all(isinstance(v, bytes) for v in values):  # the common case: one string per element
+            out = np.empty(len(values), dtype=object)
+            out[:] = values
+            return out
     arrays = [_as_array(value, strings) for value in values]
     shape = arrays[0].shape
     for i, arr in enumerate(arrays):

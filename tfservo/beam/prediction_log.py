@@ -19,11 +19,20 @@ from tfservo.beam.target import Target
 from tfservo.tfserving.tensor_proto import write_tensor_proto
 
 
-def _model_spec(spec, target: Target) -> None:
-    spec.name = target.model_name or ""
-    if target.version is not None:
-        spec.version.value = target.version
-    spec.signature_name = target.signature.name if target.signature else ""
+def _template(kind: str, target: Target) -> bytes:
+    """A serialized PredictionLog with only the model_spec of request and response filled in.
+
+    Parsing it per element is cheaper than filling both model_specs field by field.
+    """
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    log = prediction_log_pb2.PredictionLog()
+    for spec in (getattr(log, kind).request.model_spec, getattr(log, kind).response.model_spec):
+        spec.name = target.model_name or ""
+        if target.version is not None:
+            spec.version.value = target.version
+        spec.signature_name = target.signature.name if target.signature else ""
+    return log.SerializeToString()
 
 
 def predict_logs(
@@ -32,12 +41,11 @@ def predict_logs(
     """One PredictionLog(predict_log=...) per element of a predict batch."""
     from tensorflow_serving.apis import prediction_log_pb2
 
+    template = _template("predict_log", target)
     logs = []
     for i in range(batch_size):
-        log = prediction_log_pb2.PredictionLog()
+        log = prediction_log_pb2.PredictionLog.FromString(template)
         request, response = log.predict_log.request, log.predict_log.response
-        _model_spec(request.model_spec, target)
-        _model_spec(response.model_spec, target)
         for key, arr in inputs.items():
             write_tensor_proto(arr[i : i + 1], request.inputs[key], f"input '{key}'")
         for key, arr in outputs.items():
@@ -52,12 +60,11 @@ def classify_logs(
     """One PredictionLog(classify_log=...) per example."""
     from tensorflow_serving.apis import prediction_log_pb2
 
+    template = _template("classify_log", target)
     logs = []
     for serialized, classes in zip(examples, results):
-        log = prediction_log_pb2.PredictionLog()
+        log = prediction_log_pb2.PredictionLog.FromString(template)
         request, response = log.classify_log.request, log.classify_log.response
-        _model_spec(request.model_spec, target)
-        _model_spec(response.model_spec, target)
         request.input.example_list.examples.add().ParseFromString(serialized)
         classifications = response.result.classifications.add()
         for label, score in classes:
@@ -70,12 +77,11 @@ def regress_logs(target: Target, examples: Sequence[bytes], results: Sequence[fl
     """One PredictionLog(regress_log=...) per example."""
     from tensorflow_serving.apis import prediction_log_pb2
 
+    template = _template("regress_log", target)
     logs = []
     for serialized, value in zip(examples, results):
-        log = prediction_log_pb2.PredictionLog()
+        log = prediction_log_pb2.PredictionLog.FromString(template)
         request, response = log.regress_log.request, log.regress_log.response
-        _model_spec(request.model_spec, target)
-        _model_spec(response.model_spec, target)
         request.input.example_list.examples.add().ParseFromString(serialized)
         response.result.regressions.add(value=value)
         logs.append(log)

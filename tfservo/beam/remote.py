@@ -107,7 +107,10 @@ class RemoteBundleModelHandler(ServingModelHandler):
     ) -> None:
         super().__init__(**options)
         self._endpoint, self._protocol = _parse_endpoint(endpoint, protocol)
-        named = self._selection.model_name or parse_custom_attributes(self._selection.custom_attributes).model_name
+        named = (
+            self._selection.model_name
+            or parse_custom_attributes(self._selection.custom_attributes).model_name
+        )
         if self._selection.content_type is None and not named:
             raise ValueError(
                 f"model_name= is required for {endpoint}: TF Serving's API has no way to list "
