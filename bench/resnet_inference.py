@@ -1,8 +1,10 @@
 """code/inference.py of the benchmark's ResNet-50 bundle: JPEGs in, the model's probabilities out.
 
-Request: {"instances": [{"b64": "<base64 JPEG>"}, ...]} (224×224 RGB). input_handler decodes the
-JPEGs and hands the pixels to TF Serving's predict as a JSON request (uint8 values, which the
-float32 signature takes as numbers); output_handler passes TF Serving's answer through.
+Requests: `application/json` {"instances": [{"b64": "<base64 JPEG>"}, ...]}, or one JPEG as
+`image/jpeg` / `application/x-image` (what `tfservo transform` sends for a folder of .jpg).
+input_handler decodes the JPEGs (224×224 RGB) and hands the pixels to TF Serving's predict as a
+JSON request (uint8 values, which the float32 signature takes as numbers); output_handler
+passes TF Serving's answer through.
 """
 
 import base64
@@ -14,10 +16,14 @@ import tensorflow as tf
 
 
 def input_handler(data, context):
-    if context.request_content_type != "application/json":
-        raise ValueError(f"send application/json, not {context.request_content_type}")
-    instances = json.loads(data.read())["instances"]
-    pixels = np.stack([tf.io.decode_jpeg(base64.b64decode(i["b64"]), channels=3).numpy() for i in instances])
+    kind = (context.request_content_type or "").split(";")[0].strip().lower()
+    if kind in ("image/jpeg", "application/x-image"):
+        jpegs = [data.read()]
+    elif kind == "application/json":
+        jpegs = [base64.b64decode(i["b64"]) for i in json.loads(data.read())["instances"]]
+    else:
+        raise ValueError(f"send application/json with b64 JPEGs, or image/jpeg; not {kind!r}")
+    pixels = np.stack([tf.io.decode_jpeg(j, channels=3).numpy() for j in jpegs])
     return orjson.dumps({"instances": pixels}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
