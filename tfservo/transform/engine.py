@@ -176,20 +176,7 @@ class _ObjectRun:
                 return
             engine.object_slots.acquire()
             self.holds_slot = True
-            content_type = job.content_type or guess_content_type(obj.rel, job.compression_type)
-            fmt = record_format(content_type)
-            if job.uses_data_processing and fmt is None:
-                raise JobError(
-                    f"--input-filter, --output-filter and --join-source need CSV or JSON records, "
-                    f"but {obj.url} has content type {content_type} (from its name); "
-                    "set --content-type text/csv or application/jsonlines"
-                )
-            if job.split_type == "None" and job.compression_type == "None" and (obj.size or 0) > job.max_payload_bytes:
-                raise RecordError(
-                    f"{obj.url} is {obj.size / 2**20:.3g} MB, over --max-payload {job.max_payload_mb:g} MB, and "
-                    "--split-type None sends each object whole; use --split-type Line/RecordIO/TFRecord "
-                    "or raise --max-payload"
-                )
+            content_type, fmt = object_format(job, obj)
             processing = engine.processing(fmt)
             caller = BatchCaller(engine.invoker, job, processing, content_type)
             try:
@@ -321,6 +308,26 @@ class _ObjectRun:
                 engine.object_slots.release()
             engine.progress.add(objects=1, failed=int(self.outcome.status == "failed"))
             self.finished.set()
+
+
+def object_format(job: TransformJob, obj: InputObject) -> tuple[str, str | None]:
+    """(content type, record format) of one object; JobError/RecordError when the job cannot
+    transform it (filters on a non-CSV/JSON object, a whole object over --max-payload)."""
+    content_type = job.content_type or guess_content_type(obj.rel, job.compression_type)
+    fmt = record_format(content_type)
+    if job.uses_data_processing and fmt is None:
+        raise JobError(
+            f"--input-filter, --output-filter and --join-source need CSV or JSON records, "
+            f"but {obj.url} has content type {content_type} (from its name); "
+            "set --content-type text/csv or application/jsonlines"
+        )
+    if job.split_type == "None" and job.compression_type == "None" and (obj.size or 0) > job.max_payload_bytes:
+        raise RecordError(
+            f"{obj.url} is {obj.size / 2**20:.3g} MB, over --max-payload {job.max_payload_mb:g} MB, and "
+            "--split-type None sends each object whole; use --split-type Line/RecordIO/TFRecord "
+            "or raise --max-payload"
+        )
+    return content_type, fmt
 
 
 def _items(records: Iterator[Record], processing: DataProcessing, split_type: str) -> Iterator[Item]:
