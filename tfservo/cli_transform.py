@@ -69,7 +69,16 @@ class _AnyCase(click.Choice):
               help="auto: a progress bar on a terminal, a log line every 10 s otherwise.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log level on stderr.")
-def transform(model, input_url, output_url, env_pairs, progress, log_level, **flags) -> None:
+@click.option("--runner", type=click.Choice(["local", "beam"]), default="local", show_default=True,
+              help="local: this machine's engine; beam: the same job as an Apache Beam pipeline (same .out files).")
+@click.option("--beam-runner", default=None, metavar="NAME",
+              help="Beam runner for --runner beam, e.g. DirectRunner, DataflowRunner, FlinkRunner, SparkRunner "
+              "[default: DirectRunner].")
+@click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
+              help="A Beam pipeline option for --runner beam (repeatable), e.g. direct_num_workers=2 or "
+              "project=my-project.")
+def transform(model, input_url, output_url, env_pairs, progress, log_level, runner, beam_runner, beam_options,
+              **flags) -> None:
     """Run a SageMaker-style batch transform of INPUT into OUTPUT on this machine.
 
     MODEL is any bundle `serve` accepts. INPUT and OUTPUT are local folders or fsspec URLs
@@ -88,8 +97,24 @@ def transform(model, input_url, output_url, env_pairs, progress, log_level, **fl
         job = TransformJob(model=model, input=input_url, output=output_url, env=parse_env(env_pairs), **flags).validated()
     except JobError as exc:
         raise click.UsageError(exc.message) from None
+    beam = None
+    if runner == "beam":
+        from tfservo.transform.beam_engine import BeamSettings
+
+        beam = BeamSettings(beam_runner or "DirectRunner", list(beam_options))
+        try:
+            beam.flags()
+        except JobError as exc:
+            raise click.UsageError(exc.message) from None
+    elif beam_runner or beam_options:
+        raise click.UsageError("--beam-runner and --beam-option need --runner beam")
     try:
-        summary = run_transform(job, progress=progress)
+        if beam is not None:
+            from tfservo.transform.beam_engine import run_beam_transform
+
+            summary = run_beam_transform(job, beam)
+        else:
+            summary = run_transform(job, progress=progress)
     except JobError as exc:
         raise click.UsageError(exc.message) from None
     except ServingError as exc:

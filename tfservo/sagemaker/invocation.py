@@ -142,8 +142,8 @@ class Invoker:
         out, out_type = handlers.call(io.BytesIO(body), context, self._tfs_call)
         return InvocationResult(200, out, out_type or "application/json")
 
-    def _tfs_call(self, request_body: bytes | str, context: Context):
-        """In-process TF Serving REST call for input_handler/output_handler flows."""
+    def _tfs_call(self, request_body: bytes | str | dict[str, Any], context: Context):
+        """In-process TF Serving REST call for input_handler/output_handler flows (a dict: arrays)."""
         version = int(context.model_version) if context.model_version else None
         data = request_body.encode() if isinstance(request_body, str) else request_body
         try:

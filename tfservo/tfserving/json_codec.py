@@ -257,9 +257,9 @@ def decode_predict_request(doc: Any, signature_of: Callable[[str], SignatureDef]
         )
     if has_instances:
         instances = doc["instances"]
-        if not isinstance(instances, list):
+        if not isinstance(instances, (list, np.ndarray)):  # arrays: from an input_handler, in-process
             raise _format_error(doc, "Excepting 'instances' to be an list/array")
-        if not instances:
+        if len(instances) == 0:
             raise _format_error(doc, "No values in 'instances' array; send at least one instance")
         return PredictRequest(signature_name, _decode_instances(instances, signature), True)
     if has_inputs:
@@ -332,6 +332,8 @@ def _decode_instances(instances: list[Any], signature: SignatureDef) -> dict[str
 def _rows_to_array(rows: list[Any], tf_dtype: str, name: str, *, keyed: bool) -> np.ndarray:
     """Batch the instances' values of one input into one array (first dimension = instance)."""
     dt = _dtype(tf_dtype, name)
+    if isinstance(rows, np.ndarray):
+        return _from_ndarray(rows, dt, name)
     shape = _dense_shape(rows, name)
     fast = _fast_array(rows, shape, dt)
     if fast is not None:
@@ -388,6 +390,8 @@ def _decode_inputs(value: Any, signature: SignatureDef) -> dict[str, np.ndarray]
 
 def _input_to_array(value: Any, tf_dtype: str, name: str) -> np.ndarray:
     dt = _dtype(tf_dtype, name)
+    if isinstance(value, np.ndarray):
+        return _from_ndarray(value, dt, name)
     try:
         shape = _dense_shape(value, name)
         fast = _fast_array(value, shape, dt)
@@ -525,6 +529,32 @@ def decode_b64(value: dict[str, Any]) -> bytes:
             f"Unable to base64 decode {render_value(value)} ({err}); use standard base64 "
             "(A-Z a-z 0-9 + /, '=' padding)"
         ) from None
+
+
+_ARRAY_KINDS = {"float": "fiu", "int": "iu", "bool": "b"}
+
+
+def _from_ndarray(arr: np.ndarray, dt: _DType, name: str) -> np.ndarray:
+    """A numpy array an input_handler passed in-process: cast as its JSON would be, same checks."""
+    kinds = _ARRAY_KINDS.get(dt.family, "")
+    if arr.dtype.kind not in kinds:
+        raise InvalidArgument(
+            f"Input {name} was given a numpy array of {arr.dtype}, which cannot be used as "
+            f"{dt.tf_name}; pass a numeric array, or the values as JSON lists"
+        )
+    if arr.size and dt.family in ("float", "int") and arr.dtype != dt.np_type:
+        # The JSON path refuses values the input's type cannot hold; so does this one.
+        if dt.family == "float":
+            limit = dt.exact_int if arr.dtype.kind in "iu" else dt.hi
+            lo, hi = -limit, limit
+        else:
+            lo, hi = dt.lo, dt.hi
+        finite = arr[np.isfinite(arr)] if arr.dtype.kind == "f" else arr
+        if finite.size and not (lo <= finite.min() and finite.max() <= hi):
+            raise InvalidArgument(
+                f"Input {name}: values from {finite.min()} to {finite.max()} do not fit {dt.tf_name}"
+            )
+    return arr.astype(dt.np_type, copy=False)
 
 
 def _from_flat(flat: list[Any], shape: list[int], dt: _DType) -> np.ndarray:

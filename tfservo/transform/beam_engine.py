@@ -1,0 +1,414 @@
+"""The transform job as an Apache Beam pipeline (`tfservo transform --runner beam`).
+
+The same pieces as the local engine, spread over Beam workers: each object not done yet is
+read, split and packed into requests (records.py), the requests are reshuffled across
+workers, each worker holds one loaded ModelService and runs every request through
+calls.BatchCaller (the /invocations path), and the answers are grouped back per object,
+put in order and written atomically (sinks.py). So the .out files are the local engine's,
+byte for byte. Each object's outcome is left in a hidden folder of OUTPUT for the driver,
+which writes the same failure report (state.py) and removes the folder.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tfservo.transform.calls import BatchCaller, BatchResult
+from tfservo.transform.engine import _failure_from, _items, list_job_inputs, object_format
+from tfservo.transform.job import JobError, TransformJob
+from tfservo.transform.joiner import DataProcessing
+from tfservo.transform.records import Item, iter_records, pack, where
+from tfservo.transform.sinks import OutputStore
+from tfservo.transform.sources import InputObject, OpenedInput
+from tfservo.transform.state import (
+    DeadLetter,
+    ObjectOutcome,
+    RecordFailure,
+    TransformSummary,
+    dead_letter_name,
+    pending_objects,
+    write_report,
+)
+
+log = logging.getLogger("tfservo.transform")
+
+RUNNERS = ("local", "beam")
+OUTCOMES_PREFIX = ".tfservo-beam-"  # OUTPUT/.tfservo-beam-<run id>/: one outcome per object, removed at the end
+METRICS = "tfservo.transform"
+
+
+# -- flags ------------------------------------------------------------------------------------
+
+
+def known_beam_runners() -> list[str]:
+    """Beam's runner class names (DirectRunner, DataflowRunner, FlinkRunner, ...)."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    return sorted({path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS})
+
+
+def beam_runner_name(name: str) -> str:
+    """The canonical spelling of a Beam runner name ('direct' → DirectRunner), or JobError listing them."""
+    known = known_beam_runners()
+    wanted = name.strip().lower()
+    for runner in known:
+        if wanted in (runner.lower(), runner.lower().removesuffix("runner")):
+            return runner
+    raise JobError(f"--beam-runner {name!r} is not a Beam runner; use one of {', '.join(known)}")
+
+
+def beam_pipeline_flags(runner: str, pairs: Iterable[str]) -> list[str]:
+    """--beam-option KEY=VALUE pairs (or bare KEY for a boolean option) → Beam's command-line
+    flags, checked against every option Beam knows; JobError names the one that is wrong."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    flags = [f"--runner={beam_runner_name(runner)}"]
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().lstrip("-")
+        if not key:
+            raise JobError(f"--beam-option {pair!r} is not KEY=VALUE (e.g. direct_num_workers=2)")
+        if key == "runner":
+            raise JobError(f"--beam-option {pair!r}: choose the runner with --beam-runner")
+        flags.append(f"--{key}={value}" if sep else f"--{key}")
+    options = PipelineOptions(flags)
+    known = options.get_all_options(retain_unknown_options=False)
+    every = options.get_all_options(retain_unknown_options=True)
+    unknown = sorted(set(every) - set(known))
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hints.append(f"{key}" + (f" (did you mean {close[0]}?)" if close else ""))
+        raise JobError(
+            f"--beam-option: Beam has no option {', '.join(hints)}; see "
+            "https://beam.apache.org/documentation/runners/capability-matrix/ and the runner's pipeline options"
+        )
+    return flags
+
+
+# -- elements ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of an object: its place in the object's order and the records it carries."""
+
+    seq: int
+    content_type: str
+    record_format: str | None
+    batch: list[Item]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one request added to its object's output."""
+
+    seq: int
+    result: BatchResult
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The end of one object's requests: how many there are and whether reading it failed."""
+
+    obj: InputObject
+    requests: int
+    read_complete: bool
+    read_failure: RecordFailure | None = None
+
+
+def split_object(obj: InputObject, job: TransformJob) -> Iterator[tuple[str, Request | Tail]]:
+    """(object name, request) for each request of `obj`, then its Tail; never raises for bad input."""
+    seq = 0
+    try:
+        content_type, fmt = object_format(job, obj)
+        processing = _processing(job, fmt)
+        opened = OpenedInput(obj, job.compression_type)
+        try:
+            items = _items(iter_records(opened.stream, job.split_type, obj.url), processing, job.split_type)
+            for batch in pack(
+                items,
+                split_type=job.split_type,
+                batch_strategy=job.batch_strategy,
+                max_bytes=job.max_payload_bytes,
+                name=obj.url,
+                limit_mb=job.max_payload_mb,
+            ):
+                yield obj.rel, Request(seq, content_type, fmt, batch)
+                seq += 1
+        finally:
+            opened.close()
+    except Exception as exc:
+        yield obj.rel, Tail(obj, seq, False, _failure_from(exc, obj))
+        return
+    yield obj.rel, Tail(obj, seq, True)
+
+
+def _processing(job: TransformJob, fmt: str | None) -> DataProcessing:
+    return DataProcessing(fmt, job.input_filter_path, job.output_filter_path, job.join_source == "Input")
+
+
+# -- one loaded model per worker process --------------------------------------------------------
+
+_services: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, Any]] = {}
+_services_lock = threading.Lock()
+
+
+def worker_service(job: TransformJob) -> Any:
+    """The job's ModelService in this process, loaded once (with --env applied, and a loopback
+    server when the bundle has handlers, as `transform` and `serve` do)."""
+    from tfservo.transform.run import apply_env, load_service
+
+    key = (job.model, tuple(sorted(job.env.items())))
+    with _services_lock:
+        if key not in _services:
+            apply_env(job.env)
+            started = time.monotonic()
+            service = load_service(job.model)
+            loopback = None
+            if service.invoker.has_handlers() and service.rest_base is None:
+                from tfservo.server.run import LoopbackServer
+
+                loopback = LoopbackServer(service).start()
+            log.info("loaded %s in %.1fs in worker process %d", job.model, time.monotonic() - started, os.getpid())
+            _services[key] = (service, loopback)
+        return _services[key][0]
+
+
+def release_services() -> None:
+    """Close the services this process loaded (the driver, after an in-process runner)."""
+    with _services_lock:
+        for service, loopback in _services.values():
+            if loopback is not None:
+                loopback.stop()
+            service.close()
+        _services.clear()
+
+
+# -- the pipeline's steps -------------------------------------------------------------------------
+
+
+def _dofns():
+    """The DoFns, defined when Beam is imported (only for --runner beam)."""
+    import apache_beam as beam
+    from apache_beam.metrics import Metrics
+
+    class CallModel(beam.DoFn):
+        """Runs each request through the worker's model; passes Tails through."""
+
+        def __init__(self, job: TransformJob) -> None:
+            self.job = job
+
+        def setup(self) -> None:
+            self.invoker = worker_service(self.job).invoker
+            self.requests = Metrics.counter(METRICS, "requests")
+            self.records = Metrics.counter(METRICS, "records")
+            self.latency = Metrics.distribution(METRICS, "request_latency_ms")
+
+        def process(self, element: tuple[str, Request | Tail]) -> Iterator[tuple[str, Answer | Tail]]:
+            rel, part = element
+            if isinstance(part, Tail):
+                yield rel, part
+                return
+            caller = BatchCaller(self.invoker, self.job, _processing(self.job, part.record_format), part.content_type)
+            started = time.monotonic()
+            try:
+                result = caller.run(part.batch)
+            except Exception as exc:  # a bug of ours: fail the object, keep the job going
+                log.exception("transforming %s failed", rel)
+                result = BatchResult(failure=RecordFailure(
+                    where(part.batch[0].record, self.job.split_type), f"internal error: {type(exc).__name__}: {exc}"
+                ))
+            self.latency.update(int((time.monotonic() - started) * 1000))
+            self.requests.inc()
+            self.records.inc(result.records)
+            yield rel, Answer(part.seq, result)
+
+    class WriteObject(beam.DoFn):
+        """Puts one object's answers in order, publishes its .out (or not) and records the outcome."""
+
+        def __init__(self, job: TransformJob, stale_dead_letters: set[str], outcomes: str) -> None:
+            self.job = job
+            self.stale = stale_dead_letters
+            self.outcomes = outcomes
+
+        def setup(self) -> None:
+            self.store = OutputStore(self.job.output)
+            self.done = Metrics.counter(METRICS, "objects_done")
+            self.failed = Metrics.counter(METRICS, "objects_failed")
+
+        def process(self, element: tuple[str, Iterable[Answer | Tail]]) -> Iterator[str]:
+            rel, parts = element[0], list(element[1])
+            tails = [p for p in parts if isinstance(p, Tail)]
+            answers = sorted((p for p in parts if isinstance(p, Answer)), key=lambda a: a.seq)
+            if len(tails) != 1 or len(answers) != tails[0].requests:
+                raise RuntimeError(f"{rel}: expected one tail and {tails[0].requests if tails else '?'} answers, "
+                                   f"got {len(tails)} tails and {len(answers)} answers")
+            outcome = self._write(tails[0], answers)
+            (self.done if outcome.status == "done" else self.failed).inc()
+            self.store.put(_outcome_name(self.outcomes, rel), _outcome_json(outcome))
+            yield rel
+
+        def _write(self, tail: Tail, answers: list[Answer]) -> ObjectOutcome:
+            obj, store = tail.obj, self.store
+            failure, records, dead = None, 0, []
+            for answer in answers:
+                if answer.result.failure is not None:
+                    failure = answer.result.failure
+                    break
+                records += answer.result.records
+                dead.extend(answer.result.dead)
+            # a record that failed before reading stopped is the first reason, else the reader's
+            failure = failure or tail.read_failure
+            if failure is not None:
+                return ObjectOutcome(obj, "failed", records, failure)
+            writer = None
+            try:
+                writer = store.writer(obj.out_name)
+                for answer in answers:
+                    for piece in answer.result.pieces:
+                        writer.write(piece)
+                name = dead_letter_name(obj)
+                if dead:
+                    store.put(name, b"".join(d.to_json(obj) for d in dead))
+                elif name in self.stale:
+                    store.remove(name)
+                writer.commit()
+            except Exception as exc:
+                if writer is not None:
+                    try:
+                        writer.abort()
+                    except Exception:
+                        pass
+                error = f"could not write {store.display(obj.out_name)}: {type(exc).__name__}: {exc}"
+                return ObjectOutcome(obj, "failed", records, RecordFailure("the object", error))
+            return ObjectOutcome(obj, "done", records, None, len(dead))
+
+    return CallModel, WriteObject
+
+
+def _outcome_name(folder: str, rel: str) -> str:
+    return f"{folder}/{hashlib.sha1(rel.encode()).hexdigest()}.json"
+
+
+def _outcome_json(outcome: ObjectOutcome) -> bytes:
+    failure = outcome.failure
+    return orjson.dumps({
+        "object": outcome.obj.rel,
+        "status": outcome.status,
+        "records": outcome.records,
+        "dead_letters": outcome.dead_letters,
+        "failure": None if failure is None else {"where": failure.where, "error": failure.error, "record": failure.record},
+    })
+
+
+def _read_outcome(store: OutputStore, folder: str, obj: InputObject) -> ObjectOutcome:
+    name = _outcome_name(folder, obj.rel)
+    try:
+        with store.fs.open(store.path(name), "rb") as f:
+            doc = orjson.loads(f.read())
+    except FileNotFoundError:
+        return ObjectOutcome(obj, "failed", 0, RecordFailure("the object", "the pipeline finished without writing it"))
+    failure = doc["failure"]
+    return ObjectOutcome(
+        obj, doc["status"], doc["records"], RecordFailure(**failure) if failure else None, doc["dead_letters"]
+    )
+
+
+# -- the driver -------------------------------------------------------------------------------------
+
+
+@dataclass
+class BeamSettings:
+    """--beam-runner and --beam-option, as Beam pipeline flags."""
+
+    runner: str = "DirectRunner"
+    options: list[str] = field(default_factory=list)
+
+    def flags(self) -> list[str]:
+        return beam_pipeline_flags(self.runner, self.options)
+
+
+def run_beam_transform(job: TransformJob, beam_settings: BeamSettings | None = None) -> TransformSummary:
+    """Run `job` as a Beam pipeline and wait for it; the same outputs, report and summary as
+    the local engine's run_transform."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    started = time.monotonic()
+    job = job.validated()
+    flags = (beam_settings or BeamSettings()).flags()
+    if not log.isEnabledFor(logging.DEBUG):  # Beam's INFO lines drown the job's own (--log-level debug shows them)
+        logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    objects = list_job_inputs(job)
+    store = OutputStore(job.output)
+    try:
+        existing = store.existing()
+    except OSError as exc:
+        raise JobError(f"cannot list OUTPUT {job.output}: {type(exc).__name__}: {exc}") from None
+    todo, done = pending_objects(objects, existing, job.overwrite)
+    cleaned = store.clean_partials()
+    if cleaned:
+        log.info("removed %d partial outputs left by an interrupted run", cleaned)
+    if done:
+        log.info(
+            "resuming: %d of %d objects already have their .out in %s and are skipped "
+            "(--overwrite redoes them)", len(done), len(objects), job.output,
+        )
+    summary = TransformSummary(objects=len(objects), skipped=len(done))
+    if todo:
+        folder = f"{OUTCOMES_PREFIX}{uuid.uuid4().hex[:12]}"
+        stale = {dead_letter_name(o) for o in todo} & existing
+        CallModel, WriteObject = _dofns()
+        log.info("running %d objects on Beam (%s)", len(todo), " ".join(flags))
+        try:
+            with beam.Pipeline(options=PipelineOptions(flags)) as pipeline:
+                _ = (
+                    pipeline
+                    | "objects" >> beam.Create(todo, reshuffle=False)
+                    | "split" >> beam.FlatMap(split_object, job)
+                    | "spread requests" >> beam.Reshuffle()
+                    | "call model" >> beam.ParDo(CallModel(job))
+                    | "per object" >> beam.GroupByKey()
+                    | "write" >> beam.ParDo(WriteObject(job, stale, folder))
+                )
+            outcomes = [_read_outcome(store, folder, obj) for obj in todo]
+        finally:
+            release_services()
+            _remove_folder(store, folder)
+        for outcome in outcomes:
+            if outcome.status == "done":
+                summary.done += 1
+                summary.records += outcome.records
+                if outcome.dead_letters:
+                    summary.dead_lettered.append(outcome)
+            else:
+                summary.failed.append(outcome)
+    summary.seconds = time.monotonic() - started
+    summary.report = write_report(store, job, summary)
+    return summary
+
+
+def _remove_folder(store: OutputStore, folder: str) -> None:
+    path = store.path(folder)
+    try:
+        if store.local:
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            store.fs.rm(path, recursive=True)
+    except (FileNotFoundError, OSError) as exc:
+        log.warning("could not remove %s: %s", store.display(folder), exc)
