@@ -5,7 +5,7 @@ tfservo's runtime uses) and `tf.saved_model.load(...).signatures["serving_defaul
 documented TF2 path). Also the batch-1 latency (the concurrency-1 reference) and each
 workload's reference answer, which every server's answer is checked against.
 
-Usage: python bench/ceiling.py WORKDIR OUT.json [--quick]
+Usage: python bench/ceiling.py WORKDIR OUT.json [--quick] [--model=mlp|resnet]...
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def measure(call: Callable[[np.ndarray], np.ndarray], make: Callable[[int], np.n
     }
 
 
-def main(workdir: str, out: str, quick: bool = False) -> dict:
+def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = None) -> dict:
     from tfservo.logs import quiet_tensorflow
 
     quiet_tensorflow()
@@ -81,6 +81,9 @@ def main(workdir: str, out: str, quick: bool = False) -> dict:
         "resnet": (work / "models/resnet50/1", "images", "probabilities", lambda b: np.repeat(pixels[None], b, 0)),
     }
     results: dict = {}
+    if only:  # re-measure some models, keep the others' figures from the last run
+        results = json.loads(Path(out).read_text()) if Path(out).exists() else {}
+        specs = {m: spec for m, spec in specs.items() if m in only}
     for model, (path, inp, outp, make) in specs.items():
         session_model = load_saved_model(str(path))
         loaded = tf.saved_model.load(str(path))
@@ -117,4 +120,5 @@ def main(workdir: str, out: str, quick: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], quick="--quick" in sys.argv)
+    models = [a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--model=")]
+    main(sys.argv[1], sys.argv[2], quick="--quick" in sys.argv, only=models or None)
