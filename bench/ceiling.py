@@ -62,6 +62,15 @@ def measure(call: Callable[[np.ndarray], np.ndarray], make: Callable[[int], np.n
     }
 
 
+def keep_best(old: dict, new: dict) -> dict:
+    """The higher of two ceiling measurements (a ceiling measured while other work ran is low);
+    the other is kept under "other_measurement"."""
+    best, other = (old, new) if old["ceiling_rows_per_s"] >= new["ceiling_rows_per_s"] else (new, old)
+    best = {k: v for k, v in best.items() if k != "other_measurement"}
+    best["other_measurement"] = {k: other[k] for k in ("ceiling_rows_per_s", "ceiling_batch", "batch1_p50_ms")}
+    return best
+
+
 def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = None) -> dict:
     from tfservo.logs import quiet_tensorflow
 
@@ -81,8 +90,10 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
         "resnet": (work / "models/resnet50/1", "images", "probabilities", lambda b: np.repeat(pixels[None], b, 0)),
     }
     results: dict = {}
+    previous: dict = {}
     if only:  # re-measure some models, keep the others' figures from the last run
-        results = json.loads(Path(out).read_text()) if Path(out).exists() else {}
+        previous = json.loads(Path(out).read_text()) if Path(out).exists() else {}
+        results = dict(previous)
         specs = {m: spec for m, spec in specs.items() if m in only}
     for model, (path, inp, outp, make) in specs.items():
         session_model = load_saved_model(str(path))
@@ -112,6 +123,8 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
             f"{results[model]['batch1_p50_ms']:.3f} ms ({fastest_single})",
             flush=True,
         )
+        if model in previous:
+            results[model] = keep_best(previous[model], results[model])
         session_model.close()
         del loaded, signature
     Path(out).parent.mkdir(parents=True, exist_ok=True)
