@@ -161,7 +161,7 @@ def main(workdir: Path, results: Path, quick: bool) -> dict:
             "Steady images/s = (N − 1) / (T_N − T_1): the end-to-end time of N images minus that of one "
             "image (process start, model load, pipeline set-up). Both end-to-end ways send each JPEG "
             "through code/inference.py, which decodes it and hands the pixels to TF Serving's predict "
-            "as JSON (bench/transform_bench.py; machine as above).",
+            "as a numpy array, in-process (bench/transform_bench.py; machine as above).",
         ],
     }
     (results / "transform.json").write_text(json.dumps(doc, indent=1))
