@@ -447,13 +447,7 @@ def run_beam_transform(job: TransformJob, beam_settings: BeamSettings | None = N
             release_services()
             _remove_folder(store, folder)
         for outcome in outcomes:
-            if outcome.status == "done":
-                summary.done += 1
-                summary.records += outcome.records
-                if outcome.dead_letters:
-                    summary.dead_lettered.append(outcome)
-            else:
-                summary.failed.append(outcome)
+            summary.add(outcome)
     summary.seconds = time.monotonic() - started
     summary.report = write_report(store, job, summary)
     return summary

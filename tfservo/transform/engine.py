@@ -94,13 +94,7 @@ class TransformEngine:
             progress.close()
         summary = TransformSummary(objects=len(objects), skipped=len(done))
         for outcome in outcomes:
-            if outcome.status == "done":
-                summary.done += 1
-                summary.records += outcome.records
-                if outcome.dead_letters:
-                    summary.dead_lettered.append(outcome)
-            else:
-                summary.failed.append(outcome)
+            summary.add(outcome)
         summary.seconds = time.monotonic() - started
         summary.report = write_report(store, job, summary)
         return summary

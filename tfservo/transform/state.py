@@ -79,6 +79,16 @@ class TransformSummary:
     def ok(self) -> bool:
         return not self.failed
 
+    def add(self, outcome: ObjectOutcome) -> None:
+        """Count one object's outcome (both engines report through here)."""
+        if outcome.status == "done":
+            self.done += 1
+            self.records += outcome.records
+            if outcome.dead_letters:
+                self.dead_lettered.append(outcome)
+        else:
+            self.failed.append(outcome)
+
     def line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
         dead = sum(o.dead_letters for o in self.dead_lettered)
