@@ -346,3 +346,57 @@ def test_options_from_bad_parameters_file(tmp_path: Path, text: str, problem: st
     assert str(path) in str(info.value)
     with pytest.raises(ValueError, match="cannot read"):
         BatchingOptions.from_parameters_file(tmp_path / "missing.config")
+
+
+def test_submit_hands_each_caller_its_rows_through_its_callback(model: FakeModel) -> None:
+    batcher = make(model, batch_timeout_micros=50_000)
+    results: dict[int, tuple[dict[str, np.ndarray] | None, BaseException | None]] = {}
+    done = threading.Semaphore(0)
+
+    def callback_for(i: int):
+        def callback(outputs, error) -> None:
+            results[i] = (outputs, error)
+            done.release()
+
+        return callback
+
+    inputs = {i: np.full((1 + i % 2, 2), i, dtype=np.float32) for i in range(6)}
+    try:
+        for i, x in inputs.items():
+            assert batcher.submit("serving_default", {"x": x}, None, callback_for(i)) is True
+        for _ in inputs:
+            assert done.acquire(timeout=5)
+        # Oversize calls and scalars are not taken without blocking: nothing is queued for them.
+        assert batcher.submit("serving_default", {"x": np.ones((9, 2), np.float32)}, None, callback_for(99)) is False
+        assert batcher.submit("serving_default", {"x": np.float32(1)}, None, callback_for(98)) is False
+    finally:
+        batcher.close()
+    for i, x in inputs.items():
+        outputs, error = results[i]
+        assert error is None
+        np.testing.assert_array_equal(outputs["y"], x * 2 + 1)
+    assert sum(model.batch_sizes) == sum(len(x) for x in inputs.values())
+    assert len(model.calls) < len(inputs), "submitted calls were not merged"
+
+
+def test_submit_reports_model_errors_and_refuses_when_full(model: FakeModel) -> None:
+    model.error = ValueError("boom")
+    model.gate = threading.Event()
+    batcher = make(model, max_batch_size=1, batch_timeout_micros=0, num_batch_threads=1, max_enqueued_batches=1)
+    errors: list[BaseException | None] = []
+    x = np.ones((1, 2), dtype=np.float32)
+    try:
+        assert batcher.submit("serving_default", {"x": x}, None, lambda o, e: errors.append(e))
+        assert model.entered.wait(5)
+        assert batcher.submit("serving_default", {"x": x}, None, lambda o, e: errors.append(e))
+        with pytest.raises(ResourceExhausted, match="batch queue full"):
+            batcher.submit("serving_default", {"x": x}, None, lambda o, e: errors.append(e))
+        model.gate.set()
+        deadline = time.monotonic() + 5
+        while len(errors) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+    finally:
+        model.gate.set()
+        batcher.close()
+    assert [str(e) for e in errors] == ["boom", "boom"]

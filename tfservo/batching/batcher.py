@@ -29,24 +29,32 @@ log = logging.getLogger("tfservo.batching")
 
 Runner = Callable[[str, dict[str, np.ndarray], Sequence[str] | None], dict[str, np.ndarray]]
 BatchHook = Callable[[int, int, float], None]
+# Called once, on a batch thread, with a submitted call's outputs or its error.
+Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
 
 
 class _Task:
     """One caller's rows (a chunk of them when the call was split), and where its result goes."""
 
-    __slots__ = ("inputs", "size", "done", "outputs", "error")
+    __slots__ = ("inputs", "size", "done", "outputs", "error", "callback")
 
-    def __init__(self, inputs: dict[str, np.ndarray], size: int) -> None:
+    def __init__(self, inputs: dict[str, np.ndarray], size: int, callback: Callback | None = None) -> None:
         self.inputs = inputs
         self.size = size
         self.done = threading.Event()
         self.outputs: dict[str, np.ndarray] | None = None
         self.error: BaseException | None = None
+        self.callback = callback
 
     def finish(self, outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
         if not self.done.is_set():
             self.outputs, self.error = outputs, error
             self.done.set()
+            if self.callback is not None:
+                try:
+                    self.callback(outputs, _clone(error) if error is not None else None)
+                except Exception:
+                    log.exception("result callback failed")
 
 
 class _Queue:
@@ -193,24 +201,11 @@ class Batcher:
         output_keys: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run `inputs` as part of a batch and return this call's rows of every output."""
-        arrays = {k: np.asarray(v) for k, v in inputs.items()}
-        if not arrays or any(a.ndim == 0 for a in arrays.values()):
+        arrays, size = self._batch_rows(signature_name, inputs)
+        if not size:
             return self._runner(signature_name, arrays, output_keys)
-        sizes = {k: a.shape[0] for k, a in arrays.items()}
-        size = next(iter(sizes.values()))
-        if any(n != size for n in sizes.values()):
-            listed = ", ".join(f"{k}: {n}" for k, n in sizes.items())
-            raise InvalidArgument(
-                f"inputs of signature '{signature_name}' of model {self._name} have different "
-                f"batch sizes (dimension 0: {listed}); send the same number of rows for every input"
-            )
-        if size == 0:
-            return self._runner(signature_name, arrays, output_keys)
-
         outs = tuple(output_keys) if output_keys is not None else None
-        key = (self, signature_name, outs) + tuple(
-            (k, _dtype_key(a.dtype), a.shape[1:]) for k, a in sorted(arrays.items())
-        )
+        key = self._queue_key(signature_name, outs, arrays)
         if size <= self._max:
             tasks = [_Task(arrays, size)]
         else:
@@ -233,6 +228,50 @@ class Batcher:
         return {k: np.concatenate([r[k] for r in results], axis=0) for k in results[0]}  # type: ignore[index]
 
     run = __call__
+
+    def submit(
+        self,
+        signature_name: str,
+        inputs: dict[str, np.ndarray],
+        output_keys: Sequence[str] | None,
+        callback: Callback,
+    ) -> bool:
+        """Queue `inputs` without waiting; `callback` gets this call's rows from a batch thread.
+
+        For callers that must not block (the event loop). False, with nothing queued, when the
+        call needs the blocking path (more rows than max_batch_size, no batch dimension): use
+        `run` then. A full queue raises ResourceExhausted here, as `run` does.
+        """
+        arrays, size = self._batch_rows(signature_name, inputs)
+        if not size or size > self._max:
+            return False
+        outs = tuple(output_keys) if output_keys is not None else None
+        self._enqueue(self._queue_key(signature_name, outs, arrays), signature_name, outs,
+                      _Task(arrays, size, callback), block=False)
+        return True
+
+    def _batch_rows(self, signature_name: str, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """The inputs as arrays and their common batch size (0: scalars or no rows, not batched)."""
+        arrays = {k: np.asarray(v) for k, v in inputs.items()}
+        if not arrays or any(a.ndim == 0 for a in arrays.values()):
+            return arrays, 0
+        sizes = {k: a.shape[0] for k, a in arrays.items()}
+        size = next(iter(sizes.values()))
+        if any(n != size for n in sizes.values()):
+            listed = ", ".join(f"{k}: {n}" for k, n in sizes.items())
+            raise InvalidArgument(
+                f"inputs of signature '{signature_name}' of model {self._name} have different "
+                f"batch sizes (dimension 0: {listed}); send the same number of rows for every input"
+            )
+        return arrays, size
+
+    def _queue_key(
+        self, signature_name: str, outs: tuple[str, ...] | None, arrays: dict[str, np.ndarray]
+    ) -> tuple[Any, ...]:
+        """Calls with equal keys may share a batch: same signature, outputs and input layout."""
+        return (self, signature_name, outs) + tuple(
+            (k, _dtype_key(a.dtype), a.shape[1:]) for k, a in sorted(arrays.items())
+        )
 
     def close(self) -> None:
         """Fail this batcher's queued calls with Unavailable and stop taking new ones."""

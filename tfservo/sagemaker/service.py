@@ -70,6 +70,11 @@ class ModelService:
             grpc_port=lambda: self.grpc_port,
         )
 
+    @property
+    def batches(self) -> bool:
+        """Whether model calls go through batchers (and so may wait for their batch)."""
+        return self.options.runner_factory is not None
+
     # -- building ----------------------------------------------------------------------------
 
     def add_bundle(self, path_or_url: str) -> Bundle:

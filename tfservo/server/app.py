@@ -1,14 +1,14 @@
-"""HTTP routes: SageMaker's /ping and /invocations and TF Serving's REST API on one port.
+"""The HTTP app: SageMaker's /ping and /invocations and TF Serving's REST API on one port.
 
-The app only maps HTTP to the service: it parses paths and headers, runs the call in a
-worker thread and turns ServingErrors into {"error": ...} with TF Serving's status codes.
+The app only maps HTTP to the service. Inference routes (hot_routes) are plain ASGI handlers
+that `ServingApp` calls directly; the rest goes through a small Starlette app. ServingErrors
+become {"error": ...} with TF Serving's status codes, never an HTML page.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
@@ -16,22 +16,21 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
-from tfservo.errors import InvalidArgument, ServingError
-from tfservo.sagemaker.invocation import InvocationResult, error_result
+from tfservo.errors import ServingError
+from tfservo.sagemaker.invocation import error_result
 from tfservo.sagemaker.service import ModelService
+from tfservo.server.call_placement import CallPlacement
+from tfservo.server.hot_routes import JSON, TFS_PATH, HotRoutes, Receive, Scope, Send, parse_version
+from tfservo.tfserving.api import METHODS
+
+if TYPE_CHECKING:
+    from tfservo.sagemaker.multi_model import MultiModelEndpoint
 
 log = logging.getLogger("tfservo.http")
 
-JSON = "application/json"
-CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
-
-_TFS_PATH = re.compile(
-    r"^/v1/models/(?P<name>[^/:]+)"
-    r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-    r"(?::(?P<method>[^/:]+)|/(?P<meta>metadata))?/?$"
-)
+_THREADS = 64  # model calls in flight at once per pool (calls, invocations)
 
 
 def json_response(doc: object, status: int = 200) -> Response:
@@ -39,54 +38,75 @@ def json_response(doc: object, status: int = 200) -> Response:
 
 
 def error_response(exc: ServingError) -> Response:
-    return _result_response(error_result(exc))
-
-
-def _result_response(result: InvocationResult) -> Response:
+    result = error_result(exc)
     return Response(result.body, status_code=result.status, media_type=result.content_type)
 
 
-class PayloadTooLarge(ServingError):
-    http_status = 413
+class ServingApp:
+    """The ASGI app of one service: POSTs to inference routes go straight to their handler."""
+
+    def __init__(self, hot: HotRoutes, starlette: Starlette) -> None:
+        self.hot = hot
+        self.starlette = starlette
+        self.routes: list[BaseRoute] = starlette.routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self.hot.route(scope)
+            if handler is not None:
+                try:
+                    await handler(scope, receive, send)
+                except Exception as exc:  # noqa: BLE001 - answered as Starlette's handler would
+                    log.exception("unhandled error on POST %s", scope["path"])
+                    await _internal_error(exc)(scope, receive, send)
+                return
+        await self.starlette(scope, receive, send)
+
+    def close(self) -> None:
+        self.hot.calls.close()
+        self.hot.invocations.close()
 
 
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The request body, refusing (413) anything over the limit before reading it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise InvalidArgument(f"Content-Length {declared!r} is not a number")
-        if int(declared) > limit_bytes:
-            raise PayloadTooLarge(_too_large(int(declared), limit_bytes))
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise PayloadTooLarge(_too_large(size, limit_bytes))
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _internal_error(exc: Exception) -> Response:
+    return json_response({"error": f"Internal error: {type(exc).__name__}: {exc}"}, 500)
 
 
-def _too_large(size: int, limit: int) -> str:
-    return (
-        f"Request body of {size} bytes is over the limit of {limit} bytes "
-        f"({limit / 2**20:g} MB); send less or start the server with a larger --max-request-mb"
-    )
+class _AsgiEndpoint:
+    """A hot route as a Starlette endpoint (Starlette wraps plain functions as request handlers)."""
+
+    def __init__(self, hot: HotRoutes) -> None:
+        self.hot = hot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self.hot.route(scope)
+        assert handler is not None  # Starlette matched the same path
+        await handler(scope, receive, send)
 
 
 def build_app(
     service: ModelService,
     *,
     max_request_bytes: int = 100 * 2**20,
-    extra_routes: list[Route] | None = None,
+    multi_model: MultiModelEndpoint | None = None,
     execution_parameters: dict[str, object] | None = None,
-) -> Starlette:
-    """The ASGI app serving `service`."""
-    limiter = anyio.CapacityLimiter(64)  # model calls
-    invoke_limiter = anyio.CapacityLimiter(64)  # handler calls may re-enter the REST API
+) -> ServingApp:
+    """The ASGI app serving `service`.
 
-    async def in_thread(fn: Callable[[], object], lim: anyio.CapacityLimiter = limiter):
-        return await anyio.to_thread.run_sync(fn, limiter=lim)
+    Without batching, quick and small model calls run on the event loop (call_placement); with
+    it, small predicts are queued from the loop and answered from the batch thread.
+    """
+    batched = service.batches
+    hot = HotRoutes(
+        service,
+        max_request_bytes=max_request_bytes,
+        calls=CallPlacement(_THREADS, "tfservo-call", inline=not batched),
+        invocations=CallPlacement(_THREADS, "tfservo-invoke", inline=not batched),
+        is_loaded=multi_model.is_loaded if multi_model is not None else None,
+        batched=batched,
+    )
+
+    async def in_thread(fn: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn)
 
     async def ping(request: Request) -> Response:
         missing = service.unavailable_models()
@@ -97,35 +117,15 @@ def build_app(
             {"error": f"no AVAILABLE version of model(s) {names}; GET /v1/models/NAME shows why"}, 503
         )
 
-    async def invocations(request: Request) -> Response:
-        return await _invoke(request, request.path_params.get("name"))
-
-    async def _invoke(request: Request, model_name: str | None) -> Response:
-        try:
-            body = await read_body(request, max_request_bytes)
-        except ServingError as exc:
-            return error_response(exc)
-        headers = request.headers
-        result = await in_thread(
-            lambda: service.invoker.invoke(
-                body,
-                headers.get("content-type"),
-                headers.get("accept"),
-                headers.get(CUSTOM_ATTRIBUTES),
-                model_name,
-            ),
-            invoke_limiter,
-        )
-        return _result_response(result)
-
     async def tfs_rest(request: Request) -> Response:
-        match = _TFS_PATH.match(request.url.path)
+        """TF Serving's GETs (status, metadata), and the answers to malformed REST requests."""
+        match = TFS_PATH.match(request.url.path)
         if not match:
             return json_response({"error": f"Malformed request: {request.method} {request.url.path}"}, 404)
         name, version_s, label = match["name"], match["version"], match["label"]
         method, meta = match["method"], match["meta"]
         try:
-            version = _parse_version(version_s)
+            version = parse_version(version_s)
             if request.method == "GET":
                 if method:
                     raise _MethodNotAllowed(f"Use POST for :{method}")
@@ -134,18 +134,14 @@ def build_app(
                 else:
                     doc = await in_thread(lambda: service.api.status(name, version, label))
                 return json_response(doc)
-            if request.method != "POST" or not method:
-                raise _MethodNotAllowed(
-                    "Use GET /v1/models/{name}[/metadata] or POST /v1/models/{name}:{predict|classify|regress}"
-                )
-            if method not in ("predict", "classify", "regress"):
+            if method and method not in METHODS:
                 return json_response(
                     {"error": f"Malformed request: unknown method :{method}; use :predict, :classify or :regress"},
                     404,
                 )
-            body = await read_body(request, max_request_bytes)
-            out = await in_thread(lambda: service.api.rest(method, name, version, label, body))
-            return Response(out, media_type=JSON)
+            raise _MethodNotAllowed(
+                "Use GET /v1/models/{name}[/metadata] or POST /v1/models/{name}:{predict|classify|regress}"
+            )
         except ServingError as exc:
             return error_response(exc)
 
@@ -163,28 +159,25 @@ def build_app(
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return json_response({"error": f"Internal error: {type(exc).__name__}: {exc}"}, 500)
+        return _internal_error(exc)
 
-    routes = [
+    endpoint = _AsgiEndpoint(hot)
+    routes: list[BaseRoute] = [
         Route("/ping", ping, methods=["GET"]),
-        Route("/invocations", invocations, methods=["POST"]),
+        Route("/invocations", endpoint, methods=["POST"]),
         Route("/execution-parameters", exec_params, methods=["GET"]),
         Route("/v1/models/{rest:path}", tfs_rest, methods=["GET", "POST"]),
-        *(extra_routes or []),
     ]
-    return Starlette(
+    if multi_model is not None:
+        from tfservo.server.multi_model import multi_model_routes
+
+        routes += multi_model_routes(multi_model, invoke=endpoint)
+    starlette = Starlette(
         routes=routes,
         exception_handlers={HTTPException: not_found, Exception: server_error},
     )
+    return ServingApp(hot, starlette)
 
 
 class _MethodNotAllowed(ServingError):
     http_status = 405
-
-
-def _parse_version(text: str | None) -> int | None:
-    if text is None:
-        return None
-    if not text.isdigit():
-        raise InvalidArgument(f"Model version must be a number, got {text!r}")
-    return int(text)

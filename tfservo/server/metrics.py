@@ -248,7 +248,12 @@ class _HttpMetrics:
                 labels.route, labels.method = f"/v1/models/{{name}}{pick}:{method}", method
             self._known_model(labels, match["name"])
             return
-        route = self._template(scope) if scope.get("endpoint") is not None else None
+        if path == "/invocations":
+            route: str | None = path
+        elif path.startswith("/models/") and path.rstrip("/").endswith("/invoke") and "path_params" in scope:
+            route = "/models/{name}/invoke"  # the hot route answered it, before Starlette's routing
+        else:
+            route = self._template(scope) if scope.get("endpoint") is not None else None
         labels.route = route or "unmatched"
         if route == "/invocations" or (route or "").endswith("/invoke"):
             self._invocation_labels(scope, labels)

@@ -1,6 +1,6 @@
 """HTTP routes of SageMaker's multi-model API: /models and /models/{name}/invoke.
 
-Passed to `build_app(extra_routes=...)` when serving with --multi-model. Loading and the
+Added by `build_app(multi_model=...)` when serving with --multi-model. Loading and the
 model-root confinement live in tfservo.sagemaker.multi_model; invocations go through the
 service's one Invoker with the model name from the path.
 """
@@ -12,22 +12,22 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tfservo.errors import NotFound, ServingError
+from tfservo.errors import ServingError
 from tfservo.sagemaker.multi_model import MultiModelEndpoint, parse_load_request
-from tfservo.server.app import CUSTOM_ATTRIBUTES, error_response, json_response, read_body
+from tfservo.server.app import error_response, json_response
+from tfservo.server.hot_routes import read_body
+from tfservo.server.metrics import ASGIApp
 
 _LOAD_BODY_LIMIT = 1 << 20  # a load request is a small JSON document
 
 
-def multi_model_routes(endpoint: MultiModelEndpoint, *, max_request_bytes: int) -> list[Route]:
-    """The /models routes for `endpoint` (its service answers the invocations)."""
-    service = endpoint.service
+def multi_model_routes(endpoint: MultiModelEndpoint, *, invoke: ASGIApp) -> list[Route]:
+    """The /models routes for `endpoint`; `invoke` is the hot route answering /models/{name}/invoke."""
     loads = anyio.CapacityLimiter(2)  # TF loads are CPU- and memory-heavy
-    invokes = anyio.CapacityLimiter(64)
 
     async def load(request: Request) -> Response:
         try:
-            name, url = parse_load_request(await read_body(request, _LOAD_BODY_LIMIT))
+            name, url = parse_load_request(await read_body(request.scope, request.receive, _LOAD_BODY_LIMIT))
             doc = await anyio.to_thread.run_sync(lambda: endpoint.load(name, url), limiter=loads)
         except ServingError as exc:
             return error_response(exc)
@@ -50,27 +50,6 @@ def multi_model_routes(endpoint: MultiModelEndpoint, *, max_request_bytes: int) 
         except ServingError as exc:
             return error_response(exc)
         return json_response(doc)
-
-    async def invoke(request: Request) -> Response:
-        name = request.path_params["name"]
-        if not endpoint.is_loaded(name):
-            return error_response(NotFound(f"Model {name} is not loaded yet."))
-        try:
-            body = await read_body(request, max_request_bytes)
-        except ServingError as exc:
-            return error_response(exc)
-        headers = request.headers
-        result = await anyio.to_thread.run_sync(
-            lambda: service.invoker.invoke(
-                body,
-                headers.get("content-type"),
-                headers.get("accept"),
-                headers.get(CUSTOM_ATTRIBUTES),
-                name,
-            ),
-            limiter=invokes,
-        )
-        return Response(result.body, status_code=result.status, media_type=result.content_type)
 
     return [
         Route("/models", load, methods=["POST"]),

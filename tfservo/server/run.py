@@ -68,18 +68,16 @@ def start_worker(
     gc.freeze()
     local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     service.rest_base = f"http://{local_host}:{port}"
-    extra_routes = []
+    multi_model = None
     if settings.multi_model:
         from tfservo.sagemaker.multi_model import MultiModelEndpoint
-        from tfservo.server.multi_model import multi_model_routes
 
-        endpoint = MultiModelEndpoint(service, settings.model_root)
-        extra_routes = multi_model_routes(endpoint, max_request_bytes=settings.max_request_bytes)
+        multi_model = MultiModelEndpoint(service, settings.model_root)
     app = build_app(
         service,
         max_request_bytes=settings.max_request_bytes,
         execution_parameters=settings.execution_parameters,
-        extra_routes=extra_routes,
+        multi_model=multi_model,
     )
     routes = app.routes
     if drain is not None:

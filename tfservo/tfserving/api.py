@@ -6,7 +6,7 @@ callers) and REST level (JSON bytes in, JSON bytes out, used by HTTP and /invoca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -122,12 +122,7 @@ class TFServingAPI:
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict
     ) -> bytes:
         """Run a TF Serving REST request (`:predict`, `:classify`, `:regress`) and encode the answer."""
-        doc = json_codec.parse_json(body) if isinstance(body, (bytes, bytearray, str)) else body
-        if not isinstance(doc, dict):
-            raise InvalidArgument(
-                "Request body must be a JSON object such as "
-                '{"instances": [...]}, {"inputs": ...} or {"examples": [...]}'
-            )
+        doc = _request_doc(body)
         if method == "predict":
             sv = self.manager.resolve(name, version, label)
             req = json_codec.decode_predict_request(doc, sv.signature)
@@ -143,6 +138,38 @@ class TFServingAPI:
             _, results = self.regress(name, sv.version, None, req.signature_name, examples)
             return json_codec.encode_regress_response(results)
         raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
+
+    def submit_predict(
+        self,
+        name: str,
+        version: int | None,
+        label: str | None,
+        body: bytes,
+        done: Callable[[bytes | None, BaseException | None], None],
+    ) -> bool:
+        """A REST `:predict` that does not wait for its batch: decodes and queues it, and `done`
+        gets the encoded answer (or the error) from a batch thread.
+
+        False, with nothing queued, when the call must go through `rest` instead (no batching,
+        or more rows than one batch holds). Request errors raise here, as in `rest`.
+        """
+        sv = self.manager.resolve(name, version, label)
+        if sv.runner is None:
+            return False
+        req = json_codec.decode_predict_request(_request_doc(body), sv.signature)
+
+        def encode(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
+            if error is not None:
+                done(None, error)
+                return
+            try:
+                answer = json_codec.encode_predict_response(outputs, req.row_format)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller like any other error
+                done(None, exc)
+                return
+            done(answer, None)
+
+        return sv.submit(req.signature_name, req.inputs, encode)
 
     def metadata(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
         """GET /v1/models/{m}/metadata: signature defs in TF Serving's JSON shape."""
@@ -178,6 +205,17 @@ class TFServingAPI:
                 for v in versions
             ]
         }
+
+
+def _request_doc(body: bytes | bytearray | str | dict) -> dict[str, Any]:
+    """A REST request body as its JSON object (a dict passes as it is: arrays from handlers)."""
+    doc = json_codec.parse_json(body) if isinstance(body, (bytes, bytearray, str)) else body
+    if not isinstance(doc, dict):
+        raise InvalidArgument(
+            "Request body must be a JSON object such as "
+            '{"instances": [...]}, {"inputs": ...} or {"examples": [...]}'
+        )
+    return doc
 
 
 def signature_def_map(meta_graph_def: Any) -> dict[str, Any]:

@@ -76,6 +76,43 @@ class ServableVersion:
         output_keys: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run a signature through this version's runner (the batcher when batching is on)."""
+        self._call_started()
+        try:
+            runner = self.runner or self.model.run
+            return runner(signature_name, inputs, output_keys)
+        finally:
+            self._call_ended()
+
+    def submit(
+        self,
+        signature_name: str,
+        inputs: dict[str, np.ndarray],
+        callback: Callable[[dict[str, np.ndarray] | None, BaseException | None], None],
+    ) -> bool:
+        """Queue a call on this version's batcher without waiting (see Batcher.submit).
+
+        False, with nothing queued, when the call has to go through `run` instead: no batcher,
+        or a call the batcher only takes blocking.
+        """
+        submit = getattr(self.runner, "submit", None)
+        if submit is None:
+            return False
+        self._call_started()
+
+        def settle(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
+            self._call_ended()
+            callback(outputs, error)
+
+        try:
+            queued = submit(signature_name, inputs, None, settle)
+        except BaseException:
+            self._call_ended()
+            raise
+        if not queued:
+            self._call_ended()
+        return queued
+
+    def _call_started(self) -> None:
         with self._calls:
             if self.state is State.END or self.model is None:
                 raise Unavailable(
@@ -83,13 +120,11 @@ class ServableVersion:
                     "request reached it; retry the request"
                 )
             self.inflight += 1
-        try:
-            runner = self.runner or self.model.run
-            return runner(signature_name, inputs, output_keys)
-        finally:
-            with self._calls:
-                self.inflight -= 1
-                self._calls.notify_all()
+
+    def _call_ended(self) -> None:
+        with self._calls:
+            self.inflight -= 1
+            self._calls.notify_all()
 
     def drain(self, grace_seconds: float, timeout: float) -> bool:
         """Wait until no call is in flight and none resolved in the last `grace_seconds`."""

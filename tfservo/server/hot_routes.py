@@ -1,0 +1,214 @@
+"""The inference routes as plain ASGI: TF Serving's POST :predict/:classify/:regress,
+SageMaker's POST /invocations and /models/{name}/invoke.
+
+These carry nearly all traffic, and Starlette's request objects, routing and exception
+middleware were ~20 % of a small request's CPU (docs/performance.md), so `ServingApp` sends
+them here directly; every other request (GETs, unknown paths, wrong methods) goes to Starlette.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from tfservo.errors import InvalidArgument, NotFound, ServingError
+from tfservo.sagemaker.invocation import InvocationResult, error_result
+from tfservo.sagemaker.service import ModelService
+from tfservo.server.call_placement import INLINE_BODY_BYTES, CallPlacement
+from tfservo.tfserving.api import METHODS
+
+log = logging.getLogger("tfservo.http")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+JSON = "application/json"
+CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
+
+TFS_PATH = re.compile(
+    r"^/v1/models/(?P<name>[^/:]+)"
+    r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
+    r"(?::(?P<method>[^/:]+)|/(?P<meta>metadata))?/?$"
+)
+_INVOKE_PATH = re.compile(r"^/models/(?P<name>[^/]+)/invoke/?$")
+
+
+class PayloadTooLarge(ServingError):
+    http_status = 413
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body arrived; there is no one to answer."""
+
+
+async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
+    """The request body, refusing (413) anything over the limit before reading it all."""
+    declared = _header(scope, b"content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidArgument(f"Content-Length {declared!r} is not a number")
+        if int(declared) > limit_bytes:
+            raise PayloadTooLarge(_too_large(int(declared), limit_bytes))
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit_bytes:
+                raise PayloadTooLarge(_too_large(size, limit_bytes))
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> str:
+    return (
+        f"Request body of {size} bytes is over the limit of {limit} bytes "
+        f"({limit / 2**20:g} MB); send less or start the server with a larger --max-request-mb"
+    )
+
+
+async def send_response(send: Send, status: int, body: bytes, content_type: str) -> None:
+    """One complete HTTP response (text types get `charset=utf-8`, as Starlette adds it)."""
+    if content_type.startswith("text/") and "charset=" not in content_type:
+        content_type += "; charset=utf-8"
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode())],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_result(send: Send, result: InvocationResult) -> None:
+    await send_response(send, result.status, result.body, result.content_type)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:  # ASGI servers give header names in lower case
+            return value.decode("latin-1")
+    return None
+
+
+def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def parse_version(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise InvalidArgument(f"Model version must be a number, got {text!r}")
+    return int(text)
+
+
+class HotRoutes:
+    """The inference routes of one service, each a plain ASGI callable."""
+
+    def __init__(
+        self,
+        service: ModelService,
+        *,
+        max_request_bytes: int,
+        calls: CallPlacement,
+        invocations: CallPlacement,
+        is_loaded: Callable[[str], bool] | None = None,
+        batched: bool = False,
+    ) -> None:
+        self.service = service
+        self.batched = batched  # the service batches calls: small predicts are queued from the loop
+        self.max_request_bytes = max_request_bytes
+        self.calls = calls  # TF Serving REST calls
+        # Invocations get threads of their own: their handlers may call back into the REST API.
+        self.invocations = invocations
+        self.is_loaded = is_loaded  # multi-model mode: /models/{name}/invoke needs a loaded model
+
+    def route(self, scope: Scope) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
+        """The hot route for a POST to this path, or None (then Starlette answers it)."""
+        path = scope["path"]
+        if path == "/invocations":
+            return self.invoke
+        if path.startswith("/v1/models/"):
+            match = TFS_PATH.match(path)
+            if match and match["method"] in METHODS:
+                scope["path_params"] = match.groupdict()
+                return self.tfs_method
+        elif self.is_loaded is not None and path.startswith("/models/"):
+            match = _INVOKE_PATH.match(path)
+            if match:
+                scope["path_params"] = match.groupdict()
+                return self.invoke
+        return None
+
+    async def tfs_method(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/models/{name}[/versions/{v}|/labels/{l}]:{predict|classify|regress}."""
+        params = scope["path_params"]
+        name, method, label = params["name"], params["method"], params["label"]
+        try:
+            version = parse_version(params["version"])
+            body = await read_body(scope, receive, self.max_request_bytes)
+            out = None
+            if self.batched and method == "predict" and len(body) <= INLINE_BODY_BYTES:
+                out = await self._predict_queued(name, version, label, body)
+            if out is None:
+                out = await self.calls.run(
+                    (name, method), len(body), lambda: self.service.api.rest(method, name, version, label, body)
+                )
+        except ServingError as exc:
+            await send_result(send, error_result(exc))
+            return
+        except ClientDisconnected:
+            return
+        await send_response(send, 200, out, JSON)
+
+    async def _predict_queued(self, name: str, version: int | None, label: str | None, body: bytes) -> bytes | None:
+        """A small :predict decoded on the loop and queued for its batch; the batch thread hands
+        the answer straight back to the loop (one thread hand-off instead of three). None: the
+        call needs the thread path (see TFServingAPI.submit_predict)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bytes] = loop.create_future()
+
+        def done(result: bytes | None, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, answer, result, error)
+
+        if not self.service.api.submit_predict(name, version, label, body, done):
+            return None
+        return await answer
+
+    async def invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /invocations, or /models/{name}/invoke: through the service's one Invoker."""
+        name = (scope.get("path_params") or {}).get("name")
+        try:
+            if name is not None and self.is_loaded is not None and not self.is_loaded(name):
+                raise NotFound(f"Model {name} is not loaded yet.")
+            body = await read_body(scope, receive, self.max_request_bytes)
+        except ServingError as exc:
+            await send_result(send, error_result(exc))
+            return
+        except ClientDisconnected:
+            return
+        content_type, accept, attributes = _header(scope, b"content-type"), _header(scope, b"accept"), _header(
+            scope, CUSTOM_ATTRIBUTES
+        )
+        invoker = self.service.invoker
+        result = await self.invocations.run(
+            ("invoke", name, attributes),
+            len(body),
+            lambda: invoker.invoke(body, content_type, accept, attributes, name),
+            may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
+        )
+        await send_result(send, result)
