@@ -31,7 +31,7 @@ CATEGORIES = [
     ("batcher (enqueue, merge, split, hand back)", r"batcher\.py:"),
     ("thread hand-off (anyio to_thread, queues, locks, events)", r"anyio/|queue\.py|threading\.py|concurrent/futures"),
     ("TF Serving API and model manager", r"(api|servables|request_labels|invocation|content_types)\.py:"),
-    ("Starlette routing, middleware, metrics, app", r"starlette/|(app|metrics|shutdown)\.py:|prometheus_client/"),
+    ("routing, middleware, metrics (app, hot_routes, Starlette)", r"starlette/|(app|hot_routes|call_placement|metrics|shutdown)\.py:|prometheus_client/"),
     ("HTTP protocol (uvicorn + httptools, socket writes)", r"uvicorn/"),
     ("event loop (asyncio/uvloop)", r"asyncio/|uvloop"),
 ]
