@@ -259,8 +259,8 @@ def test_inconsistent_batch_sizes_scalars_and_closing(model: FakeModel) -> None:
 
 
 def test_runner_factory_wraps_each_version_with_shared_threads(model: FakeModel) -> None:
-    seen: list[tuple[int, int]] = []
-    factory = make_runner_factory(opts(batch_timeout_micros=0), on_batch=lambda s, p, t: seen.append((s, p)))
+    seen: list[tuple[str, int, int]] = []
+    factory = make_runner_factory(opts(batch_timeout_micros=0), on_batch=lambda m, s, p, t: seen.append((m, s, p)))
     sv1 = SimpleNamespace(model_name="m", version=1, model=model)
     sv2 = SimpleNamespace(model_name="m", version=2, model=model)
     b1, b2 = factory(sv1), factory(sv2)  # type: ignore[arg-type]
@@ -268,7 +268,7 @@ def test_runner_factory_wraps_each_version_with_shared_threads(model: FakeModel)
         assert b1.name == "m version 1" and b1._scheduler is b2._scheduler
         out = b2("serving_default", {"x": np.ones((2, 1))})
         np.testing.assert_array_equal(out["y"], np.full((2, 1), 3.0))
-        assert seen == [(2, 2)]
+        assert seen == [("m", 2, 2)]  # the hook learns which model ran the batch
     finally:
         b1.close()
         b2.close()

@@ -17,12 +17,13 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 M = "saved_model_half_plus_two_2_versions"
 BAD = "bad_half_plus_two"
+THREE = "saved_model_half_plus_three"  # a second batched model, for per-model batch metrics
 PREDICT_ROUTE = "/v1/models/{name}:predict"
 
 
 @pytest.fixture(scope="module")
 def server():
-    args = [str(TFS / M), str(TFS / BAD), "--enable-batching", "--log-level", "debug"]
+    args = [str(TFS / M), str(TFS / BAD), str(TFS / THREE), "--enable-batching", "--log-level", "debug"]
     with ServerProcess(args, env={"SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS": "2000", "SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES": "64"}) as proc:
         yield proc
 
@@ -122,17 +123,31 @@ def test_model_load_time_and_state(http):
     assert sample(samples, "tfservo_model_load_failures_total", model=BAD, version="123") == 1
 
 
-def test_batch_sizes_are_recorded(http):
+def test_batch_metrics_are_labelled_by_model(http):
+    """Two models batching at once: each model's batch metrics count exactly its own rows."""
     before = scrape(http)
-    body = json.dumps({"instances": [[1.0]] * 3}).encode()
+    rows = {M: 3, THREE: 2}
+    jobs = [M, THREE] * 12  # interleaved, so both models' batchers run side by side
+
+    def call(name: str) -> int:
+        body = json.dumps({"instances": [[1.0]] * rows[name]}).encode()
+        return http.post(f"/v1/models/{name}:predict", content=body).status_code
+
     with ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(lambda _: http.post(f"/v1/models/{M}:predict", content=body).status_code, range(16)))
-    assert codes == [200] * 16
+        assert list(pool.map(call, jobs)) == [200] * len(jobs)
     after = scrape(http)
-    batches = sample(after, "tfservo_batch_size_count") - sample(before, "tfservo_batch_size_count")
-    rows = sample(after, "tfservo_batch_size_sum") - sample(before, "tfservo_batch_size_sum")
-    assert 1 <= batches <= 16 and rows == 48  # every row ran once, in as many batches as formed
-    assert sample(after, "tfservo_batch_run_seconds_count") >= batches
+
+    def delta(name: str, model: str) -> float:
+        return sample(after, name, model=model) - sample(before, name, model=model)
+
+    for model in (M, THREE):
+        batches = delta("tfservo_batch_size_count", model)
+        assert 1 <= batches <= jobs.count(model), model
+        assert delta("tfservo_batch_size_sum", model) == rows[model] * jobs.count(model), model
+        assert delta("tfservo_batch_run_seconds_count", model) == batches, model
+    # Every batch series names its model; a model that never batched has none.
+    batch_series = [labels for name, labels in after if name.startswith("tfservo_batch_")]
+    assert batch_series and {dict(labels).get("model") for labels in batch_series} == {M, THREE}
 
 
 def test_access_log_has_one_line_per_request(http, server):

@@ -98,3 +98,9 @@ class HandlerError(ServingError):
     """User code in inference.py raised; reported as 500 with the handler's own message."""
 
     code = Code.INTERNAL
+
+
+def first_line(exc: BaseException | str) -> str:
+    """The first line of an error's message (TF's run errors span many), for one-line errors."""
+    text = exc if isinstance(exc, str) else (getattr(exc, "message", None) or str(exc) or type(exc).__name__)
+    return text.strip().splitlines()[0].strip() if text.strip() else type(exc).__name__

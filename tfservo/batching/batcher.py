@@ -10,6 +10,7 @@ every batcher of one `BatchScheduler`) run closed batches, oldest first; a queue
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -28,7 +29,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tfservo.batching")
 
 Runner = Callable[[str, dict[str, np.ndarray], Sequence[str] | None], dict[str, np.ndarray]]
+# (rows, padded rows, seconds) of each batch one Batcher ran.
 BatchHook = Callable[[int, int, float], None]
+# The same with the model's name first: a runner factory's hook, shared by every model's batchers.
+ModelBatchHook = Callable[[str, int, int, float], None]
 # Called once, on a batch thread, with a submitted call's outputs or its error.
 Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
 
@@ -412,7 +416,7 @@ def _clone(exc: BaseException) -> BaseException:
 class BatchingRunnerFactory:
     """A RunnerFactory giving each loaded version a Batcher; all share one set of batch threads."""
 
-    def __init__(self, options: BatchingOptions, on_batch: BatchHook | None = None) -> None:
+    def __init__(self, options: BatchingOptions, on_batch: ModelBatchHook | None = None) -> None:
         self.options = options
         self.on_batch = on_batch
         self._scheduler: BatchScheduler | None = None
@@ -427,7 +431,7 @@ class BatchingRunnerFactory:
             sv.model.run,
             self.options,
             name=f"{sv.model_name} version {sv.version}",
-            on_batch=self.on_batch,
+            on_batch=functools.partial(self.on_batch, sv.model_name) if self.on_batch else None,
             scheduler=scheduler,
         )
 
@@ -440,7 +444,7 @@ class BatchingRunnerFactory:
 
 
 def make_runner_factory(
-    options: BatchingOptions, on_batch: BatchHook | None = None
+    options: BatchingOptions, on_batch: ModelBatchHook | None = None
 ) -> BatchingRunnerFactory:
-    """The RunnerFactory to hand ModelManager when batching is on."""
+    """The RunnerFactory to hand ModelManager when batching is on; on_batch(model, rows, padded, seconds)."""
     return BatchingRunnerFactory(options, on_batch)

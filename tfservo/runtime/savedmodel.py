@@ -2,12 +2,15 @@
 
 Like TF Serving's C++ loader, each model gets its own graph and session and every signature
 runs through a cached C++ session callable (thread-safe, releases the GIL, tens of µs a call).
-TF1 graph and TF2 object-graph SavedModels both load this way; a TF2 model the graph loader
-rejects falls back to `tf.saved_model.load` and its signature functions.
+TF1 graph and TF2 object-graph SavedModels both load this way; variables a TF2 model's
+signatures read but its saver_def skips (Keras 3) are restored from the checkpoint by object.
+A TF2 model that still cannot run in a Session falls back, per model and at load time, to
+`tf.saved_model.load` and its signature functions (`LoadedModel.fallback_reason` says why).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,6 +29,7 @@ from tfservo.errors import (
     ServingError,
     Unavailable,
     Unimplemented,
+    first_line as _first_line,
 )
 from tfservo.runtime import QUIET_TENSORFLOW  # sets TF_CPP_MIN_LOG_LEVEL before TF loads
 from tfservo.runtime.signatures import SignatureDef, TensorSpec
@@ -34,11 +38,15 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.core.framework import types_pb2  # noqa: E402
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2  # noqa: E402
 
+from tfservo.runtime.captured_variables import UnrestorableVariables, restore_captured_variables  # noqa: E402
+
 if QUIET_TENSORFLOW:
     from absl import logging as _absl_logging
 
     _absl_logging.set_verbosity(_absl_logging.ERROR)
     tf.get_logger().setLevel("ERROR")
+
+log = logging.getLogger("tfservo.runtime")
 
 INIT_OP_SIGNATURE = "__saved_model_init_op"  # TF2's initializer "signature"; not servable
 
@@ -94,15 +102,57 @@ def load_saved_model(
                 f"Failed to load SavedModel at {path}: {_first_line(graph_exc)}. "
                 "Check that the export is complete and was written by a compatible TensorFlow"
             ) from None
-        try:
-            return _load_with_functions(path, tags=tags, strict_shapes=strict_shapes)
-        except Exception as fn_exc:  # noqa: BLE001
-            raise ModelLoadError(
-                f"Failed to load SavedModel at {path}: as a graph: {_first_line(graph_exc)}; "
-                f"as TF2 functions: {_first_line(fn_exc)}. "
-                "Check that the export is complete and was written by a compatible TensorFlow"
-            ) from None
+        return _fall_back_to_functions(path, tags, strict_shapes, _first_line(graph_exc))
+    problem = _session_problem(session, meta_graph_def, path)
+    if problem is not None:
+        session.close()
+        return _fall_back_to_functions(path, tags, strict_shapes, problem)
     return LoadedModel(path, meta_graph_def, _SessionBackend(session), strict_shapes=strict_shapes)
+
+
+def _session_problem(
+    session: tf.compat.v1.Session, meta_graph_def: meta_graph_pb2.MetaGraphDef, path: str
+) -> str | None:
+    """Why a TF2 model cannot run in `session` even after restoring what its saver_def missed; None if it can.
+
+    TF1 graphs (no object graph) have no other way to run, so they are never refused here.
+    """
+    if not meta_graph_def.object_graph_def.nodes:
+        return None
+    names = [name for name in meta_graph_def.signature_def if name != INIT_OP_SIGNATURE]
+    for name in names:
+        proto = meta_graph_def.signature_def[name]
+        for info in [*proto.inputs.values(), *proto.outputs.values()]:
+            try:
+                session.graph.get_tensor_by_name(_tensor_info_name(info))
+            except (KeyError, ValueError):
+                return f"signature '{name}' names tensor '{_tensor_info_name(info)}', which its graph lacks"
+    try:
+        restored = restore_captured_variables(session, meta_graph_def, path, names)
+    except (UnrestorableVariables, tf.errors.OpError) as exc:
+        return _first_line(exc)
+    if restored:
+        log.info(
+            "SavedModel at %s: restored %d variable(s) its signatures read from the checkpoint; its "
+            "saver_def does not restore them (as with Keras 3 models saved by tf.saved_model.save)",
+            path,
+            len(restored),
+        )
+    return None
+
+
+def _fall_back_to_functions(path: str, tags: Sequence[str], strict_shapes: bool, reason: str) -> LoadedModel:
+    """Load a TF2 model that cannot run in a Session with tf.saved_model.load; `reason` says why."""
+    try:
+        model = _load_with_functions(path, tags=tags, strict_shapes=strict_shapes)
+    except Exception as fn_exc:  # noqa: BLE001
+        raise ModelLoadError(
+            f"Failed to load SavedModel at {path}: as a graph: {reason}; "
+            f"as TF2 functions: {_first_line(fn_exc)}. "
+            "Check that the export is complete and was written by a compatible TensorFlow"
+        ) from None
+    model.fallback_reason = reason
+    return model
 
 
 def _load_with_functions(
@@ -133,6 +183,8 @@ class LoadedModel:
         }
         self.meta_graph_def = meta_graph_def
         self.strict_shapes = strict_shapes
+        # Why this model runs through tf.saved_model.load instead of a Session; None when it doesn't.
+        self.fallback_reason: str | None = None
         self._backend = backend
         self._runners: dict[tuple[str, tuple[str, ...], tuple[str, ...]], _Runner] = {}
         self._lock = threading.Lock()
@@ -350,7 +402,8 @@ def _check_layout(path: str) -> None:
     if not root.is_dir():
         raise ModelLoadError(
             f"SavedModel directory {path} does not exist or is not a directory; "
-            "check the model's base path and version number"
+            "check the model's base path and version number",
+            Code.NOT_FOUND,
         )
     if (root / "saved_model.pb").is_file() or (root / "saved_model.pbtxt").is_file():
         return
@@ -361,7 +414,8 @@ def _check_layout(path: str) -> None:
         )
     raise ModelLoadError(
         f"No saved_model.pb in {path}; point at a SavedModel version directory "
-        "(containing saved_model.pb and variables/)"
+        "(containing saved_model.pb and variables/)",
+        Code.NOT_FOUND,  # TF Serving's code for a dir without a SavedModel
     )
 
 
@@ -379,7 +433,8 @@ def _read_meta_graph(path: str, tags: Sequence[str]) -> meta_graph_pb2.MetaGraph
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(
             f"Cannot parse the SavedModel file in {path}: {_first_line(exc)}; "
-            "the file is truncated or not a SavedModel"
+            "the file is truncated or not a SavedModel",
+            Code.DATA_LOSS,  # TF's ReadBinaryProto: "Can't parse ... as binary proto"
         ) from None
     for meta_graph in saved_model.meta_graphs:
         if set(meta_graph.meta_info_def.tags) == set(tags):
@@ -387,7 +442,8 @@ def _read_meta_graph(path: str, tags: Sequence[str]) -> meta_graph_pb2.MetaGraph
     available = [sorted(m.meta_info_def.tags) for m in saved_model.meta_graphs]
     raise ModelLoadError(
         f"SavedModel at {path} has no MetaGraph with tags {sorted(tags)}; "
-        f"available tag sets: {available}. Load it with one of those tag sets"
+        f"available tag sets: {available}. Load it with one of those tag sets",
+        Code.NOT_FOUND,  # TF's "Could not find meta graph def matching supplied tags"
     ) from None
 
 
@@ -516,11 +572,6 @@ def _to_numpy(value: Any, spec: TensorSpec) -> np.ndarray:
     if spec.dtype == "DT_STRING":
         return np.asarray(value, dtype=object)
     return np.asarray(value)
-
-
-def _first_line(exc: BaseException | str) -> str:
-    text = exc if isinstance(exc, str) else (getattr(exc, "message", None) or str(exc) or type(exc).__name__)
-    return text.strip().splitlines()[0].strip() if text.strip() else type(exc).__name__
 
 
 def _example_feature_types(graph_def: Any) -> dict[str, str]:

@@ -21,6 +21,7 @@ from tfservo.runtime.signatures import (
 )
 from tfservo.tfserving import json_codec
 from tfservo.tfserving.examples import build_examples
+from tfservo.tfserving.model_status import model_status
 from tfservo.tfserving.results import classification_results, regression_results
 from tfservo.tfserving.servables import ModelManager, ServableVersion
 
@@ -153,10 +154,11 @@ class TFServingAPI:
         False, with nothing queued, when the call must go through `rest` instead (no batching,
         or more rows than one batch holds). Request errors raise here, as in `rest`.
         """
+        doc = _request_doc(body)  # first, as in `rest`: a malformed body never resolves a version
         sv = self.manager.resolve(name, version, label)
         if sv.runner is None:
             return False
-        req = json_codec.decode_predict_request(_request_doc(body), sv.signature)
+        req = json_codec.decode_predict_request(doc, sv.signature)
 
         def encode(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
             if error is not None:
@@ -186,25 +188,8 @@ class TFServingAPI:
         return sv, signature_def_map_proto(sv.model.meta_graph_def)
 
     def status(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
-        """GET /v1/models/{m}: the state of every version (or the one asked for)."""
-        served = self.manager.model(name)
-        if label is not None or version is not None:
-            versions = [self.manager.resolve(name, version, label)]
-        else:
-            versions = [v for _, v in sorted(served.versions.items(), reverse=True)]
-        return {
-            "model_version_status": [
-                {
-                    "version": str(v.version),
-                    "state": v.state.value,
-                    "status": {
-                        "error_code": "OK" if not v.error else "UNKNOWN",
-                        "error_message": v.error or "",
-                    },
-                }
-                for v in versions
-            ]
-        }
+        """GET /v1/models/{m}: the state of every version, or of the one asked for (failed ones too)."""
+        return model_status(self.manager, name, version, label)
 
 
 def _request_doc(body: bytes | bytearray | str | dict) -> dict[str, Any]:

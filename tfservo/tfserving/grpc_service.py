@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -46,6 +46,9 @@ SIGNATURE_DEF_FIELD = "signature_def"
 
 # Applies a ModelServerConfig (HandleReloadConfigRequest); None while no one can reload models.
 ReloadConfig = Callable[[Any], None]
+_ExamplesResponse = TypeVar(
+    "_ExamplesResponse", classification_pb2.ClassificationResponse, regression_pb2.RegressionResponse
+)
 
 
 def _selection(spec: model_pb2.ModelSpec) -> tuple[str, int | None, str | None]:
@@ -140,21 +143,27 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     def classify(self, request: classification_pb2.ClassificationRequest) -> classification_pb2.ClassificationResponse:
-        name, version, label = _selection(request.model_spec)
-        signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-        sv, results = self.api.classify(name, version, label, signature_name, serialized_examples(request.input))
         response = classification_pb2.ClassificationResponse()
-        _answer_spec(response.model_spec, sv, signature_name)
-        response.result.CopyFrom(classification_result_proto(results))
-        return response
+        return self._on_examples(request, self.api.classify, classification_result_proto, response)
 
     def regress(self, request: regression_pb2.RegressionRequest) -> regression_pb2.RegressionResponse:
+        response = regression_pb2.RegressionResponse()
+        return self._on_examples(request, self.api.regress, regression_result_proto, response)
+
+    def _on_examples(
+        self,
+        request: Any,
+        call: Callable[[str, int | None, str | None, str, list[bytes]], tuple[ServableVersion, Any]],
+        result_proto: Callable[[Any], Any],
+        response: _ExamplesResponse,
+    ) -> _ExamplesResponse:
+        """Classify or Regress: run `call` (the API's classify/regress) on the request's examples
+        and fill `response` with the version that answered and the results as `result_proto`."""
         name, version, label = _selection(request.model_spec)
         signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-        sv, results = self.api.regress(name, version, label, signature_name, serialized_examples(request.input))
-        response = regression_pb2.RegressionResponse()
+        sv, results = call(name, version, label, signature_name, serialized_examples(request.input))
         _answer_spec(response.model_spec, sv, signature_name)
-        response.result.CopyFrom(regression_result_proto(results))
+        response.result.CopyFrom(result_proto(results))
         return response
 
     def multi_inference(self, request: inference_pb2.MultiInferenceRequest) -> inference_pb2.MultiInferenceResponse:

@@ -67,19 +67,38 @@ def _describe(signature: SignatureDef) -> str:
 
 def check_classify_signature(signature: SignatureDef) -> None:
     """Refuse a signature TF Serving cannot classify with (PreProcessClassification)."""
-    if signature.method_name != CLASSIFY_METHOD:
+    count = len(signature.outputs)
+    wrong_outputs = None if count in (1, 2) else f"Expected one or two output Tensors, found {count}"
+    _check_examples_signature(signature, CLASSIFY_METHOD, "classification", wrong_outputs)
+    _check_classify_outputs(signature)
+
+
+def check_regress_signature(signature: SignatureDef) -> None:
+    """Refuse a signature TF Serving cannot regress with (PreProcessRegression)."""
+    wrong_outputs = None if len(signature.outputs) == 1 else "Expected one output Tensor"
+    _check_examples_signature(signature, REGRESS_METHOD, "regression", wrong_outputs)
+    _check_regress_outputs(signature)
+
+
+def _check_examples_signature(
+    signature: SignatureDef, method: str, kind: str, wrong_outputs: str | None
+) -> None:
+    """What classify and regress both require, in TF Serving's order: the method, one input,
+    the number of outputs (`wrong_outputs` says what is wrong with it), an input called "inputs"."""
+    if signature.method_name != method:
         raise InvalidArgument(
-            f"Expected classification signature method_name to be {CLASSIFY_METHOD}. Was: "
-            f"{signature.method_name} ({_describe(signature)}); pick a classify signature with signature_name"
+            f"Expected {kind} signature method_name to be {method}. Was: {signature.method_name} "
+            f"({_describe(signature)}); pick a {method.rsplit('/', 1)[-1]} signature with signature_name"
         )
     if len(signature.inputs) != 1:
         raise InvalidArgument(f"Expected one input Tensor in {_describe(signature)}.")
-    if len(signature.outputs) not in (1, 2):
-        raise InvalidArgument(
-            f"Expected one or two output Tensors, found {len(signature.outputs)} in {_describe(signature)}."
-        )
+    if wrong_outputs is not None:
+        raise InvalidArgument(f"{wrong_outputs} in {_describe(signature)}.")
     if INPUTS not in signature.inputs:
-        raise FailedPrecondition(f"No classification inputs found in SignatureDef: {_describe(signature)}")
+        raise FailedPrecondition(f"No {kind} inputs found in SignatureDef: {_describe(signature)}")
+
+
+def _check_classify_outputs(signature: SignatureDef) -> None:
     if CLASSES not in signature.outputs and SCORES not in signature.outputs:
         raise FailedPrecondition(
             f'Expected classification signature outputs to contain at least one of "{CLASSES}" or '
@@ -87,19 +106,7 @@ def check_classify_signature(signature: SignatureDef) -> None:
         )
 
 
-def check_regress_signature(signature: SignatureDef) -> None:
-    """Refuse a signature TF Serving cannot regress with (PreProcessRegression)."""
-    if signature.method_name != REGRESS_METHOD:
-        raise InvalidArgument(
-            f"Expected regression signature method_name to be {REGRESS_METHOD}. Was: "
-            f"{signature.method_name} ({_describe(signature)}); pick a regress signature with signature_name"
-        )
-    if len(signature.inputs) != 1:
-        raise InvalidArgument(f"Expected one input Tensor in {_describe(signature)}.")
-    if len(signature.outputs) != 1:
-        raise InvalidArgument(f"Expected one output Tensor in {_describe(signature)}.")
-    if INPUTS not in signature.inputs:
-        raise FailedPrecondition(f"No regression inputs found in SignatureDef: {_describe(signature)}")
+def _check_regress_outputs(signature: SignatureDef) -> None:
     if OUTPUTS not in signature.outputs:
         raise FailedPrecondition(f"No regression outputs found in SignatureDef: {_describe(signature)}")
 
@@ -133,12 +140,8 @@ def classification_results(
     outputs: Mapping[str, Any], signature: SignatureDef, batch: int
 ) -> list[list[tuple[str, float]]]:
     """Per example, its (label, score) pairs; label "" without a classes output, score 0.0 without scores."""
+    _check_classify_outputs(signature)
     has_classes, has_scores = CLASSES in signature.outputs, SCORES in signature.outputs
-    if not (has_classes or has_scores):
-        raise FailedPrecondition(
-            f'Expected classification signature outputs to contain at least one of "{CLASSES}" or '
-            f'"{SCORES}". Signature was: {_describe(signature)}'
-        )
     classes = _output(outputs, CLASSES, signature) if has_classes else None
     scores = _output(outputs, SCORES, signature) if has_scores else None
     if classes is not None:
@@ -164,8 +167,7 @@ def classification_results(
 
 def regression_results(outputs: Mapping[str, Any], signature: SignatureDef, batch: int) -> list[float]:
     """Per example, its regression value (output shaped [batch] or [batch, 1], DT_FLOAT)."""
-    if OUTPUTS not in signature.outputs:
-        raise FailedPrecondition(f"No regression outputs found in SignatureDef: {_describe(signature)}")
+    _check_regress_outputs(signature)
     arr = _output(outputs, OUTPUTS, signature)
     if not (arr.ndim == 1 or (arr.ndim == 2 and arr.shape[1] == 1)):
         raise InvalidArgument(

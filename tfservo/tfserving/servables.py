@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tfservo.errors import InvalidArgument, ModelLoadError, NotFound, ServingError, Unavailable
+from tfservo.errors import Code, InvalidArgument, ModelLoadError, NotFound, ServingError, Unavailable
 from tfservo.runtime.signatures import SignatureDef
 from tfservo.tfserving.request_labels import note_model, note_version
 
@@ -45,6 +45,7 @@ class ServableVersion:
     path: str
     state: State = State.START
     error: str | None = None
+    error_code: Code = Code.OK  # the load or warmup error's own code, as TF Serving reports it
     model: Any = None  # tfservo.runtime.savedmodel.LoadedModel once AVAILABLE
     runner: Runner | None = None
     load_seconds: float | None = None
@@ -156,6 +157,15 @@ class ServedModel:
     def available(self) -> list[ServableVersion]:
         return [v for _, v in sorted(self.versions.items()) if v.state is State.AVAILABLE]
 
+    def labelled(self, label: str) -> int:
+        """The version `label` points at, or NotFound listing the labels there are."""
+        if label not in self.labels:
+            raise NotFound(
+                f"Unrecognized servable version label: {label} for model {self.name}; "
+                f"labels: {sorted(self.labels) or 'none'}"
+            )
+        return self.labels[label]
+
 
 class ModelManager:
     """Loads model versions with a loader, tracks their state and resolves requests to them."""
@@ -206,12 +216,17 @@ class ModelManager:
         try:
             sv.model = self._loader(path)
         except ModelLoadError as exc:
-            sv.state, sv.error = State.END, exc.message
+            sv.state, sv.error, sv.error_code = State.END, exc.message, exc.code
             log.error("model %s version %d failed to load: %s", name, version, exc.message)
         except Exception as exc:  # a loader bug must not take the server down either
-            sv.state, sv.error = State.END, f"{type(exc).__name__}: {exc}"
+            sv.state, sv.error, sv.error_code = State.END, f"{type(exc).__name__}: {exc}", Code.UNKNOWN
             log.exception("model %s version %d failed to load", name, version)
         else:
+            if reason := getattr(sv.model, "fallback_reason", None):
+                log.warning(
+                    "model %s version %d runs through tf.saved_model.load, not a Session (slower): %s",
+                    name, version, reason,
+                )
             if self._runner_factory is not None:
                 sv.runner = self._runner_factory(sv)
             if self._warm_up(sv):
@@ -231,8 +246,11 @@ class ModelManager:
         try:
             self.warmup(sv)
         except Exception as exc:  # noqa: BLE001 - any warmup failure fails this version only
-            message = exc.message if isinstance(exc, ServingError) else f"{type(exc).__name__}: {exc}"
-            sv.state, sv.error = State.END, message
+            if isinstance(exc, ServingError):
+                code, message = exc.code, exc.message
+            else:
+                code, message = Code.UNKNOWN, f"{type(exc).__name__}: {exc}"
+            sv.state, sv.error, sv.error_code = State.END, message, code
             log.error("model %s version %d failed warmup: %s", sv.model_name, sv.version, message)
             self._release(sv)
             return False
@@ -319,12 +337,7 @@ class ModelManager:
         """The AVAILABLE version a request names (latest when none), as TF Serving resolves it."""
         served = self.model(name)
         if label is not None:
-            if label not in served.labels:
-                raise NotFound(
-                    f"Unrecognized servable version label: {label} for model {name}; "
-                    f"labels: {sorted(served.labels) or 'none'}"
-                )
-            version = served.labels[label]
+            version = served.labelled(label)
         if version is None:
             for sv in reversed(served.available()):
                 if _pin(sv):

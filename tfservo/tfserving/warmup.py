@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tfservo.errors import Code, InvalidArgument, ServingError, Unimplemented
+from tfservo.runtime.signatures import CLASSIFY_METHOD, REGRESS_METHOD
 from tfservo.tfserving.api import TFServingAPI
 from tfservo.tfserving.servables import ServableVersion
 
@@ -24,8 +25,6 @@ log = logging.getLogger("tfservo.warmup")
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 MAX_RECORDS = 1000  # TF Serving's kMaxNumRecords
-CLASSIFY_METHOD = "tensorflow/serving/classify"
-REGRESS_METHOD = "tensorflow/serving/regress"
 
 
 class DataLoss(ServingError):
