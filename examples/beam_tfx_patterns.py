@@ -27,9 +27,10 @@ import tempfile
 
 from tfservo.logs import quiet_tensorflow
 
-quiet_tensorflow()
-# Beam 2.77 warns once per model load that it cannot measure memory when torch is not installed.
-logging.getLogger().addFilter(lambda record: "Resource module is not available" not in record.getMessage())
+if __name__ == "__main__":  # before TensorFlow loads; importing this file (tests do) changes nothing
+    quiet_tensorflow()
+    # Beam 2.77 warns once per model load that it cannot measure memory when torch is not installed.
+    logging.getLogger().addFilter(lambda rec: "Resource module is not available" not in rec.getMessage())
 
 import apache_beam as beam
 from apache_beam.ml.inference.base import KeyedModelHandler, KeyModelMapping, RunInference

@@ -5,12 +5,17 @@ Import the fixture into a test module with `from beam_models import beam_models 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "beam_tfx_patterns.py"
 
 # The handler posts to context.rest_uri: the loopback server must be live for this to answer.
 INFERENCE_PY = """
@@ -35,22 +40,14 @@ class BeamModels:
     with_handler: str  # multiply_five plus code/inference.py (handler via context.rest_uri)
 
 
-def build_multiply(root: Path, name: str, factor: float) -> str:
-    import tensorflow as tf
-
-    class Multiply(tf.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.factor = tf.Variable(factor)
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
-        def serve(self, x):
-            return {"y": x * self.factor}
-
-    module = Multiply()
-    bundle = root / name
-    tf.saved_model.save(module, str(bundle / "00000001"), signatures={"serving_default": module.serve})
-    return str(bundle)
+@functools.cache
+def tfx_example() -> ModuleType:
+    """examples/beam_tfx_patterns.py as a module: its builders make the ×5 / ×10 models here too."""
+    spec = importlib.util.spec_from_file_location("beam_tfx_patterns", EXAMPLE)
+    assert spec is not None and spec.loader is not None, EXAMPLE
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_two_inputs(root: Path) -> str:
@@ -75,16 +72,17 @@ def build_two_inputs(root: Path) -> str:
 @pytest.fixture(scope="session")
 def beam_models(tmp_path_factory: pytest.TempPathFactory) -> BeamModels:
     root = tmp_path_factory.mktemp("beam-models")
-    five = build_multiply(root, "multiply_five", 5.0)
-    ten = build_multiply(root, "multiply_ten", 10.0)
+    build_multiply = tfx_example().build_multiply_model
+    five = build_multiply(str(root), "multiply_five", 5.0)
+    ten = build_multiply(str(root), "multiply_ten", 10.0)
     two = build_two_inputs(root)
     handled = root / "with_handler"
-    build_multiply(handled, "multiply_five", 5.0)
+    build_multiply(str(handled), "multiply_five", 5.0)
     code = handled / "code"
     code.mkdir()
     (code / "inference.py").write_text(textwrap.dedent(INFERENCE_PY))
     return BeamModels(five, ten, two, str(handled))
 
 
-__all__ = ["BeamModels", "beam_models", "build_multiply"]
+__all__ = ["BeamModels", "beam_models", "tfx_example"]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -233,46 +233,93 @@ def test_several_models_in_sequence_per_key_and_inference_py(beam_models: BeamMo
     p.run().wait_until_finish()
 
 
-def test_bad_elements_reach_the_dead_letter_output_with_their_error() -> None:
+def test_only_bad_elements_of_a_batch_reach_the_dead_letter_output() -> None:
     p = beam.Pipeline()
-    # One batch of three (pre-batched, so the batch is exactly this): the dead letter names element 1.
+    # A batch of 8 with one malformed element: 7 results, 1 dead letter holding that element.
+    xs = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    elements: list = [f32(x) for x in xs]
+    elements[3] = "abc"
     main, dlq = (
         p
-        | "batch" >> beam.Create([[f32(1.0), "abc", f32(3.0)]])
-        | "batched"
-        >> RunInference(BundleModelHandler(HALF_PLUS_TWO).with_no_batching()).with_exception_handling()
+        | "eight" >> beam.Create(elements)
+        | "batch of 8"
+        >> RunInference(
+            BundleModelHandler(HALF_PLUS_TWO, min_batch_size=8, max_batch_size=8)
+        ).with_exception_handling()
     )
-    assert_that(main, equal_to([]), label="batched main")
-    messages = dlq.failed_inferences | "batched msg" >> beam.MapTuple(
-        lambda batch, error: (len(batch), error[0].__name__, error[1])
+    good = main | "8 out" >> beam.Map(lambda r: (float(r.example[0]), float(r.inference["y"][0]), r.model_id))
+    assert_that(good, equal_to([(x, 0.5 * x + 2, f"{MODEL}/124") for x in xs if x != 3.0]), label="7 results")
+    failed = dlq.failed_inferences | "8 dlq" >> beam.MapTuple(
+        lambda batch, error: (list(batch), error[0].__name__, error[1], "".join(error[2]))
     )
 
-    def check_batched(items):
+    def check_failure(items):
         assert len(items) == 1, items
-        size, kind, message = items[0]
-        assert (size, kind) == (3, "ElementErrors")
-        assert "1 of 3 elements failed" in message
-        assert "element 1 ('abc')" in message
+        batch, kind, message, trace = items[0]
+        assert (batch, kind) == (["abc"], "ElementErrors")
+        assert "1 of 8 elements failed" in message
+        assert "element 3 ('abc')" in message
         assert "expects DT_FLOAT values" in message
         assert f"model {MODEL} version 124 signature serving_default (predict)" in message
+        assert "expects DT_FLOAT values" in trace.split("direct cause")[0]  # the element's own error first
 
-    assert_that(messages, check_batched, label="batched dlq")
+    assert_that(failed, check_failure, label="1 failure")
 
-    # Batches of one: good elements come through, the bad one is dead-lettered alone.
-    good, bad = (
+    # Maybe-keyed (unkeyed here), pre-batched, post-processed, on Beam's timeout thread.
+    main, dlq = (
         p
-        | "single" >> beam.Create([f32(1.0), "abc", f32(3.0)])
-        | "unbatched"
-        >> RunInference(BundleModelHandler(HALF_PLUS_TWO, max_batch_size=1)).with_exception_handling()
+        | "prebatched" >> beam.Create([[f32(1.0), "abc", f32(3.0), f32(5.0)]])
+        | "timeout"
+        >> RunInference(
+            MaybeKeyedModelHandler(BundleModelHandler(HALF_PLUS_TWO))
+            .with_no_batching()
+            .with_postprocess_fn(lambda r: float(r.inference["y"][0]))
+        ).with_exception_handling(timeout=120)
     )
-    assert_that(good | beam.Map(lambda r: float(r.inference["y"][0])), equal_to([2.5, 3.5]), label="good")
+    assert_that(main, equal_to([2.5, 3.5, 4.5]), label="postprocessed")
     assert_that(
-        bad.failed_inferences
-        | beam.MapTuple(lambda batch, error: (list(batch), "element 0 ('abc')" in error[1])),
+        dlq.failed_inferences
+        | "timeout dlq" >> beam.MapTuple(lambda batch, error: (list(batch), "element 1 ('abc')" in error[1])),
         equal_to([(["abc"], True)]),
-        label="bad",
+        label="timeout failure",
     )
-    p.run().wait_until_finish()
+
+    # KeyedModelHandler pairs keys with results itself: the batch is dead-lettered whole, never
+    # a dead letter in the main output.
+    main, dlq = (
+        p
+        | "keyed" >> beam.Create([("a", f32(1.0)), ("b", "abc"), ("c", f32(3.0))])
+        | "keyed batch"
+        >> RunInference(
+            KeyedModelHandler(BundleModelHandler(HALF_PLUS_TWO, min_batch_size=3))
+        ).with_exception_handling()
+    )
+    assert_that(main, equal_to([]), label="keyed main")
+    assert_that(
+        dlq.failed_inferences
+        | "keyed dlq"
+        >> beam.MapTuple(lambda batch, error: (sorted(k for k, _ in batch), "element 1 ('abc')" in error[1])),
+        equal_to([(["a", "b", "c"], True)]),
+        label="keyed failure",
+    )
+    result = p.run()
+    result.wait_until_finish()
+    sizes = result.metrics().query(MetricsFilter().with_namespace("tfservo").with_name("batch_size"))
+    eight = [m.committed for m in sizes["distributions"] if "batch of 8" in m.key.step]
+    assert [(d.count, d.max) for d in eight] == [(1, 8)]  # one batch of 8 was run
+    failed = result.metrics().query(MetricsFilter().with_namespace("tfservo").with_name("failed_inferences"))
+    assert sum(m.committed for m in failed["counters"]) == 3
+
+
+def test_without_exception_handling_a_bad_element_fails_the_pipeline_naming_it() -> None:
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Create([f32(1.0), f32(2.0), "abc", f32(4.0)])
+        | RunInference(BundleModelHandler(HALF_PLUS_TWO, min_batch_size=4, max_batch_size=4))
+    )
+    with pytest.raises(Exception, match=r"1 of 4 elements failed .*element 2 \('abc'\): .*expects DT_FLOAT"):
+        p.run().wait_until_finish()
 
 
 def test_load_errors_name_what_to_fix(beam_models: BeamModels) -> None:  # noqa: F811

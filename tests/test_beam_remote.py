@@ -141,6 +141,30 @@ def test_grpc_predict_classify_regress(server: ServerProcess) -> None:
     p.run().wait_until_finish()
 
 
+def test_only_bad_elements_of_a_remote_batch_reach_the_dead_letter_output(server: ServerProcess) -> None:
+    xs = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    elements: list = [np.array([x], np.float32) for x in xs]
+    elements[5] = "abc"
+    p = beam.Pipeline()
+    for protocol, endpoint in (("rest", server.url), ("grpc", f"grpc://{server.grpc_target}")):
+        handler = RemoteBundleModelHandler(endpoint, model_name=MODEL, min_batch_size=8, max_batch_size=8)
+        main, dlq = (
+            p
+            | f"{protocol} eight" >> beam.Create(elements)
+            | f"{protocol} batch of 8" >> RunInference(handler).with_exception_handling()
+        )
+        good = main | f"{protocol} out" >> beam.Map(
+            lambda r: (float(r.example[0]), float(r.inference["y"][0]))
+        )
+        assert_that(good, equal_to([(x, 0.5 * x + 2) for x in xs if x != 5.0]), label=f"{protocol} 7 results")
+        failed = dlq.failed_inferences | f"{protocol} dlq" >> beam.MapTuple(
+            lambda batch, error: (list(batch), error[0].__name__, "1 of 8 elements failed" in error[1],
+                                  "element 5 (" in error[1])  # error[1] is repr(error): quotes escaped
+        )
+        assert_that(failed, equal_to([(["abc"], "ElementErrors", True, True)]), label=f"{protocol} 1 failure")
+    p.run().wait_until_finish()
+
+
 class _Overloaded(http.server.ThreadingHTTPServer):
     """Answers `failures[METHOD]` (status codes, in order) before proxying requests to `upstream`."""
 

@@ -4,41 +4,21 @@ processes) gives the local engine's output tree byte for byte, the same failures
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import SMC
 from server_process import run_cli
+from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, write  # noqa: F401
 
 from tfservo.cli_transform import transform as transform_command
 from tfservo.transform.beam_engine import BeamSettings, OUTCOMES_PREFIX, run_beam_transform
 from tfservo.transform.job import TransformJob
-from tfservo.transform.run import load_service, run_transform
+from tfservo.transform.run import run_transform
 from tfservo.transform.state import REPORT_NAME, TransformSummary
-
-HALF_PLUS_THREE = SMC / "resources" / "models" / "half_plus_three"
-INSURANCE = {
-    "content_type": "text/csv",
-    "split_type": "Line",
-    "assemble_with": "Line",
-    "input_filter": "$[1:]",
-    "join_source": "Input",
-    "output_filter": "$[0,-1]",
-}
-
-
-@pytest.fixture(scope="module")
-def hp3():
-    service = load_service(str(HALF_PLUS_THREE))
-    yield service
-    service.close()
-
-
-def write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -138,13 +118,31 @@ def test_whole_objects_and_one_over_max_payload(hp3, tmp_path):
     assert "over --max-payload" in beam.failed[0].failure.error
 
 
+def test_progress_is_live_on_the_in_process_runner_and_ends_with_beams_counters(tmp_path, caplog):
+    source = insurance_input(tmp_path / "in")
+    job = TransformJob(
+        str(HALF_PLUS_THREE), str(source), str(tmp_path / "beam"), **INSURANCE, max_payload_mb=0.0005
+    )
+    with caplog.at_level(logging.INFO, logger="tfservo.transform"):
+        summary = run_beam_transform(job, progress="log", progress_interval=0.05)
+    assert (summary.done, len(summary.failed), summary.records) == (3, 1, 304)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tfservo.transform"]
+    progress = [line for line in lines if line.startswith("progress: ")]
+    assert len(progress) > 2 and progress[0].startswith("progress: 0/4 objects, 0 records")
+    # the last line: what the DoFns counted, the same as the summary
+    assert progress[-1].startswith("progress: 4/4 objects (1 failed), 304 records, "), progress[-1]
+    assert progress[-1].endswith(", ETA 0:00:00")  # every byte of the input counted
+    counters = r"^Beam counters: 4 objects \(1 failed\), [1-9]\d* requests, 305 records answered; "
+    assert re.search(counters + r"request latency mean \d+ ms, max \d+ ms$", lines[-1]), lines[-1]
+
+
 def test_the_cli_on_two_worker_processes_matches_the_local_engine(hp3, tmp_path):
     source = insurance_input(tmp_path / "in")
     run_transform(TransformJob(str(HALF_PLUS_THREE), str(source), str(tmp_path / "local"), **INSURANCE,
                                max_payload_mb=0.0005), service=hp3, progress="none")
     flags = ["--content-type", "text/csv", "--split-type", "Line", "--assemble-with", "Line",
              "--input-filter", "$[1:]", "--join-source", "Input", "--output-filter", "$[0,-1]",
-             "--max-payload", "0.0005", "--progress", "none"]
+             "--max-payload", "0.0005", "--progress", "log"]
     done = run_cli([
         "transform", str(HALF_PLUS_THREE), str(source), str(tmp_path / "beam"), *flags, "--runner", "beam",
         "--beam-runner", "DirectRunner", "--beam-option", "direct_num_workers=2",
@@ -154,6 +152,9 @@ def test_the_cli_on_two_worker_processes_matches_the_local_engine(hp3, tmp_path)
     assert done.returncode == 1, stderr
     assert f"FAILED {source / 'bad.csv'}: line 2: the model answered 400:" in stderr
     assert "3 of 4 objects transformed; 1 failed; 304 records" in stderr
+    # workers in other processes: no live progress (said so), Beam's counters at the end
+    assert "DirectRunner runs the workers outside this process, so there is no live progress" in stderr
+    assert re.search(r"Beam counters: 4 objects \(1 failed\), \d+ requests, 305 records answered", stderr)
     assert tree(tmp_path / "beam") == tree(tmp_path / "local")
     assert report(tmp_path / "beam") == report(tmp_path / "local")
 

@@ -20,7 +20,7 @@ from server_process import TFSERVO, ServerProcess, run_cli
 from tfservo.server.settings import execution_parameters_from_env, resolve_settings
 from tfservo.transform.job import TransformJob
 from tfservo.transform.run import load_service, run_transform
-from tfservo.transform.state import REPORT_NAME
+from tfservo.transform.state import JOB_NAME, REPORT_NAME
 
 MME = SMC / "resources" / "mme"  # half_plus_three and half_plus_two side by side
 INSURANCE = [
@@ -170,7 +170,7 @@ def test_killed_run_resumes_to_identical_output_and_never_shows_a_partial_out(sl
     assert done.returncode == 0, stderr
     assert f"resuming: {len(done_before)} of 40 objects already have their .out" in stderr
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*.out")} == expected
-    assert [p for p in out.rglob("*") if p.is_file() and not p.name.endswith(".out")] == []  # no partials left
+    assert [p.name for p in out.rglob("*") if p.is_file() and not p.name.endswith(".out")] == [JOB_NAME]  # no partials
 
 
 # -- the server side: /execution-parameters ----------------------------------------------------

@@ -12,50 +12,23 @@ import shutil
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import orjson
 import pytest
 from conftest import REPO, SMC, TFS
 from s3_server import s3_client, upload_dir
+from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, lines, write  # noqa: F401
 
 from tfservo.transform import sources
 from tfservo.transform.engine import TransformEngine
 from tfservo.transform.job import JobError, TransformJob
 from tfservo.transform.run import load_service, run_transform
-from tfservo.transform.state import REPORT_NAME
-
-HALF_PLUS_THREE = SMC / "resources" / "models" / "half_plus_three"
-INSURANCE = {
-    "content_type": "text/csv",
-    "split_type": "Line",
-    "assemble_with": "Line",
-    "input_filter": "$[1:]",
-    "join_source": "Input",
-    "output_filter": "$[0,-1]",
-}
-
-
-@pytest.fixture(scope="module")
-def hp3():
-    service = load_service(str(HALF_PLUS_THREE))
-    yield service
-    service.close()
+from tfservo.transform.state import JOB_NAME, REPORT_NAME
 
 
 def transform(service, source, out, **flags):
     job = TransformJob(model=str(HALF_PLUS_THREE), input=str(source), output=str(out), **flags)
     return run_transform(job, service=service, progress="none")
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().split("\n")[:-1]
-
-
-def write(path: Path, text: str | bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(text.encode() if isinstance(text, str) else text)
-    return path
 
 
 class Spy:
@@ -183,7 +156,7 @@ def test_a_bad_record_fails_only_its_object_then_skip_mode_dead_letters_it(hp3, 
     assert summary.failed[0].obj.rel == "bad.csv"
     assert failure.where == "line 3" and failure.record == "b3,oops"
     assert "400" in failure.error and "oops" in failure.error
-    assert sorted(p.name for p in out.iterdir()) == [REPORT_NAME, "good.csv.out"]
+    assert sorted(p.name for p in out.iterdir()) == [REPORT_NAME, JOB_NAME, "good.csv.out"]
     report = json.loads((out / REPORT_NAME).read_bytes())
     assert report["failed_objects"][0]["object"] == "bad.csv" and report["failed_objects"][0]["where"] == "line 3"
 
@@ -355,7 +328,7 @@ def test_s3_in_and_out_through_a_real_s3_api(hp3, tmp_path, s3_endpoint, s3_buck
         return client.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
 
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket, Prefix="jobs/out/")["Contents"])
-    assert keys == ["jobs/out/" + REPORT_NAME, "jobs/out/deep/q2.csv.out", "jobs/out/q1.csv.out"]
+    assert keys == ["jobs/out/" + REPORT_NAME, "jobs/out/" + JOB_NAME, "jobs/out/deep/q2.csv.out", "jobs/out/q1.csv.out"]
     assert get("jobs/out/q1.csv.out") == b"a,3.5\nb,4.0\n"
     assert get("jobs/out/deep/q2.csv.out") == b"c,4.5\n"
     assert json.loads(get("jobs/out/" + REPORT_NAME))["failed_objects"][0]["object"] == "deep/bad.csv"

@@ -66,7 +66,9 @@ class _AnyCase(click.Choice):
 @click.option("--overwrite", is_flag=True, default=False,
               help="Redo every object; by default objects whose .out exists are skipped (resume).")
 @click.option("--progress", type=click.Choice(["auto", "bar", "log", "none"]), default="auto", show_default=True,
-              help="auto: a progress bar on a terminal, a log line every 10 s otherwise.")
+              help="auto: a progress bar on a terminal, a log line every 10 s otherwise. With --runner beam "
+              "live only when the workers run in this process (DirectRunner, not multi_processing); "
+              "Beam's counters are logged at the end.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log level on stderr.")
 @click.option("--runner", type=click.Choice(["local", "beam"]), default="local", show_default=True,
@@ -112,7 +114,7 @@ def transform(model, input_url, output_url, env_pairs, progress, log_level, runn
         if beam is not None:
             from tfservo.transform.beam_engine import run_beam_transform
 
-            summary = run_beam_transform(job, beam)
+            summary = run_beam_transform(job, beam, progress=progress)
         else:
             summary = run_transform(job, progress=progress)
     except JobError as exc:

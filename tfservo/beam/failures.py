@@ -1,9 +1,10 @@
 """Per-element failures of a batch, and HTTP-style error answers turned back into ServingErrors.
 
-Beam's `RunInference(...).with_exception_handling()` puts a failed batch in its dead-letter
-output as `(batch, (type, repr(error), traceback))`. When a batch fails the handlers retry its
-elements one by one and raise ElementErrors, whose message names each bad element (its index,
-the element itself and its own error), so the dead letter says which record was bad and why.
+When a batch fails the handlers retry its elements one by one; each bad one becomes an
+ElementFailure, and ElementErrors' message names them (index in the batch, the element itself
+and its own error). Under `RunInference(...).with_exception_handling()` each bad element is
+dead-lettered on its own as `([element], (ElementErrors, repr(error), traceback))` (see
+dead_letters.py); elsewhere ElementErrors is raised for the batch.
 """
 
 from __future__ import annotations

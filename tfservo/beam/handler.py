@@ -23,6 +23,7 @@ import numpy as np
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from tfservo.beam import prediction_log
+from tfservo.beam.dead_letters import dead_letter_tag, with_dead_letters
 from tfservo.beam.elements import serialize_examples, split_outputs, stack_inputs
 from tfservo.beam.failures import ElementErrors, ElementFailure, is_transient
 from tfservo.beam.local import LoadedBundle, Selection
@@ -79,7 +80,11 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
     def run_inference(
         self, batch: Sequence[Any], model: Any, inference_args: dict[str, Any] | None = None
     ) -> Iterable[Any]:
-        """Run one batch; a failed batch is retried element by element to name the bad ones."""
+        """Run one batch; a failed batch is retried element by element so only the bad ones fail.
+
+        Under RunInference(...).with_exception_handling() each bad element goes to the dead-letter
+        output on its own and the good ones come through; otherwise ElementErrors names them.
+        """
         self.validate_inference_args(inference_args)
         batch = list(batch)
         if not batch:
@@ -90,26 +95,30 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
             metrics.model_load_millis.update(load_millis)
         target: Target = model.target()
         t0 = time.perf_counter()
-        failed = len(batch)
+        failed = len(batch)  # an overload/outage error fails the whole batch
         try:
             if target.method == INVOKE:
-                results = self._one_by_one(batch, model, target)
+                outputs = self._one_by_one(batch, model, target)
             else:
                 try:
-                    results = self._run(batch, model, target)
+                    outputs = self._run(batch, model, target)
                 except Exception as exc:  # any failure: find the element(s) behind it
                     if is_transient(exc):
                         raise
                     if len(batch) == 1:
-                        raise ElementErrors([ElementFailure(0, batch[0], exc)], 1, target.describe()) from exc
-                    results = self._one_by_one(batch, model, target)
-            failed = 0
-        except ElementErrors as exc:
-            failed = len(exc.failures)
-            raise
+                        outputs = [ElementFailure(0, batch[0], exc)]
+                    else:
+                        outputs = self._one_by_one(batch, model, target)
+            failures = [o for o in outputs if isinstance(o, ElementFailure)]
+            failed = len(failures)
         finally:
             metrics.batch(len(batch), time.perf_counter() - t0, failed)
-        return results
+        if not failures:
+            return outputs
+        tag = dead_letter_tag(self)
+        if tag is None:
+            raise ElementErrors(failures, len(batch), target.describe()) from failures[0].error
+        return with_dead_letters(outputs, tag, len(batch), target.describe())
 
     def validate_inference_args(self, inference_args: dict[str, Any] | None) -> None:
         if inference_args:
@@ -148,19 +157,16 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         return [PredictionResult(e, v, target.model_id) for e, v in zip(batch, values)]
 
     def _one_by_one(self, batch: list[Any], model: Any, target: Target) -> list[Any]:
-        """Each element alone; ElementErrors lists those that fail (overload/outage is re-raised)."""
-        results: list[Any] = []
-        failures: list[ElementFailure] = []
+        """Each element alone: its result, or an ElementFailure (overload/outage is re-raised)."""
+        outputs: list[Any] = []
         for i, element in enumerate(batch):
             try:
-                results.extend(self._run([element], model, target))
+                outputs.extend(self._run([element], model, target))
             except Exception as exc:  # reported per element
                 if is_transient(exc):
                     raise
-                failures.append(ElementFailure(i, element, exc))
-        if failures:
-            raise ElementErrors(failures, len(batch), target.describe())
-        return results
+                outputs.append(ElementFailure(i, element, exc))
+        return outputs
 
     def _metrics_cells(self) -> HandlerMetrics:
         if self._metrics is None:

@@ -4,8 +4,8 @@
 process (or, with share_model_across_processes, per machine through a proxy: so it is used
 only through methods taking and returning picklable values). Arrays go through TFServingAPI's
 array-level predict/classify/regress; raw request bytes through `service.invoker.invoke`,
-exactly the /invocations path, with a loopback REST server so inference.py's context.rest_uri
-answers.
+exactly the /invocations path, with a loopback REST and gRPC server so inference.py's
+context.rest_uri and context.channel answer.
 """
 
 from __future__ import annotations

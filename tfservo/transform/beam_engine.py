@@ -26,11 +26,13 @@ from typing import Any
 
 import orjson
 
+from tfservo.bundle import open_bundle
+from tfservo.transform import beam_progress
 from tfservo.transform.calls import BatchCaller, BatchResult
-from tfservo.transform.engine import _failure_from, _items, list_job_inputs, object_format
+from tfservo.transform.engine import failure_from, list_job_inputs, object_format, request_batches
 from tfservo.transform.job import JobError, TransformJob
 from tfservo.transform.joiner import DataProcessing
-from tfservo.transform.records import Item, Record, iter_records, pack, where
+from tfservo.transform.records import Item, Record, where
 from tfservo.transform.sinks import OutputStore
 from tfservo.transform.sources import InputObject, OpenedInput
 from tfservo.transform.state import (
@@ -38,8 +40,11 @@ from tfservo.transform.state import (
     ObjectOutcome,
     RecordFailure,
     TransformSummary,
+    bundle_versions,
+    check_settings,
     dead_letter_name,
-    pending_objects,
+    job_description,
+    open_output,
     write_report,
 )
 
@@ -115,6 +120,7 @@ class Request:
     content_type: str
     record_format: str | None
     batch: list[Item]
+    nbytes: int = 0  # bytes of the (decompressed) object its records span, for progress
 
     def wire(self) -> tuple:
         items = [
@@ -122,16 +128,16 @@ class Request:
              i.record.offset, i.payload, i.error)
             for i in self.batch
         ]
-        return ("q", self.seq, self.content_type, self.record_format, items)
+        return ("q", self.seq, self.content_type, self.record_format, items, self.nbytes)
 
     @staticmethod
     def unwire(wire: tuple) -> Request:
-        _, seq, content_type, fmt, items = wire
+        _, seq, content_type, fmt, items, nbytes = wire
         batch = [
             Item(Record(index, data, data if framed is None else framed, offset), payload, error)
             for index, data, framed, offset, payload, error in items
         ]
-        return Request(seq, content_type, fmt, batch)
+        return Request(seq, content_type, fmt, batch, nbytes)
 
 
 @dataclass(frozen=True)
@@ -173,21 +179,13 @@ def split_object(obj: InputObject, job: TransformJob) -> Iterator[tuple[str, tup
         processing = _processing(job, fmt)
         opened = OpenedInput(obj, job.compression_type)
         try:
-            items = _items(iter_records(opened.stream, job.split_type, obj.url), processing, job.split_type)
-            for batch in pack(
-                items,
-                split_type=job.split_type,
-                batch_strategy=job.batch_strategy,
-                max_bytes=job.max_payload_bytes,
-                name=obj.url,
-                limit_mb=job.max_payload_mb,
-            ):
-                yield obj.rel, Request(seq, content_type, fmt, batch).wire()
+            for batch in request_batches(opened, job, processing):
+                yield obj.rel, Request(seq, content_type, fmt, batch, beam_progress.span_bytes(batch)).wire()
                 seq += 1
         finally:
             opened.close()
     except Exception as exc:
-        yield obj.rel, Tail(obj, seq, False, _failure_from(exc, obj))
+        yield obj.rel, Tail(obj, seq, False, failure_from(exc, obj))
         return
     yield obj.rel, Tail(obj, seq, True)
 
@@ -205,7 +203,7 @@ _services_lock = threading.Lock()
 def worker_service(job: TransformJob) -> Any:
     """The job's ModelService in this process, loaded once (with --env applied, and a loopback
     server when the bundle has handlers, as `transform` and `serve` do)."""
-    from tfservo.transform.run import apply_env, load_service
+    from tfservo.transform.run import apply_env, load_service, loopback_for_handlers
 
     key = (job.model, tuple(sorted(job.env.items())))
     with _services_lock:
@@ -213,11 +211,7 @@ def worker_service(job: TransformJob) -> Any:
             apply_env(job.env)
             started = time.monotonic()
             service = load_service(job.model)
-            loopback = None
-            if service.invoker.has_handlers() and service.rest_base is None:
-                from tfservo.server.run import LoopbackServer
-
-                loopback = LoopbackServer(service).start()
+            loopback = loopback_for_handlers(service)
             log.info("loaded %s in %.1fs in worker process %d", job.model, time.monotonic() - started, os.getpid())
             _services[key] = (service, loopback)
         return _services[key][0]
@@ -249,8 +243,9 @@ def _dofns():
         """Runs each request through the worker's model, --max-concurrent-transforms at a time
         (as the local engine does); passes Tails through."""
 
-        def __init__(self, job: TransformJob) -> None:
+        def __init__(self, job: TransformJob, run_id: str = "") -> None:
             self.job = job
+            self.run_id = run_id  # for live progress (beam_progress.py)
 
         def setup(self) -> None:
             self.invoker = worker_service(self.job).invoker
@@ -276,7 +271,7 @@ def _dofns():
             while self.pending:
                 yield WindowedValue(self._answer(self.pending.popleft().result()), MIN_TIMESTAMP, [GlobalWindow()])
 
-        def _call(self, rel: str, part: Request) -> tuple[str, int, BatchResult, float]:
+        def _call(self, rel: str, part: Request) -> tuple[str, int, BatchResult, float, int]:
             caller = BatchCaller(self.invoker, self.job, _processing(self.job, part.record_format), part.content_type)
             started = time.monotonic()
             try:
@@ -286,13 +281,14 @@ def _dofns():
                 result = BatchResult(failure=RecordFailure(
                     where(part.batch[0].record, self.job.split_type), f"internal error: {type(exc).__name__}: {exc}"
                 ))
-            return rel, part.seq, result, time.monotonic() - started
+            return rel, part.seq, result, time.monotonic() - started, part.nbytes
 
-        def _answer(self, done: tuple[str, int, BatchResult, float]) -> tuple[str, tuple]:
-            rel, seq, result, seconds = done
+        def _answer(self, done: tuple[str, int, BatchResult, float, int]) -> tuple[str, tuple]:
+            rel, seq, result, seconds, nbytes = done
             self.latency.update(int(seconds * 1000))
             self.requests.inc()
             self.records.inc(result.records)
+            beam_progress.request_done(self.run_id, rel, 0 if result.failure else result.records, nbytes)
             return rel, Answer(seq, b"".join(result.pieces), result.records, result.dead, result.failure).wire()
 
     class WriteObject(beam.DoFn):
@@ -317,6 +313,7 @@ def _dofns():
                                    f"got {len(tails)} tails and {len(answers)} answers")
             outcome = self._write(tails[0], answers)
             (self.done if outcome.status == "done" else self.failed).inc()
+            beam_progress.object_done(self.outcomes, tails[0].obj, outcome.status != "done")
             self.store.put(_outcome_name(self.outcomes, rel), _outcome_json(outcome))
             yield rel
 
@@ -373,10 +370,8 @@ def _outcome_json(outcome: ObjectOutcome) -> bytes:
 
 
 def _read_outcome(store: OutputStore, folder: str, obj: InputObject) -> ObjectOutcome:
-    name = _outcome_name(folder, obj.rel)
     try:
-        with store.fs.open(store.path(name), "rb") as f:
-            doc = orjson.loads(f.read())
+        doc = orjson.loads(store.get(_outcome_name(folder, obj.rel)))
     except FileNotFoundError:
         return ObjectOutcome(obj, "failed", 0, RecordFailure("the object", "the pipeline finished without writing it"))
     failure = doc["failure"]
@@ -399,9 +394,12 @@ class BeamSettings:
         return beam_pipeline_flags(self.runner, self.options)
 
 
-def run_beam_transform(job: TransformJob, beam_settings: BeamSettings | None = None) -> TransformSummary:
+def run_beam_transform(
+    job: TransformJob, beam_settings: BeamSettings | None = None, *, progress: str = "auto",
+    progress_interval: float = 10.0,
+) -> TransformSummary:
     """Run `job` as a Beam pipeline and wait for it; the same outputs, report and summary as
-    the local engine's run_transform."""
+    the local engine's run_transform. `progress` as its, live where the workers are this process."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -412,19 +410,8 @@ def run_beam_transform(job: TransformJob, beam_settings: BeamSettings | None = N
         logging.getLogger("apache_beam").setLevel(logging.WARNING)
     objects = list_job_inputs(job)
     store = OutputStore(job.output)
-    try:
-        existing = store.existing()
-    except OSError as exc:
-        raise JobError(f"cannot list OUTPUT {job.output}: {type(exc).__name__}: {exc}") from None
-    todo, done = pending_objects(objects, existing, job.overwrite)
-    cleaned = store.clean_partials()
-    if cleaned:
-        log.info("removed %d partial outputs left by an interrupted run", cleaned)
-    if done:
-        log.info(
-            "resuming: %d of %d objects already have their .out in %s and are skipped "
-            "(--overwrite redoes them)", len(done), len(objects), job.output,
-        )
+    check_settings(store, job, job_description(job))  # changed flags stop the job before the bundle is read
+    existing, todo, done = open_output(store, job, objects, bundle_versions([open_bundle(job.model)]))
     summary = TransformSummary(objects=len(objects), skipped=len(done))
     if todo:
         folder = f"{OUTCOMES_PREFIX}{uuid.uuid4().hex[:12]}"
@@ -432,16 +419,20 @@ def run_beam_transform(job: TransformJob, beam_settings: BeamSettings | None = N
         CallModel, WriteObject = _dofns()
         log.info("running %d objects on Beam (%s)", len(todo), " ".join(flags))
         try:
-            with beam.Pipeline(options=PipelineOptions(flags)) as pipeline:
+            with (
+                beam_progress.live_progress(folder, todo, job, flags, progress, progress_interval),
+                beam.Pipeline(options=PipelineOptions(flags)) as pipeline,
+            ):
                 _ = (
                     pipeline
                     | "objects" >> beam.Create(todo, reshuffle=False)
                     | "split" >> beam.FlatMap(split_object, job)
                     | "spread requests" >> beam.Reshuffle()
-                    | "call model" >> beam.ParDo(CallModel(job))
+                    | "call model" >> beam.ParDo(CallModel(job, folder))
                     | "per object" >> beam.GroupByKey()
                     | "write" >> beam.ParDo(WriteObject(job, stale, folder))
                 )
+            beam_progress.log_counters(pipeline.result, METRICS, progress)
             outcomes = [_read_outcome(store, folder, obj) for obj in todo]
         finally:
             release_services()

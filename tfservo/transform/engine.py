@@ -38,7 +38,7 @@ from tfservo.transform.state import (
     RecordFailure,
     TransformSummary,
     dead_letter_name,
-    pending_objects,
+    open_output,
     write_report,
 )
 
@@ -57,9 +57,11 @@ class TransformEngine:
         *,
         progress: str = "auto",
         progress_interval: float = 10.0,
+        versions: dict[str, list[int]] | None = None,
     ) -> None:
         self.job = job.validated()
         self.invoker = invoker
+        self.versions = versions  # the bundle's, for the job's description in OUTPUT
         self.progress_mode = progress
         self.progress_interval = progress_interval
         self.stopping = threading.Event()
@@ -72,19 +74,7 @@ class TransformEngine:
         store = OutputStore(job.output)
         if objects is None:
             objects = list_job_inputs(job)
-        try:
-            self.existing = store.existing()
-        except OSError as exc:
-            raise JobError(f"cannot list OUTPUT {job.output}: {type(exc).__name__}: {exc}") from None
-        todo, done = pending_objects(objects, self.existing, job.overwrite)
-        cleaned = store.clean_partials()
-        if cleaned:
-            log.info("removed %d partial outputs left by an interrupted run", cleaned)
-        if done:
-            log.info(
-                "resuming: %d of %d objects already have their .out in %s and are skipped "
-                "(--overwrite redoes them)", len(done), len(objects), job.output,
-            )
+        self.existing, todo, done = open_output(store, job, objects, self.versions)
         sizes = [o.size for o in todo]
         total_bytes = sum(sizes) if sizes and all(s is not None for s in sizes) else None  # type: ignore[arg-type]
         progress = Progress(len(todo), total_bytes, mode=self.progress_mode, interval=self.progress_interval)
@@ -181,7 +171,7 @@ class _ObjectRun:
                 ) from None
             self._submit_batches(caller, processing)
         except Exception as exc:
-            self._fail(_failure_from(exc, self.obj))
+            self._fail(failure_from(exc, self.obj))
         finally:
             with self.lock:
                 self.read_done = True
@@ -192,15 +182,7 @@ class _ObjectRun:
         opened = OpenedInput(self.obj, job.compression_type)
         seen = 0
         try:
-            items = _items(iter_records(opened.stream, job.split_type, self.obj.url), processing, job.split_type)
-            for batch in pack(
-                items,
-                split_type=job.split_type,
-                batch_strategy=job.batch_strategy,
-                max_bytes=job.max_payload_bytes,
-                name=self.obj.url,
-                limit_mb=job.max_payload_mb,
-            ):
+            for batch in request_batches(opened, job, processing):
                 if self.failure is not None or self.read_failure is not None or engine.stopping.is_set():
                     return
                 consumed = opened.consumed
@@ -324,9 +306,26 @@ def object_format(job: TransformJob, obj: InputObject) -> tuple[str, str | None]
     return content_type, fmt
 
 
-def _items(records: Iterator[Record], processing: DataProcessing, split_type: str) -> Iterator[Item]:
+def request_batches(
+    opened: OpenedInput, job: TransformJob, processing: DataProcessing
+) -> Iterator[list[Item]]:
+    """One object's requests in order, each a list of items: its records, filtered and packed
+    up to --max-payload. Both engines send exactly these."""
+    obj = opened.obj
+    items = record_items(iter_records(opened.stream, job.split_type, obj.url), processing, job.split_type)
+    yield from pack(
+        items,
+        split_type=job.split_type,
+        batch_strategy=job.batch_strategy,
+        max_bytes=job.max_payload_bytes,
+        name=obj.url,
+        limit_mb=job.max_payload_mb,
+    )
+
+
+def record_items(records: Iterator[Record], processing: DataProcessing, split_type: str) -> Iterator[Item]:
     """Records → items to send: blank lines (and empty objects) are kept but not sent; the
-    input filter applied."""
+    input filter applied (a record it cannot apply to is an item with an error)."""
     for record in records:
         if (split_type == "Line" and record.blank) or (split_type == "None" and not record.data):
             yield Item(record, None)
@@ -341,7 +340,9 @@ class _WriteError(Exception):
     pass
 
 
-def _failure_from(exc: BaseException, obj: InputObject) -> RecordFailure:
+def failure_from(exc: BaseException, obj: InputObject) -> RecordFailure:
+    """Why `obj` could not be read, split or written, from the exception that stopped it: the
+    record and message for the failure report (an unexpected one is logged with its traceback)."""
     if isinstance(exc, _WriteError):
         return RecordFailure("the object", str(exc))
     if isinstance(exc, RecordError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from tfservo.errors import InvalidArgument
 from tfservo.transform.jsonpath import JsonPath, JsonPathError, parse_jsonpath
@@ -85,6 +86,28 @@ class TransformJob:
             or self.output_filter_path is not None
             or self.join_source == "Input"
         )
+
+    def output_flags(self) -> dict[str, Any]:
+        """The flags that decide what the outputs hold, by flag name: a rerun with other values
+        cannot resume these outputs. Request packing counts only where answers are concatenated."""
+        flags: dict[str, Any] = {
+            "--content-type": self.content_type,
+            "--accept": self.accept,
+            "--split-type": self.split_type,
+            "--assemble-with": self.assemble_with,
+            "--input-filter": self.input_filter,
+            "--output-filter": self.output_filter,
+            "--join-source": self.join_source,
+            "--compression-type": self.compression_type,
+            "--custom-attributes": self.custom_attributes,
+            "--env": dict(sorted(self.env.items())),
+            "--on-record-error": self.on_record_error,
+            "--placeholder": self.placeholder,
+        }
+        if self.split_type != "None" and not self.per_record:  # each request's answer is a piece of the .out
+            flags["--batch-strategy"] = self.batch_strategy
+            flags["--max-payload"] = self.max_payload_mb
+        return flags
 
     def validated(self) -> TransformJob:
         """The job with canonical spellings, or JobError naming the flag that is wrong."""

@@ -1,14 +1,19 @@
 """Running a transform job in this process: --env applied, the model loaded once, a loopback
-server for handlers (so `context.rest_uri` answers), then the local engine."""
+server for handlers (so `context.rest_uri` and `context.channel` answer), then the local engine."""
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from tfservo.sagemaker.service import ModelService
 from tfservo.transform.engine import TransformEngine, list_job_inputs
 from tfservo.transform.job import JobError, TransformJob
-from tfservo.transform.state import TransformSummary
+from tfservo.transform.sinks import OutputStore
+from tfservo.transform.state import TransformSummary, bundle_versions, check_settings, job_description
+
+if TYPE_CHECKING:
+    from tfservo.server.run import LoopbackServer
 
 
 def apply_env(env: dict[str, str]) -> None:
@@ -38,6 +43,16 @@ def load_service(model: str) -> ModelService:
     return service
 
 
+def loopback_for_handlers(service: ModelService) -> LoopbackServer | None:
+    """A started loopback REST + gRPC server when the bundle has handlers (their context.rest_uri,
+    grpc_uri and channel reach it) and the service has no server of its own; stop() it after."""
+    if not service.invoker.has_handlers() or service.rest_base is not None:
+        return None
+    from tfservo.server.run import LoopbackServer
+
+    return LoopbackServer(service).start()
+
+
 def run_transform(
     job: TransformJob,
     *,
@@ -47,23 +62,22 @@ def run_transform(
 ) -> TransformSummary:
     """Run `job` to the end in this process; pass `service` to reuse an already loaded model."""
     job = job.validated()
-    objects = list_job_inputs(job)  # before loading the model: a wrong path fails in a second
+    # before loading the model: a wrong path or changed flags fail in a second
+    objects = list_job_inputs(job)
+    check_settings(OutputStore(job.output), job, job_description(job))
     own = service is None
     if service is None:
         apply_env(job.env)
         service = load_service(job.model)
-    loopback = None
-    previous_base = service.rest_base
-    if service.invoker.has_handlers() and service.rest_base is None:
-        from tfservo.server.run import LoopbackServer
-
-        loopback = LoopbackServer(service).start()
+    loopback = loopback_for_handlers(service)
     try:
-        engine = TransformEngine(job, service.invoker, progress=progress, progress_interval=progress_interval)
+        engine = TransformEngine(
+            job, service.invoker, progress=progress, progress_interval=progress_interval,
+            versions=bundle_versions(service.bundles),
+        )
         return engine.run(objects)
     finally:
         if loopback is not None:
             loopback.stop()
-            service.rest_base = previous_base
         if own:
             service.close()

@@ -3,19 +3,24 @@
 Locally an output is written to a hidden temporary name beside it and renamed; on S3 (any
 fsspec store) it is spooled locally and sent in one PUT, or a multipart upload that is
 completed only at the end, so a reader never sees a partial object under the final name.
+What a killed run leaves (temporary files, unfinished S3 uploads) is cleaned up by the next.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import posixpath
 import re
 import tempfile
+from collections.abc import Iterable
 from typing import Any
 
 from tfservo.transform.retry import retry
 from tfservo.transform.sources import display_url, is_local, url_to_fs
+
+log = logging.getLogger("tfservo.transform")
 
 SPOOL_BYTES = 16 * 2**20
 _PARTIAL = re.compile(r"^\..+\.tfservo-partial-(\d+)-\d+$")
@@ -70,12 +75,44 @@ class OutputStore:
                         pass
         return removed
 
+    def abort_uploads(self, names: Iterable[str]) -> int:
+        """Abort unfinished S3 multipart uploads to `names` (a killed run's; S3 keeps and bills
+        their parts until then). Uploads to any other key are left alone."""
+        if self.local or not hasattr(self.fs, "call_s3"):
+            return 0
+        bucket, prefix, _ = self.fs.split_path(self.root)
+        wanted = {self.fs.split_path(self.path(name))[1] for name in names}
+        query = {"Bucket": bucket, "Prefix": f"{prefix}/" if prefix else ""}
+        aborted = 0
+        while True:
+            page = self._s3("list_multipart_uploads", f"listing unfinished uploads under {self.url}", **query)
+            for upload in page.get("Uploads", []):
+                key, upload_id = upload["Key"], upload["UploadId"]
+                if key not in wanted:
+                    continue
+                try:
+                    self._s3("abort_multipart_upload", f"aborting the unfinished upload to s3://{bucket}/{key}",
+                             Bucket=bucket, Key=key, UploadId=upload_id)
+                except FileNotFoundError:  # finished or aborted meanwhile
+                    continue
+                log.info("aborted an unfinished upload to s3://%s/%s (started %s) left by an interrupted run",
+                         bucket, key, upload.get("Initiated"))
+                aborted += 1
+            if not page.get("IsTruncated"):
+                return aborted
+            query.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
+
     def writer(self, name: str) -> ObjectWriter:
         """A writer whose content becomes `name` on commit()."""
         self._counter += 1
         if self.local:
             return _LocalWriter(self.path(name), self._counter)
         return _RemoteWriter(self, name)
+
+    def get(self, name: str) -> bytes:
+        """The bytes of one small object in OUTPUT; FileNotFoundError when it is not there."""
+        path = self.path(name)
+        return retry(lambda: self.fs.cat_file(path), f"reading {self.display(name)}")
 
     def put(self, name: str, data: bytes) -> None:
         """Write a whole small object atomically."""
@@ -92,6 +129,30 @@ class OutputStore:
                 retry(lambda: self.fs.rm_file(path), f"removing {self.display(name)}")
         except FileNotFoundError:
             pass
+
+    def remove_all(self, names: Iterable[str]) -> None:
+        """Remove several objects (on S3 up to 1000 per request); missing ones are fine."""
+        names = sorted(names)
+        if self.local or not hasattr(self.fs, "call_s3"):
+            for name in names:
+                self.remove(name)
+            return
+        bucket = self.fs.split_path(self.root)[0]
+        keys = [{"Key": self.fs.split_path(self.path(name))[1]} for name in names]
+        for start in range(0, len(keys), 1000):
+            chunk = keys[start:start + 1000]
+            done = self._s3("delete_objects", f"removing {len(chunk)} objects from {self.url}",
+                            Bucket=bucket, Delete={"Objects": chunk, "Quiet": True})
+            if done.get("Errors"):
+                first = done["Errors"][0]
+                raise OSError(
+                    f"cannot remove s3://{bucket}/{first['Key']}: {first.get('Code')}: {first.get('Message')}"
+                )
+        self.fs.invalidate_cache(self.root)
+
+    def _s3(self, operation: str, what: str, **params: Any) -> dict[str, Any]:
+        """One S3 API call (s3fs's client), retried while it fails transiently."""
+        return retry(lambda: self.fs.call_s3(operation, **params), what)
 
 
 class ObjectWriter:

@@ -1,13 +1,18 @@
-"""Job state kept in OUTPUT: which objects are done (resume), the failure report, dead letters.
+"""Job state kept in OUTPUT: which objects are done (resume), the job's description, the
+failure report, dead letters.
 
 An object is done when its .out exists (sinks only ever publish complete ones), so a rerun
-of the same command skips it. Records skipped with --on-record-error skip go to
-`<name>.deadletter.jsonl` beside the .out, written before it.
+of the same command skips it. `_tfservo_job.json` records what decides the outputs' bytes
+(the bundle, its versions, the flags that shape them): a rerun with other settings stops
+instead of keeping outputs they would not give. Records skipped with --on-record-error skip
+go to `<name>.deadletter.jsonl` beside the .out, written before it.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -15,11 +20,15 @@ from typing import Any
 
 import orjson
 
-from tfservo.transform.job import TransformJob
+from tfservo.bundle import Bundle
+from tfservo.transform.job import JobError, TransformJob
 from tfservo.transform.sinks import OutputStore
-from tfservo.transform.sources import InputObject
+from tfservo.transform.sources import InputObject, display_url, is_local, url_to_fs
+
+log = logging.getLogger("tfservo.transform")
 
 REPORT_NAME = "_tfservo_failures.json"
+JOB_NAME = "_tfservo_job.json"
 DEAD_LETTER_SUFFIX = ".deadletter.jsonl"
 
 
@@ -145,3 +154,121 @@ def write_report(store: OutputStore, job: TransformJob, summary: TransformSummar
     }
     store.put(REPORT_NAME, orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     return store.display(REPORT_NAME)
+
+
+# -- the job's description, and OUTPUT made ready for a run --------------------------------------
+
+
+def bundle_versions(bundles: Iterable[Bundle]) -> dict[str, list[int]]:
+    """Each model of the bundles → its version numbers, as the job's description records them."""
+    return {name: sorted(source.versions) for bundle in bundles for name, source in bundle.models.items()}
+
+
+def job_description(job: TransformJob, versions: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """What decides the bytes of the job's outputs: the bundle, its models' versions (None: not
+    known yet, and then not compared) and the flags that shape the outputs."""
+    fs, path = url_to_fs(job.model)
+    model = display_url(fs, os.path.realpath(path) if is_local(fs) else path.rstrip("/"))
+    doc: dict[str, Any] = {"model": model, "flags": job.output_flags()}
+    if versions is not None:
+        doc["versions"] = versions
+    return doc
+
+
+def setting_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """How `current` differs from the `recorded` description, one phrase per difference."""
+    changes = []
+    if recorded.get("model") != current["model"]:
+        changes.append(f"MODEL was {recorded.get('model')}, now {current['model']}")
+    if "versions" in recorded and "versions" in current and recorded["versions"] != current["versions"]:
+        changes.append(f"the bundle's versions were {_versions(recorded)}, now {_versions(current)}")
+    old, new = recorded.get("flags", {}), current["flags"]
+    names = [*new, *(name for name in old if name not in new)]
+    if old.get("--on-record-error") == "fail":  # such outputs hold no placeholders: skip mode may resume them
+        names = [name for name in names if name not in ("--on-record-error", "--placeholder")]
+    for name in names:
+        if old.get(name) != new.get(name):
+            changes.append(f"{name} was {_shown(old.get(name))}, now {_shown(new.get(name))}")
+    return changes
+
+
+def check_settings(
+    store: OutputStore, job: TransformJob, current: dict[str, Any]
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """(the recorded description or None, what `current` changes); JobError when the outputs
+    in OUTPUT were made with other settings and --overwrite is not given."""
+    try:
+        recorded = orjson.loads(store.get(JOB_NAME))
+        problem = None if isinstance(recorded, dict) else "is not a JSON object"
+    except FileNotFoundError:
+        return None, []
+    except orjson.JSONDecodeError as exc:
+        problem = f"is not valid JSON ({exc})"
+    if problem is not None:
+        if job.overwrite:
+            return None, []
+        raise JobError(
+            f"{store.display(JOB_NAME)} {problem}; it records the settings the outputs in {job.output} "
+            "were made with. Use --overwrite to redo every object, or another OUTPUT"
+        )
+    changes = setting_changes(recorded, current)
+    if changes and not job.overwrite:
+        raise JobError(
+            f"OUTPUT {job.output} holds outputs made with other settings ({store.display(JOB_NAME)}): "
+            f"{'; '.join(changes)}. Resuming would keep them: add --overwrite to redo every object "
+            "with these settings, or write to another OUTPUT"
+        )
+    return recorded, changes
+
+
+def open_output(
+    store: OutputStore, job: TransformJob, objects: list[InputObject], versions: dict[str, list[int]] | None
+) -> tuple[set[str], list[InputObject], list[InputObject]]:
+    """Make OUTPUT ready for a run, before anything is written to it: check and record the
+    job's description, abort a killed run's uploads, remove its partial files. Returns (names
+    in OUTPUT, objects to do, objects already done); both engines start here."""
+    current = job_description(job, versions)
+    recorded, changes = check_settings(store, job, current)
+    outputs = {name for o in objects for name in (o.out_name, dead_letter_name(o))}
+    try:
+        store.abort_uploads(outputs | {REPORT_NAME, JOB_NAME})
+    except OSError as exc:
+        log.warning(
+            "could not look for unfinished uploads of interrupted runs under %s (%s: %s); any there "
+            "cost storage until aborted (aws s3api list-multipart-uploads)",
+            job.output, type(exc).__name__, exc,
+        )
+    try:
+        existing = store.existing()
+    except OSError as exc:
+        raise JobError(f"cannot list OUTPUT {job.output}: {type(exc).__name__}: {exc}") from None
+    earlier = outputs & existing if job.overwrite and (recorded is None or changes) else set()
+    if earlier:  # made with other (or unknown) settings: none may outlive this run
+        log.info("--overwrite with settings other than those in %s (or none recorded): removing the %d "
+                 "earlier outputs of these objects first", store.display(JOB_NAME), len(earlier))
+        store.remove_all(earlier)
+        existing -= earlier
+    # versions not known here (an engine given only an invoker) stay as recorded
+    described = {**recorded, **current} if recorded and not changes else current
+    if described != recorded:  # new, changed, or changed in a way that may resume (fail → skip)
+        store.put(JOB_NAME, orjson.dumps(described, option=orjson.OPT_INDENT_2) + b"\n")
+        existing.add(JOB_NAME)
+    cleaned = store.clean_partials()
+    if cleaned:
+        log.info("removed %d partial outputs left by an interrupted run", cleaned)
+    todo, done = pending_objects(objects, existing, job.overwrite)
+    if done:
+        log.info(
+            "resuming: %d of %d objects already have their .out in %s and are skipped "
+            "(--overwrite redoes them)", len(done), len(objects), job.output,
+        )
+    return existing, todo, done
+
+
+def _shown(value: Any) -> str:
+    return "unset" if value is None else orjson.dumps(value).decode()
+
+
+def _versions(doc: dict[str, Any]) -> str:
+    models = doc["versions"].items()
+    return "; ".join(f"{name} {', '.join(map(str, versions))}" for name, versions in models) or "none"
