@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -51,3 +53,31 @@ def tfs_server(testdata):
 def http(tfs_server):
     with tfs_server.client() as client:
         yield client
+
+
+@contextmanager
+def tfs_grpc(target: str) -> Iterator[tuple]:
+    """TF Serving's own stubs on one channel to `target`: (PredictionService, ModelService)."""
+    import grpc
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        yield prediction_service_pb2_grpc.PredictionServiceStub(channel), model_service_pb2_grpc.ModelServiceStub(channel)
+
+
+def grpc_predict_request(name: str, x, version: int | None = None, label: str | None = None, **spec):
+    """A PredictRequest for model `name` with float32 input "x" (model_spec fields as given)."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    if version is not None:
+        request.model_spec.version.value = version
+    if label is not None:
+        request.model_spec.version_label = label
+    for key, value in spec.items():
+        setattr(request.model_spec, key, value)
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.asarray(x, np.float32)))
+    return request

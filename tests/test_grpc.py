@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TFS
+from conftest import TFS, grpc_predict_request, tfs_grpc
 from google.protobuf import json_format
 from server_process import ServerProcess
 from tensorflow_serving.apis import (
@@ -23,9 +23,7 @@ from tensorflow_serving.apis import (
     get_model_status_pb2,
     inference_pb2,
     model_management_pb2,
-    model_service_pb2_grpc,
     predict_pb2,
-    prediction_service_pb2_grpc,
     regression_pb2,
 )
 
@@ -85,19 +83,19 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def channel(server):
-    with grpc.insecure_channel(server.grpc_target) as ch:
-        yield ch
+def stubs(server):
+    with tfs_grpc(server.grpc_target) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
-def predictions(channel):
-    return prediction_service_pb2_grpc.PredictionServiceStub(channel)
+def predictions(stubs):
+    return stubs[0]
 
 
 @pytest.fixture(scope="module")
-def models(channel):
-    return model_service_pb2_grpc.ModelServiceStub(channel)
+def models(stubs):
+    return stubs[1]
 
 
 @pytest.fixture(scope="module")
@@ -112,17 +110,9 @@ def rest(http, path, doc=None):
     return r.json()
 
 
-def predict_request(xs, name=M, version=None, label=None, **spec) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    if version is not None:
-        request.model_spec.version.value = version
-    if label is not None:
-        request.model_spec.version_label = label
-    for key, value in spec.items():
-        setattr(request.model_spec, key, value)
-    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.asarray(xs, np.float32).reshape(-1, 1)))
-    return request
+def predict_request(xs, name=M, **spec) -> predict_pb2.PredictRequest:
+    """For the half_plus_two models: one value per row of x (shape [-1, 1])."""
+    return grpc_predict_request(name, np.asarray(xs, np.float32).reshape(-1, 1), **spec)
 
 
 def add_examples(request, xs, context=None):

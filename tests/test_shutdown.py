@@ -1,29 +1,35 @@
-"""SIGTERM on a real `tfservo serve`: no new requests, the ones in flight finish, exit 0."""
+"""SIGTERM on a real `tfservo serve`, one process or two workers: no new requests, the ones
+in flight finish, exit 0. With workers: a killed worker is replaced, one that fails to start
+stops the server."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import textwrap
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 
-import grpc
 import httpx
-import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TFS
+from conftest import TFS, grpc_predict_request, tfs_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from server_process import ServerProcess
+from server_process import ServerProcess, run_cli
 from tensorflow.python.data.experimental.ops import testing as tf_data_testing
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 SLEEP_SECONDS = 2.0
 
 # A handler that is still running when SIGTERM arrives and then calls back into the server.
 CALLBACK_HANDLER = f"""
+    import json
+    import os
     import time
 
     import requests
@@ -33,7 +39,17 @@ CALLBACK_HANDLER = f"""
         body = data.read()
         time.sleep({SLEEP_SECONDS})
         response = requests.post(context.rest_uri, data=body, timeout=30)
-        return response.content, "application/json"
+        return json.dumps({{"pid": os.getpid(), **response.json()}}), "application/json"
+"""
+
+# Which worker answered: each new connection lands on whichever worker accepts it first.
+WHOAMI_HANDLER = """
+    import json
+    import os
+
+
+    def handler(data, context):
+        return json.dumps({"pid": os.getpid()}), "application/json"
 """
 
 
@@ -54,10 +70,15 @@ def build_slow_model(path) -> None:
 def bundle(tmp_path_factory):
     root = tmp_path_factory.mktemp("shutdown-bundle")
     build_slow_model(root / "slow" / "1")
-    shutil.copytree(TFS / "saved_model_half_plus_two_cpu" / "00000123", root / "callback" / "00000123")
-    (root / "callback" / "code").mkdir()
-    (root / "callback" / "code" / "inference.py").write_text(textwrap.dedent(CALLBACK_HANDLER))
+    for name, handler in (("callback", CALLBACK_HANDLER), ("whoami", WHOAMI_HANDLER)):
+        shutil.copytree(TFS / "saved_model_half_plus_two_cpu" / "00000123", root / name / "00000123")
+        (root / name / "code").mkdir()
+        (root / name / "code" / "inference.py").write_text(textwrap.dedent(handler))
     return root
+
+
+INVOKE_CALLBACK = {"Content-Type": "application/json", "X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=callback"}
+INVOKE_WHOAMI = {"Content-Type": "application/json", "X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=whoami"}
 
 
 def in_flight(client: httpx.Client) -> dict[str, float]:
@@ -70,66 +91,201 @@ def in_flight(client: httpx.Client) -> dict[str, float]:
     }
 
 
+def wait_in_flight(client: httpx.Client, http: int, grpc: int) -> None:
+    """Until `http` requests (the scrape itself included) and `grpc` calls are in flight."""
+    deadline = time.monotonic() + 20
+    while (counts := in_flight(client)).get("http", 0) < http or counts.get("grpc", 0) < grpc:
+        assert time.monotonic() < deadline, f"requests never got in flight: {counts}"
+        time.sleep(0.05)
+
+
+def rest_slow(client: httpx.Client) -> httpx.Response:
+    return client.post("/v1/models/slow:predict", content=b'{"instances": [3.0]}')
+
+
+def invoke_callback(client: httpx.Client) -> httpx.Response:
+    return client.post("/invocations", content=b'{"instances": [[4.0]]}', headers=INVOKE_CALLBACK)
+
+
+def with_new_client(proc: ServerProcess, call: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
+    with proc.client() as client:
+        return call(client)
+
+
+def check_answers(rest_responses, grpc_responses, invocation_responses) -> None:
+    """Every request that was in flight at SIGTERM got its full answer."""
+    for response in rest_responses:
+        assert response.status_code == 200 and response.json() == {"predictions": [6.0]}, response.text
+    for response in grpc_responses:
+        assert tf.make_ndarray(response.outputs["y"]).tolist() == [2.0, 4.0]
+    # The handler's call back into the REST API, made after SIGTERM, was still answered.
+    for response in invocation_responses:
+        assert response.status_code == 200, response.text
+        assert json.loads(response.content)["predictions"] == [[4.0]]
+
+
+def check_refused_while_draining(proc: ServerProcess) -> None:
+    """After SIGTERM, with invocations still in flight: /ping and new invocations get 503."""
+    with proc.client() as late:
+        ping = late.get("/ping")
+        assert ping.status_code == 503 and ping.json() == {"error": "shutting down"}
+        refused = late.post("/invocations", content=b"[1.0]", headers={"Content-Type": "application/json"})
+        assert refused.status_code == 503, refused.text
+        assert "shutting down" in refused.json()["error"]
+
+
+def check_stopped_cleanly(proc: ServerProcess, stopped_lines: int) -> None:
+    assert proc.proc.wait(timeout=90) == 0, proc.output
+    deadline = time.monotonic() + 5  # the last lines may still be on their way through the pipe
+    while proc.output.count("tfservo.server: stopped") < stopped_lines and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.output.count("tfservo.server: stopped") == stopped_lines, proc.output
+    with httpx.Client(base_url=proc.url) as client, pytest.raises(httpx.TransportError):
+        client.get("/ping")
+
+
 def test_sigterm_finishes_requests_in_flight_and_exits_0(bundle):
     proc = ServerProcess([str(bundle)]).start()
-    client = proc.client()
-    channel = grpc.insecure_channel(proc.grpc_target)
     try:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        grpc_request = predict_pb2.PredictRequest()
-        grpc_request.model_spec.name = "slow"
-        grpc_request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([1.0, 2.0], np.float32)))
-
-        def rest_slow():
-            with proc.client() as own:
-                return own.post("/v1/models/slow:predict", content=b'{"instances": [3.0]}')
-
-        def invocation():
-            with proc.client() as own:
-                return own.post(
-                    "/invocations",
-                    content=b'{"instances": [[4.0]]}',
-                    headers={"Content-Type": "application/json",
-                             "X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=callback"},
-                )
-
-        with ThreadPoolExecutor(3) as pool:
-            rest_future = pool.submit(rest_slow)
-            grpc_future = pool.submit(lambda: stub.Predict(grpc_request, timeout=60))
-            invocation_future = pool.submit(invocation)
-            deadline = time.monotonic() + 20
-            # Three requests in flight (the scrape itself is the fourth HTTP one).
-            while (counts := in_flight(client)).get("http", 0) < 3 or counts.get("grpc", 0) < 1:
-                assert time.monotonic() < deadline, f"requests never got in flight: {counts}"
-                time.sleep(0.05)
+        with proc.client() as client, tfs_grpc(proc.grpc_target) as (stub, _), ThreadPoolExecutor(3) as pool:
+            rest_future = pool.submit(with_new_client, proc, rest_slow)
+            grpc_future = pool.submit(stub.Predict, grpc_predict_request("slow", [1.0, 2.0]), timeout=60)
+            invocation_future = pool.submit(with_new_client, proc, invoke_callback)
+            wait_in_flight(client, http=3, grpc=1)  # the scrape is the fourth HTTP request
 
             proc.proc.send_signal(signal.SIGTERM)
             time.sleep(0.3)
             try:  # no new work: refused while draining, or the socket is already closed
-                late = client.post("/invocations", content=b"[1.0]", headers={"Content-Type": "application/json"})
-                assert late.status_code == 503, late.text
-                assert "shutting down" in late.json()["error"]
+                check_refused_while_draining(proc)
             except httpx.TransportError:
                 pass
-
-            rest_response = rest_future.result(timeout=60)
-            grpc_response = grpc_future.result(timeout=60)
-            invocation_response = invocation_future.result(timeout=60)
-
-        assert rest_response.status_code == 200 and rest_response.json() == {"predictions": [6.0]}
-        assert tf.make_ndarray(grpc_response.outputs["y"]).tolist() == [2.0, 4.0]
-        # The handler's call back into the REST API, made after SIGTERM, was still answered.
-        assert invocation_response.status_code == 200, invocation_response.text
-        assert json.loads(invocation_response.content) == {"predictions": [[4.0]]}
-
-        assert proc.proc.wait(timeout=60) == 0, proc.output
-        deadline = time.monotonic() + 5  # the last lines may still be on their way through the pipe
-        while "stopped" not in proc.output and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "SIGTERM received" in proc.output and "stopped" in proc.output
-        with pytest.raises(httpx.TransportError):
-            client.get("/ping")
+            check_answers([rest_future.result(60)], [grpc_future.result(60)], [invocation_future.result(60)])
+        check_stopped_cleanly(proc, stopped_lines=1)
+        assert "SIGTERM received" in proc.output
     finally:
         proc.stop(signal.SIGKILL)
-        client.close()
-        channel.close()
+
+
+# -- several workers -------------------------------------------------------------------------
+
+_WORKER_READY = re.compile(r"serving .* pid (\d+) of 2 workers")
+
+
+@pytest.fixture(scope="module")
+def two_workers(bundle):
+    """`--workers 2`; the last test of this module stops it."""
+    proc = ServerProcess([str(bundle), "--workers", "2"]).start()
+    yield proc
+    proc.stop()
+
+
+def ready_pids(proc: ServerProcess) -> list[int]:
+    """The pids of the workers that logged their ready line, in order."""
+    return [int(m[1]) for line in proc.lines if (m := _WORKER_READY.search(line))]
+
+
+def serving_pids(proc: ServerProcess, count: int) -> list[int]:
+    """The pids of the first `count` workers ready, once they are."""
+    deadline = time.monotonic() + 120
+    while len(pids := ready_pids(proc)) < count:
+        assert time.monotonic() < deadline and proc.proc.poll() is None, proc.output
+        time.sleep(0.1)
+    return pids[:count]
+
+
+def pinned_clients(proc: ServerProcess, per_worker: int) -> dict[int, list[httpx.Client]]:
+    """`per_worker` kept-alive connections to each of the two workers, by worker pid."""
+    pinned: dict[int, list[httpx.Client]] = defaultdict(list)
+    for _ in range(300):
+        client = proc.client()
+        pid = client.post("/invocations", content=b"[]", headers=INVOKE_WHOAMI).json()["pid"]
+        if len(pinned[pid]) < per_worker:
+            pinned[pid].append(client)
+        else:
+            client.close()
+        if len(pinned) == 2 and all(len(clients) == per_worker for clients in pinned.values()):
+            return pinned
+    pytest.fail(f"new connections never reached both workers: {dict(pinned)}")
+
+
+def test_a_killed_worker_is_replaced_and_marked_dead(two_workers):
+    proc = two_workers
+    victim, survivor = serving_pids(proc, 2)
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    answered = set()
+    # One connection per request: a kept-alive one could be to the killed worker.
+    with proc.client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        while len(ready_pids(proc)) < 3:
+            r = client.post("/invocations", content=b"[]", headers=INVOKE_WHOAMI)
+            assert r.status_code == 200, r.text
+            answered.add(r.json()["pid"])
+            assert time.monotonic() < deadline, proc.output
+            time.sleep(0.05)
+        metrics_text = client.get("/metrics").text
+    replacement = ready_pids(proc)[2]
+    assert victim not in answered and replacement not in (victim, survivor)
+    assert f"worker {victim} was killed by SIGKILL; starting a new one" in proc.output
+    pinned = pinned_clients(proc, 1)  # both workers answer, the new one included
+    assert set(pinned) == {survivor, replacement}
+    for clients in pinned.values():
+        clients[0].close()
+    # The killed worker's per-process gauges are gone from /metrics; the new one's are there.
+    pids = {int(s.labels["pid"]) for family in text_string_to_metric_families(metrics_text)
+            for s in family.samples if s.name == "tfservo_model_state"}
+    assert pids == {survivor, replacement}, pids
+
+
+def test_sigterm_drains_every_worker_and_all_exit_0(two_workers):
+    """Runs last: stops the module's two-worker server."""
+    proc = two_workers
+    serving_pids(proc, 2)
+    pinned = pinned_clients(proc, per_worker=2)  # [invocation, REST] connection to each worker
+    first, second = pinned
+    try:
+        with proc.client() as client, ExitStack() as channels, ThreadPoolExecutor(6) as pool:
+            rests = [pool.submit(rest_slow, clients[1]) for clients in pinned.values()]
+            # Two channels: SO_REUSEPORT may send each to a different worker.
+            stubs = [channels.enter_context(tfs_grpc(proc.grpc_target))[0] for _ in range(2)]
+            request = grpc_predict_request("slow", [1.0, 2.0])
+            grpc_calls = [pool.submit(stub.Predict, request, timeout=60) for stub in stubs]
+            # The first worker's invocation ends well before the second's.
+            early = pool.submit(invoke_callback, pinned[first][0])
+            wait_in_flight(client, http=4, grpc=2)  # the scrape is the fourth HTTP request
+            time.sleep(SLEEP_SECONDS / 2)
+            late = pool.submit(invoke_callback, pinned[second][0])
+            wait_in_flight(client, http=5, grpc=2)
+
+            proc.proc.send_signal(signal.SIGTERM)
+            assert not early.done(), "the first invocation ended before SIGTERM; the machine is too slow"
+            time.sleep(0.3)
+            check_refused_while_draining(proc)
+            answered = [early.result(60)]
+            time.sleep(0.3)
+            # Its worker has drained but keeps its listeners while the other worker's invocation
+            # runs: that handler's call back may reach either worker.
+            assert not late.done() and "closing listeners" not in proc.output, proc.output
+            answered.append(late.result(60))
+            check_answers([f.result(60) for f in rests], [f.result(60) for f in grpc_calls], answered)
+        assert {json.loads(r.content)["pid"] for r in answered} == set(pinned)  # in flight on both workers
+        check_stopped_cleanly(proc, stopped_lines=3)  # each worker's, then the supervisor's
+        assert proc.output.count("SIGTERM received: finishing requests in flight") == 2, proc.output
+        assert proc.output.count("all workers drained: closing listeners") == 2, proc.output
+        assert "SIGTERM received: stopping 2 workers" in proc.output
+    finally:
+        for clients in pinned.values():
+            for c in clients:
+                c.close()
+
+
+def test_a_worker_that_fails_to_start_stops_the_server_with_its_error(tmp_path):
+    model = tmp_path / "broken"
+    shutil.copytree(TFS / "saved_model_half_plus_two_cpu" / "00000123", model / "00000123")
+    (model / "code").mkdir()
+    (model / "code" / "inference.py").write_text("import json\n\ndef handler(data, context)\n    return data\n")
+    done = run_cli(["serve", str(model), "--workers", "2", "--port", "0", "--grpc-port", "0"], timeout=300)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    # The worker's own error, once, as with one worker; no restarts.
+    assert "Error: " in err and "inference.py, line 3" in err and "SyntaxError" in err, err
+    assert err.count("failed to start") == 1 and "starting a new one" not in err, err

@@ -14,9 +14,16 @@ log = logging.getLogger("tfservo.server")
 
 
 def start_grpc(
-    service: ModelService, settings: ServerSettings, metrics: Metrics | None = None, *, reuse_port: bool = False
+    service: ModelService,
+    settings: ServerSettings,
+    metrics: Metrics | None = None,
+    *,
+    reuse_port: bool = False,
+    log_level: int = logging.INFO,
 ) -> GrpcServer | None:
-    """Serve gRPC on settings.grpc_port (0 picks a free port; None: no gRPC) and tell handlers where."""
+    """Serve gRPC on settings.grpc_port (0 picks a free port; None: no gRPC) and tell handlers where.
+
+    `log_level` is the level of the "gRPC on HOST:PORT" line (a loopback server's is DEBUG)."""
     if settings.grpc_port is None:
         return None
     server = GrpcServer(
@@ -29,5 +36,5 @@ def start_grpc(
         reuse_port=reuse_port,
     ).start()
     service.grpc_port = server.port
-    log.info("gRPC on %s:%d", settings.host, server.port)
+    log.log(log_level, "gRPC on %s:%d", settings.host, server.port)
     return server

@@ -97,16 +97,18 @@ class Metrics:
         self.model_load_failures = Counter(
             "tfservo_model_load_failures", "Model versions that failed to load", ["model", "version"], registry=reg,
         )
+        # Labelled by served model name only (the batcher's own): a bounded label set.
         self.batch_size = Histogram(
-            "tfservo_batch_size", "Rows in each batch the batcher ran (before padding)",
-            buckets=BATCH_BUCKETS, registry=reg,
+            "tfservo_batch_size", "Rows in each batch the batcher ran (before padding), by model",
+            ["model"], buckets=BATCH_BUCKETS, registry=reg,
         )
         self.batch_padding = Counter(
-            "tfservo_batch_padding_rows", "Rows added to batches to reach an allowed batch size", registry=reg,
+            "tfservo_batch_padding_rows", "Rows added to batches to reach an allowed batch size, by model",
+            ["model"], registry=reg,
         )
         self.batch_seconds = Histogram(
-            "tfservo_batch_run_seconds", "Time the model took to run one batch",
-            buckets=LATENCY_BUCKETS, registry=reg,
+            "tfservo_batch_run_seconds", "Time the model took to run one batch, by model",
+            ["model"], buckets=LATENCY_BUCKETS, registry=reg,
         )
         self._failures_counted: set[int] = set()
 
@@ -125,12 +127,12 @@ class Metrics:
             weakref.finalize(sv, self._failures_counted.discard, id(sv))
             self.model_load_failures.labels(model, version).inc()
 
-    def batch_hook(self, real: int, padded: int, seconds: float) -> None:
-        """The batcher's on_batch: one batch of `real` rows ran as `padded` rows in `seconds`."""
-        self.batch_size.observe(real)
+    def batch_hook(self, model: str, real: int, padded: int, seconds: float) -> None:
+        """The batcher's on_batch: a batch of `model` with `real` rows ran as `padded` rows in `seconds`."""
+        self.batch_size.labels(model).observe(real)
         if padded > real:
-            self.batch_padding.inc(padded - real)
-        self.batch_seconds.observe(seconds)
+            self.batch_padding.labels(model).inc(padded - real)
+        self.batch_seconds.labels(model).observe(seconds)
 
     def scope(self, route: str, method: str) -> Any:
         """A RequestScope for the gRPC servicers: labels current while the call runs, recorded after."""

@@ -1,17 +1,14 @@
 """Start the HTTP server: in the foreground for `tfservo serve` (one or several worker
 processes on one port), or on loopback in a thread so that in-process callers
-(`tfservo invoke`, transform, Beam) give handlers a live rest_uri.
+(`tfservo invoke`, transform, Beam) give handlers a live rest_uri and gRPC channel.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
-import json
 import logging
 import os
 import socket
-import tempfile
 import threading
 
 import uvicorn
@@ -22,11 +19,12 @@ from tfservo.server.grpc_endpoint import start_grpc
 from tfservo.server.metrics import ASGIApp, Metrics
 from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.settings import ServerSettings
+from tfservo.server.workers import Supervisor, WorkerLink
 
 log = logging.getLogger("tfservo.server")
 
-_WORKER_SETTINGS_ENV = "TFSERVO_WORKER_SETTINGS"
 _GRACE_SECONDS = 30.0  # how long a stop waits for requests in flight
+_LOOPBACK_GRACE_SECONDS = 5.0  # in-process callers stop it after their own calls are done
 
 
 def build_service(settings: ServerSettings, metrics: Metrics | None = None) -> ModelService:
@@ -112,20 +110,37 @@ def _uvicorn_config(app, log_level: str, **kw) -> uvicorn.Config:
 def serve(settings: ServerSettings) -> None:
     """Load the bundle(s) and serve until SIGINT/SIGTERM (in-flight requests finish first)."""
     sock = bind_socket(settings.host, settings.port)
-    port = sock.getsockname()[1]
     if settings.workers > 1:
-        _serve_workers(settings, sock, port)
+        Supervisor(serve_process, settings, sock).run()  # each worker runs serve_process
         return
+    serve_process(settings, sock)
+
+
+def serve_process(settings: ServerSettings, sock: socket.socket, link: WorkerLink | None = None) -> None:
+    """One serving process on `sock` until SIGINT/SIGTERM; with `link`, one of several workers."""
+    port = sock.getsockname()[1]
     metrics, drain = Metrics(), Drain()
     service, app = start_worker(settings, port, metrics, drain)
-    grpc_server = start_grpc(service, settings, metrics)
+    grpc_server = start_grpc(service, settings, metrics, reuse_port=link is not None)
+
+    def stop_listeners() -> None:
+        if link is not None:  # a handler in another worker may still call back into this one
+            link.wait_for_peers(_GRACE_SECONDS)
+        if grpc_server is not None:
+            grpc_server.stop(_GRACE_SECONDS)
+
+    def started() -> None:
+        _log_ready(settings, port, service)
+        if link is not None:
+            link.ready()
+
     server = GracefulServer(
         _uvicorn_config(app, settings.log_level),
         drain,
-        on_stop=lambda: grpc_server.stop(_GRACE_SECONDS) if grpc_server else None,
+        on_stop=stop_listeners,
         grace_seconds=_GRACE_SECONDS,
+        on_started=started,
     )
-    _log_ready(settings, port, service)
     try:
         server.run(sockets=[sock])
     finally:
@@ -150,61 +165,9 @@ def _log_ready(settings: ServerSettings, port: int, service: ModelService) -> No
     )
 
 
-def _serve_workers(settings: ServerSettings, sock: socket.socket, port: int) -> None:
-    """N processes share the listening socket; each loads the models itself (no fork after TF)."""
-    from uvicorn.supervisors import Multiprocess
-
-    if settings.grpc_port == 0:  # every worker must bind the same gRPC port (SO_REUSEPORT)
-        settings = dataclasses.replace(settings, grpc_port=_free_port(settings.host))
-    os.environ[_WORKER_SETTINGS_ENV] = json.dumps({**_settings_dict(settings), "port": port})
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="tfservo-metrics-"))
-    config = _uvicorn_config(
-        "tfservo.server.run:worker_app", settings.log_level, factory=True, workers=settings.workers
-    )
-    log.info("starting %d workers on %s:%d", settings.workers, settings.host, port)
-    Multiprocess(config, sockets=[sock]).run()
-    log.info("stopped")
-
-
-def _settings_dict(settings: ServerSettings) -> dict:
-    doc = dataclasses.asdict(settings)
-    doc["batching"] = dataclasses.asdict(settings.batching) if settings.batching else None
-    return doc
-
-
-_worker_grpc: list = []
-
-
-def worker_app() -> ASGIApp:
-    """uvicorn factory run inside each worker process: settings come from the parent's env."""
-    from tfservo.batching.options import BatchingOptions
-    from tfservo.logs import quiet_tensorflow, setup_logging
-
-    quiet_tensorflow()
-    doc = json.loads(os.environ[_WORKER_SETTINGS_ENV])
-    port = doc.pop("port")
-    batching = doc.pop("batching")
-    settings = ServerSettings(**doc)
-    if batching:
-        batching["allowed_batch_sizes"] = tuple(batching["allowed_batch_sizes"])
-        settings.batching = BatchingOptions(**batching)
-    setup_logging(settings.log_level)
-    metrics = Metrics()
-    service, app = start_worker(settings, port, metrics)
-    # kept referenced for the worker's life: a collected grpc.Server stops serving
-    _worker_grpc.append(start_grpc(service, settings, metrics, reuse_port=True))
-    _log_ready(settings, port, service)
-    return app
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
 class LoopbackServer:
-    """The service's REST API on 127.0.0.1 in a background thread, for in-process callers."""
+    """The service's REST and gRPC APIs on 127.0.0.1 (free ports) in background threads, for
+    in-process callers: handlers' context.rest_uri, grpc_uri and channel reach them."""
 
     def __init__(self, service: ModelService) -> None:
         self.service = service
@@ -215,14 +178,22 @@ class LoopbackServer:
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name="tfservo-loopback"
         )
+        self._grpc = None
+        self._previous = (service.rest_base, service.grpc_port)
 
     def start(self) -> "LoopbackServer":
         self._thread.start()
         while not self._server.started and self._thread.is_alive():
             threading.Event().wait(0.01)
         self.service.rest_base = self.base_url
+        loopback = ServerSettings(paths=[], host="127.0.0.1", grpc_port=0)
+        self._grpc = start_grpc(self.service, loopback, log_level=logging.DEBUG)
         return self
 
     def stop(self) -> None:
+        """Stop both listeners (calls in flight finish first) and restore the service's addresses."""
+        if self._grpc is not None:
+            self._grpc.stop(_LOOPBACK_GRACE_SECONDS).wait(_LOOPBACK_GRACE_SECONDS + 5)
         self._server.should_exit = True
         self._thread.join(timeout=10)
+        self.service.rest_base, self.service.grpc_port = self._previous

@@ -6,12 +6,14 @@ Two phases, because an inference.py handler in flight may still call back into t
    /metrics get 503; REST /v1 and gRPC keep answering until the in-flight invocations end;
 2. stop: uvicorn closes its socket and waits for open requests, gRPC refuses new calls and
    waits for its calls in flight; then the process exits normally.
+With --workers, phase 2 starts only once every worker has drained (`workers.py`).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -87,13 +89,24 @@ class GracefulServer(uvicorn.Server):
     """uvicorn's server with the two-phase stop; `on_stop` stops the other listeners (gRPC)."""
 
     def __init__(
-        self, config: uvicorn.Config, drain: Drain, on_stop: Callable[[], None], grace_seconds: float = 30.0
+        self,
+        config: uvicorn.Config,
+        drain: Drain,
+        on_stop: Callable[[], None],
+        grace_seconds: float = 30.0,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(config)
         self.drain = drain
         self.on_stop = on_stop
+        self.on_started = on_started
         self.grace_seconds = grace_seconds
         self._stopping: threading.Thread | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()  # accepting, and SIGTERM/SIGINT now drain: ready in earnest
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._stopping is None:
@@ -103,8 +116,10 @@ class GracefulServer(uvicorn.Server):
             self.drain.draining = True
             self._stopping = threading.Thread(target=self._stop, name="tfservo-stop", daemon=True)
             self._stopping.start()
-        else:
+        elif sig == signal.SIGINT:
             super().handle_exit(sig, frame)  # a second SIGINT forces the exit
+        # A repeated SIGTERM changes nothing: with --workers a Ctrl-C reaches a worker both from
+        # the terminal and from the supervisor, and systemd signals every process of the unit.
 
     def _stop(self) -> None:
         if not self.drain.wait_idle(self.grace_seconds):

@@ -1,0 +1,237 @@
+"""`tfservo serve --workers N`: a small supervisor, and each worker's link to it.
+
+Every worker is a fresh (spawned) process that runs the single-process serve path on the
+listening socket it inherits, so 1 and N workers stop the same way (`shutdown.py`). The
+supervisor forwards SIGTERM/SIGINT, lets the workers stop listening only once every one of
+them has drained (a handler in one worker may call back into another through the shared
+ports), replaces a worker that dies, and stops the server with a worker's error when one
+fails to start.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from tfservo.errors import ServingError
+from tfservo.server.metrics import MULTIPROC_ENV, mark_worker_dead
+from tfservo.server.settings import ServerSettings
+
+log = logging.getLogger("tfservo.server")
+
+_SPAWN = multiprocessing.get_context("spawn")  # no fork after TensorFlow has started threads
+# Worker → supervisor: _READY, _DRAINED or (_FAILED, message). Supervisor → worker: _STOP.
+_READY, _DRAINED, _FAILED, _STOP = "ready", "drained", "failed", "stop"
+
+WorkerTarget = Callable[[ServerSettings, socket.socket, "WorkerLink"], None]
+
+
+class WorkerLink:
+    """A worker's end of its pipe to the supervisor."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._go = threading.Event()
+        self.is_ready = False
+
+    def ready(self) -> None:
+        """Serving: tell the supervisor, then follow it (its go-ahead to stop, or its death)."""
+        self.is_ready = True
+        self._conn.send(_READY)
+        threading.Thread(target=self._follow, name="tfservo-supervisor-link", daemon=True).start()
+
+    def wait_for_peers(self, timeout: float) -> None:
+        """This worker has drained; wait until every worker has before closing the listeners."""
+        try:
+            self._conn.send(_DRAINED)
+        except OSError:
+            return  # the supervisor is gone: nobody else to wait for
+        if self._go.wait(timeout):
+            log.info("all workers drained: closing listeners")
+        else:
+            log.warning("other workers still busy after %gs: closing listeners anyway", timeout)
+
+    def _follow(self) -> None:
+        try:
+            while self._conn.recv() != _STOP:
+                pass
+        except (EOFError, OSError):
+            # The supervisor died (SIGKILL, OOM): stop gracefully rather than serve as an orphan.
+            # Our stderr went through its TF log filter (logs.py) and is a broken pipe now; a
+            # log line written there would abort the interpreter at exit.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for stream in {2, sys.stderr.fileno()}:
+                os.dup2(devnull, stream)
+            os.kill(os.getpid(), signal.SIGTERM)
+        self._go.set()
+
+
+def _worker_main(target: WorkerTarget, settings: ServerSettings, sock: socket.socket, conn: Connection) -> None:
+    """Entry point of a spawned worker: serve, or report why it could not start."""
+    from tfservo.logs import quiet_tensorflow, setup_logging
+
+    quiet_tensorflow()
+    setup_logging(settings.log_level)
+    link = WorkerLink(conn)
+    try:
+        target(settings, sock, link)
+    except KeyboardInterrupt:  # Ctrl-C reaches every worker of the terminal's process group
+        sys.exit(130)
+    except Exception as exc:
+        if link.is_ready:
+            raise
+        if isinstance(exc, ServingError):
+            message = exc.message
+        else:  # not an error we foresaw: the traceback helps
+            log.exception("worker failed to start")
+            message = f"{type(exc).__name__}: {exc}"
+        conn.send((_FAILED, message))
+        sys.exit(1)
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+    ready: bool = False
+    drained: bool = False
+    connected: bool = True
+
+
+class Supervisor:
+    """Keeps settings.workers processes serving on `sock` until SIGTERM/SIGINT, then stops them."""
+
+    def __init__(self, target: WorkerTarget, settings: ServerSettings, sock: socket.socket) -> None:
+        if settings.grpc_port == 0:  # every worker binds the same gRPC port (SO_REUSEPORT)
+            settings = replace(settings, grpc_port=_free_port(settings.host))
+        self.target = target
+        self.settings = settings
+        self.sock = sock
+        self.workers: list[_Worker] = []
+        self.stopping = False
+        self.released = False  # the workers got the go-ahead to close their listeners
+        self.error: str | None = None  # why a worker failed to start
+        self.failures: list[str] = []  # serving workers that did not exit 0
+
+    def run(self) -> None:
+        """Start the workers and supervise them; raises ServingError if one failed to start."""
+        own_metrics_dir = None
+        if not os.environ.get(MULTIPROC_ENV):
+            own_metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="tfservo-metrics-")
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        host, port = self.sock.getsockname()[:2]
+        log.info("starting %d workers on %s:%d", self.settings.workers, host, port)
+        try:
+            for _ in range(self.settings.workers):
+                self._start()
+            while self.workers:
+                wait([w.conn for w in self.workers if w.connected] + [w.process.sentinel for w in self.workers], 1.0)
+                for worker in list(self.workers):
+                    self._poll(worker)
+                if self.stopping and not self.released and all(w.drained for w in self.workers if w.ready):
+                    self._release()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if own_metrics_dir:
+                shutil.rmtree(own_metrics_dir, ignore_errors=True)
+        if self.error:
+            raise ServingError(self.error)
+        if self.failures:
+            raise ServingError("workers did not stop cleanly: " + "; ".join(self.failures) + "; see the log above")
+        log.info("stopped")
+
+    def _start(self) -> None:
+        parent_conn, child_conn = _SPAWN.Pipe()
+        process = _SPAWN.Process(
+            target=_worker_main, args=(self.target, self.settings, self.sock, child_conn), name="tfservo-worker"
+        )
+        process.start()
+        child_conn.close()  # the worker's end lives in the worker only, so its death reads as EOF here
+        self.workers.append(_Worker(process, parent_conn))
+        if self.stopping:  # a signal came while this one was starting
+            self._signal_all(signal.SIGTERM)
+
+    def _poll(self, worker: _Worker) -> None:
+        try:
+            while worker.connected and worker.conn.poll():
+                message = worker.conn.recv()
+                if message == _READY:
+                    worker.ready = True
+                elif message == _DRAINED:
+                    worker.drained = True
+                elif isinstance(message, tuple) and message[0] == _FAILED:
+                    self.error = self.error or message[1]
+        except (EOFError, OSError):
+            worker.connected = False
+        if worker.process.exitcode is not None:
+            self._exited(worker)
+
+    def _exited(self, worker: _Worker) -> None:
+        self.workers.remove(worker)
+        worker.conn.close()
+        pid, how = worker.process.pid, _describe(worker.process.exitcode)
+        mark_worker_dead(pid)  # drop its live gauges from every worker's /metrics
+        if not worker.ready:
+            if not self.stopping:
+                self.error = self.error or f"worker {pid} {how} before it was serving; see the log above"
+                log.error("worker %d failed to start (%s); stopping the server", pid, how)
+                self._stop_all()
+        elif self.stopping:
+            if worker.process.exitcode != 0:
+                self.failures.append(f"worker {pid} {how}")
+        else:
+            log.warning("worker %d %s; starting a new one", pid, how)
+            self._start()
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        if not self.stopping:
+            log.info("%s received: stopping %d workers once their requests in flight are done",
+                     signal.Signals(sig).name, len(self.workers))
+            self._stop_all()
+        elif sig == signal.SIGINT:  # a second Ctrl-C: workers stop without waiting (as one process does)
+            self._signal_all(signal.SIGINT)
+
+    def _stop_all(self) -> None:
+        self.stopping = True
+        self._signal_all(signal.SIGTERM)
+
+    def _signal_all(self, sig: int) -> None:
+        for worker in self.workers:
+            try:
+                os.kill(worker.process.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _release(self) -> None:
+        """Every serving worker has drained: none can call back any more, so all may stop."""
+        self.released = True
+        for worker in self.workers:
+            try:
+                worker.conn.send(_STOP)
+            except OSError:
+                pass
+
+
+def _describe(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"was killed by {signal.Signals(-exitcode).name}"
+    return f"exited with code {exitcode}"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
