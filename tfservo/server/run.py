@@ -11,15 +11,20 @@ import os
 import socket
 import threading
 
+from typing import TYPE_CHECKING
+
 import uvicorn
 
-from tfservo.sagemaker.service import ModelService, ServiceOptions, check_labels, parse_version_labels
-from tfservo.server.app import build_app
-from tfservo.server.grpc_endpoint import start_grpc
 from tfservo.server.metrics import ASGIApp, Metrics
 from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.settings import ServerSettings
 from tfservo.server.workers import Supervisor, WorkerLink
+
+if TYPE_CHECKING:
+    from tfservo.sagemaker.service import ModelService
+
+# The service, app and gRPC modules import TensorFlow (TF Serving's protos do); they are
+# imported where a process serves, so that the supervisor of --workers N never loads it.
 
 log = logging.getLogger("tfservo.server")
 
@@ -29,6 +34,8 @@ _LOOPBACK_GRACE_SECONDS = 5.0  # in-process callers stop it after their own call
 
 def build_service(settings: ServerSettings, metrics: Metrics | None = None) -> ModelService:
     """Open every bundle in settings.paths and load its models (batched when configured)."""
+    from tfservo.sagemaker.service import ModelService, ServiceOptions, check_labels, parse_version_labels
+
     labels = parse_version_labels(settings.version_labels)
     runner_factory = None
     if settings.batching is not None:
@@ -59,6 +66,8 @@ def start_worker(
     settings: ServerSettings, port: int, metrics: Metrics | None = None, drain: Drain | None = None
 ) -> tuple[ModelService, ASGIApp]:
     """Everything one serving process needs: the loaded service and its ASGI app (with /metrics)."""
+    from tfservo.server.app import build_app
+
     metrics = metrics or Metrics()
     service = build_service(settings, metrics)
     # TensorFlow leaves ~270k objects on the heap; a full GC pass over them held the GIL for
@@ -118,6 +127,8 @@ def serve(settings: ServerSettings) -> None:
 
 def serve_process(settings: ServerSettings, sock: socket.socket, link: WorkerLink | None = None) -> None:
     """One serving process on `sock` until SIGINT/SIGTERM; with `link`, one of several workers."""
+    from tfservo.server.grpc_endpoint import start_grpc
+
     port = sock.getsockname()[1]
     metrics, drain = Metrics(), Drain()
     service, app = start_worker(settings, port, metrics, drain)
@@ -170,6 +181,8 @@ class LoopbackServer:
     in-process callers: handlers' context.rest_uri, grpc_uri and channel reach them."""
 
     def __init__(self, service: ModelService) -> None:
+        from tfservo.server.app import build_app
+
         self.service = service
         self._sock = bind_socket("127.0.0.1", 0)
         self.port = self._sock.getsockname()[1]
@@ -186,6 +199,8 @@ class LoopbackServer:
         while not self._server.started and self._thread.is_alive():
             threading.Event().wait(0.01)
         self.service.rest_base = self.base_url
+        from tfservo.server.grpc_endpoint import start_grpc
+
         loopback = ServerSettings(paths=[], host="127.0.0.1", grpc_port=0)
         self._grpc = start_grpc(self.service, loopback, log_level=logging.DEBUG)
         return self
