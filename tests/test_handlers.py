@@ -467,6 +467,31 @@ def test_two_bundles_inference_modules_do_not_clash(tmp_path):
     assert h1.module is not h2.module
 
 
+def test_two_bundles_helper_modules_of_the_same_name_do_not_clash(tmp_path):
+    source = """
+        import shared_helper
+        from shared_pkg.names import WHO
+
+        def handler(data, context):
+            return shared_helper.NAME + "/" + WHO, "text/plain"
+        """
+    handlers = []
+    for name in ("alpha", "beta"):
+        code = write_code(
+            tmp_path / name / "code",
+            source,
+            {
+                "shared_helper.py": f"NAME = '{name}'\n",
+                "lib/shared_pkg/__init__.py": "",
+                "lib/shared_pkg/names.py": f"WHO = '{name}-pkg'\n",
+            },
+        )
+        handlers.append(load(code, f"t_helpers_{name}"))
+    alpha, beta = handlers
+    assert alpha.call(b"", make_context(), no_tfs)[0] == b"alpha/alpha-pkg"
+    assert beta.call(b"", make_context(), no_tfs)[0] == b"beta/beta-pkg"
+
+
 # -- requirements.txt -------------------------------------------------------------------------
 
 

@@ -220,6 +220,61 @@ def _function(module: ModuleType, name: str, path: str) -> Callable[..., Any] | 
     return value
 
 
+# Helper modules each code dir's inference.py imported (code dir → {module name: module}).
+_HELPERS: dict[str, dict[str, ModuleType]] = {}
+
+
+class _IsolatedHelpers:
+    """While one inference.py is imported, its code dir comes first on sys.path and other code
+    dirs' helper modules leave sys.modules, so two bundles' `import utils` each get their own.
+
+    Afterwards the modules imported from this code dir are noted as its own; those of other
+    code dirs come back unless this one defined the same name (each handler keeps the module
+    it imported either way).
+    """
+
+    def __init__(self, code_dir: str) -> None:
+        self.code_dir = code_dir
+        self.roots = (code_dir + os.sep,)
+
+    def __enter__(self) -> None:
+        self.hidden = {
+            name: module
+            for other, modules in _HELPERS.items()
+            if other != self.code_dir
+            for name, module in modules.items()
+            if sys.modules.get(name) is module
+        }
+        for name in self.hidden:
+            del sys.modules[name]
+        self.before = set(sys.modules)
+        if sys.path[: len(self._entries())] != self._entries():
+            for entry in self._entries():
+                if entry in sys.path:
+                    sys.path.remove(entry)
+            sys.path[:0] = self._entries()
+        importlib.invalidate_caches()
+
+    def _entries(self) -> list[str]:
+        lib = os.path.join(self.code_dir, "lib")
+        return [lib, self.code_dir] if os.path.isdir(lib) else [self.code_dir]
+
+    def __exit__(self, *exc: object) -> None:
+        own = {
+            name: module
+            for name, module in list(sys.modules.items())
+            if name not in self.before and _module_file(module).startswith(self.roots)
+        }
+        _HELPERS.setdefault(self.code_dir, {}).update(own)
+        for name, module in self.hidden.items():
+            sys.modules.setdefault(name, module)
+
+
+def _module_file(module: ModuleType) -> str:
+    path = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or ()), None)
+    return os.path.abspath(path) if isinstance(path, str) else ""
+
+
 def _import(path: str, module_name: str) -> ModuleType:
     """Execute inference.py as a fresh module; import failures name the file and line."""
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -229,7 +284,8 @@ def _import(path: str, module_name: str) -> ModuleType:
     # Registered before running so dataclasses, pickle and typing can find the module.
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        with _IsolatedHelpers(os.path.dirname(path)):
+            spec.loader.exec_module(module)
     except SyntaxError as exc:
         sys.modules.pop(module_name, None)
         where = f"{exc.filename or path}, line {exc.lineno}"
