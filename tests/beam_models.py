@@ -8,12 +8,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from conftest import write_code
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "beam_tfx_patterns.py"
 
@@ -78,9 +78,7 @@ def beam_models(tmp_path_factory: pytest.TempPathFactory) -> BeamModels:
     two = build_two_inputs(root)
     handled = root / "with_handler"
     build_multiply(str(handled), "multiply_five", 5.0)
-    code = handled / "code"
-    code.mkdir()
-    (code / "inference.py").write_text(textwrap.dedent(INFERENCE_PY))
+    write_code(handled / "code", INFERENCE_PY)
     return BeamModels(five, ten, two, str(handled))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +14,17 @@ REPO = Path(__file__).resolve().parent.parent
 TESTDATA = Path(os.environ.get("TFSERVO_TESTDATA", REPO.parent / "shared" / "testdata")).resolve()
 TFS = TESTDATA / "tf-serving"
 SMC = TESTDATA / "sagemaker-tfs-container"
+
+
+def write_code(code_dir: Path, source: str, files: dict[str, str] | None = None) -> Path:
+    """A bundle's code dir: inference.py from `source` and any other files (text dedented)."""
+    code_dir.mkdir(parents=True, exist_ok=True)
+    (code_dir / "inference.py").write_text(textwrap.dedent(source))
+    for name, text in (files or {}).items():
+        path = code_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return code_dir
 
 
 @pytest.fixture(scope="session")

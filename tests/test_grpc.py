@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 
 import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TFS, grpc_predict_request, tfs_grpc
+from conftest import TFS, grpc_predict_request, tfs_grpc, write_code
 from google.protobuf import json_format
 from server_process import ServerProcess
 from tensorflow_serving.apis import (
@@ -74,8 +73,7 @@ def server(tmp_path_factory):
     bundle = tmp_path_factory.mktemp("grpc-bundle")
     build_typed_model(bundle / "typed" / "1")
     shutil.copytree(TFS / "saved_model_half_plus_two_cpu" / "00000123", bundle / "via_grpc" / "00000123")
-    (bundle / "via_grpc" / "code").mkdir()
-    (bundle / "via_grpc" / "code" / "inference.py").write_text(textwrap.dedent(HANDLER))
+    write_code(bundle / "via_grpc" / "code", HANDLER)
     args = [str(TFS / M), str(bundle), "--version-label", f"{M}:stable=123", "--max-request-mb", str(MAX_REQUEST_MB)]
     with ServerProcess(args) as proc:
         assert proc.grpc_target, proc.output

@@ -3,11 +3,11 @@ in-process, unserialized, with the same answers and the same checks as the JSON 
 
 from __future__ import annotations
 
-import textwrap
 
 import numpy as np
 import pytest
 
+from conftest import write_code
 from tfservo.errors import InvalidArgument
 from tfservo.runtime.signatures import SignatureDef, TensorSpec
 from tfservo.tfserving import json_codec
@@ -50,8 +50,7 @@ def service(tmp_path_factory):
 
     module = Double()
     tf.saved_model.save(module, str(root / "1"), signatures={"serving_default": module.serve.get_concrete_function()})
-    (root / "code").mkdir()
-    (root / "code" / "inference.py").write_text(textwrap.dedent(INFERENCE_PY))
+    write_code(root / "code", INFERENCE_PY)
     svc = ModelService()
     svc.add_bundle(str(root))
     yield svc

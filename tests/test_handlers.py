@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import requests
+from conftest import write_code
 
 from tfservo.errors import BundleError, HandlerError, InvalidArgument
 from tfservo.sagemaker import handlers as handlers_module
@@ -33,16 +33,6 @@ def restore_sys_path():
     sys.path[:] = saved_path
     for name in set(sys.modules) - saved_modules:
         del sys.modules[name]
-
-
-def write_code(code_dir: Path, source: str, files: dict[str, str] | None = None) -> Path:
-    code_dir.mkdir(parents=True, exist_ok=True)
-    (code_dir / "inference.py").write_text(textwrap.dedent(source))
-    for name, text in (files or {}).items():
-        path = code_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return code_dir
 
 
 def load(code_dir: Path, name: str = "t_inference") -> Handlers:

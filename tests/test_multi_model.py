@@ -7,13 +7,12 @@ The first servers mirror the SageMaker TFS container's test_multi_model_endpoint
 from __future__ import annotations
 
 import shutil
-import textwrap
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import SMC
+from conftest import SMC, write_code
 from server_process import ServerProcess, run_cli
 from tfservo.errors import NotFound
 from tfservo.sagemaker.invocation import error_result
@@ -182,16 +181,13 @@ def root(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("mme")
     outside = base / "outside"
     shutil.copytree(MME / "half_plus_two", outside / "half_plus_two")
-    (outside / "code").mkdir()
-    (outside / "code" / "inference.py").write_text("raise SystemExit('outside code must not be imported')\n")
+    write_code(outside / "code", "raise SystemExit('outside code must not be imported')\n")
 
     models = base / "models"
-    (models / "code").mkdir(parents=True)
-    (models / "code" / "inference.py").write_text(textwrap.dedent(HANDLER.format(which="universal")))
+    write_code(models / "code", HANDLER.format(which="universal"))
     shutil.copytree(MME / "half_plus_three", models / "plain")
     shutil.copytree(MME / "half_plus_three", models / "own")
-    (models / "own" / "code").mkdir()
-    (models / "own" / "code" / "inference.py").write_text(textwrap.dedent(HANDLER.format(which="own")))
+    write_code(models / "own" / "code", HANDLER.format(which="own"))
 
     # A link inside the root to another model's version dir is fine ...
     (models / "inner_link").mkdir()

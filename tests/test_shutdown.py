@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import textwrap
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 import tensorflow as tf
-from conftest import TFS, grpc_predict_request, tfs_grpc
+from conftest import TFS, grpc_predict_request, tfs_grpc, write_code
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import ServerProcess, run_cli
 from tensorflow.python.data.experimental.ops import testing as tf_data_testing
@@ -72,8 +71,7 @@ def bundle(tmp_path_factory):
     build_slow_model(root / "slow" / "1")
     for name, handler in (("callback", CALLBACK_HANDLER), ("whoami", WHOAMI_HANDLER)):
         shutil.copytree(TFS / "saved_model_half_plus_two_cpu" / "00000123", root / name / "00000123")
-        (root / name / "code").mkdir()
-        (root / name / "code" / "inference.py").write_text(textwrap.dedent(handler))
+        write_code(root / name / "code", handler)
     return root
 
 
@@ -281,8 +279,7 @@ def test_sigterm_drains_every_worker_and_all_exit_0(two_workers):
 def test_a_worker_that_fails_to_start_stops_the_server_with_its_error(tmp_path):
     model = tmp_path / "broken"
     shutil.copytree(TFS / "saved_model_half_plus_two_cpu" / "00000123", model / "00000123")
-    (model / "code").mkdir()
-    (model / "code" / "inference.py").write_text("import json\n\ndef handler(data, context)\n    return data\n")
+    write_code(model / "code", "import json\n\ndef handler(data, context)\n    return data\n")
     done = run_cli(["serve", str(model), "--workers", "2", "--port", "0", "--grpc-port", "0"], timeout=300)
     err = done.stderr.decode()
     assert done.returncode == 1, err

@@ -9,12 +9,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SMC
+from conftest import REPO, SMC, write_code
 from server_process import TFSERVO, ServerProcess, run_cli
 
 from tfservo.server.settings import execution_parameters_from_env, resolve_settings
@@ -115,8 +114,7 @@ def output_handler(response, context):
 def slow_job(tmp_path):
     bundle = tmp_path / "slow"
     shutil.copytree(SMC / "resources" / "models" / "half_plus_three" / "00000123", bundle / "half_plus_three" / "00000123")
-    (bundle / "code").mkdir()
-    (bundle / "code" / "inference.py").write_text(textwrap.dedent(SLOW_HANDLER))
+    write_code(bundle / "code", SLOW_HANDLER)
     for i in range(40):
         folder = tmp_path / "in" / f"part-{i // 10}"
         folder.mkdir(parents=True, exist_ok=True)

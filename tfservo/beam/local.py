@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tfservo.beam.failures import error_from_response
-from tfservo.beam.target import INVOKE, Target, check_method, choose_method, merged_attributes
+from tfservo.beam.target import INVOKE, LoadedTarget, Target, check_method, choose_method, merged_attributes
 from tfservo.errors import BundleError, NotFound, ServingError
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE
 from tfservo.sagemaker.custom_attributes import parse_custom_attributes
@@ -45,7 +44,7 @@ class Selection:
     custom_attributes: str | None = None
 
 
-class LoadedBundle:
+class LoadedBundle(LoadedTarget):
     """One loaded bundle and the model version, signature and method a handler runs."""
 
     def __init__(
@@ -63,7 +62,7 @@ class LoadedBundle:
         self._loopback = None
         try:
             self.service.add_bundle(bundle)
-            self._target = _select(self.service, bundle, selection)
+            target = _select(self.service, bundle, selection)
             if selection.content_type is not None and self.service.invoker.has_handlers():
                 from tfservo.server.run import LoopbackServer
 
@@ -73,23 +72,12 @@ class LoadedBundle:
             raise
         self._selection = selection
         self._attributes = merged_attributes(selection.custom_attributes, selection.version, selection.method)
-        self._load_millis: int | None = int((time.perf_counter() - t0) * 1000)
-        self._lock = threading.Lock()
+        self._loaded(target, t0)
         # Beam drops a shared model by dropping its last reference: stop the server then.
         weakref.finalize(self, _shutdown, self.service, self._loopback).atexit = False
         log.info("loaded %s in %d ms", self._target.describe(), self._load_millis)
 
     # Only methods below: a multi-process proxy forwards method calls, not attributes.
-
-    def target(self) -> Target:
-        """The resolved model version, signature and method."""
-        return self._target
-
-    def take_load_millis(self) -> int | None:
-        """The load time in ms the first time it is asked for, then None (reported once)."""
-        with self._lock:
-            millis, self._load_millis = self._load_millis, None
-        return millis
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the signature on a batch of inputs."""

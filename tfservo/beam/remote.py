@@ -19,7 +19,6 @@ import base64
 import json
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -31,7 +30,7 @@ from tfservo.beam.failures import error_from_response
 from tfservo.beam.handler import ServingModelHandler
 from tfservo.beam.local import Selection
 from tfservo.beam.metrics import count_retry
-from tfservo.beam.target import INVOKE, Target, check_method, choose_method, merged_attributes
+from tfservo.beam.target import INVOKE, LoadedTarget, Target, check_method, choose_method, merged_attributes
 from tfservo.errors import Code, InvalidArgument, ServingError, Unavailable
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE, SignatureDef, TensorSpec
 from tfservo.sagemaker.custom_attributes import HEADER as CUSTOM_ATTRIBUTES_HEADER
@@ -150,7 +149,7 @@ def _parse_endpoint(endpoint: str, protocol: str | None) -> tuple[str, str]:
     return target, "grpc"
 
 
-class _Endpoint:
+class _Endpoint(LoadedTarget):
     """What the two clients share: the resolved target, load time and the retry policy."""
 
     def __init__(self, endpoint: str, selection: Selection, *, timeout: float, retry: RetryPolicy) -> None:
@@ -161,17 +160,7 @@ class _Endpoint:
         self.retry = retry
         self._attrs = parse_custom_attributes(selection.custom_attributes)
         self._connect()
-        self._target = self._resolve()
-        self._load_millis: int | None = int((time.perf_counter() - t0) * 1000)
-        self._lock = threading.Lock()
-
-    def target(self) -> Target:
-        return self._target
-
-    def take_load_millis(self) -> int | None:
-        with self._lock:
-            millis, self._load_millis = self._load_millis, None
-        return millis
+        self._loaded(self._resolve(), t0)
 
     def _resolve(self) -> Target:
         s = self.selection

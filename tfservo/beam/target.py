@@ -8,6 +8,8 @@ and regress when nobody names a method (as tfx-bsl does).
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 
 from tfservo.errors import InvalidArgument, ServingError
@@ -96,3 +98,24 @@ def merged_attributes(custom_attributes: str | None, version: int | None, method
     if method is not None:
         items.append(f"tfs-method={method}")
     return ",".join(items) or None
+
+
+class LoadedTarget:
+    """A loaded model (in-process bundle or remote endpoint): its resolved target, and its load
+    time reported once to Beam's metrics. Methods only: multi-process proxies forward calls."""
+
+    def _loaded(self, target: Target, started: float) -> None:
+        """Record the resolved target; `started` is the perf_counter() time loading began."""
+        self._target = target
+        self._load_millis: int | None = int((time.perf_counter() - started) * 1000)
+        self._load_lock = threading.Lock()
+
+    def target(self) -> Target:
+        """The resolved model version, signature and method."""
+        return self._target
+
+    def take_load_millis(self) -> int | None:
+        """The load time in ms the first time it is asked for, then None (reported once)."""
+        with self._load_lock:
+            millis, self._load_millis = self._load_millis, None
+        return millis

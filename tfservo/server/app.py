@@ -45,15 +45,17 @@ def error_response(exc: ServingError) -> Response:
 class ServingApp:
     """The ASGI app of one service: POSTs to inference routes go straight to their handler."""
 
-    def __init__(self, hot: HotRoutes, starlette: Starlette) -> None:
+    def __init__(self, hot: HotRoutes, starlette: Starlette, endpoint: _AsgiEndpoint) -> None:
         self.hot = hot
         self.starlette = starlette
+        self.endpoint = endpoint
         self.routes: list[BaseRoute] = starlette.routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self.hot.route(scope)
             if handler is not None:
+                scope["endpoint"] = self.endpoint  # as Starlette's routing would set it (metrics read it)
                 try:
                     await handler(scope, receive, send)
                 except Exception as exc:  # noqa: BLE001 - answered as Starlette's handler would
@@ -176,7 +178,7 @@ def build_app(
         routes=routes,
         exception_handlers={HTTPException: not_found, Exception: server_error},
     )
-    return ServingApp(hot, starlette)
+    return ServingApp(hot, starlette, endpoint)
 
 
 class _MethodNotAllowed(ServingError):

@@ -47,7 +47,7 @@ class ClientDisconnected(Exception):
 
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
     """The request body, refusing (413) anything over the limit before reading it all."""
-    declared = _header(scope, b"content-length")
+    declared = request_header(scope, b"content-length")
     if declared is not None:
         if not declared.isdigit():
             raise InvalidArgument(f"Content-Length {declared!r} is not a number")
@@ -92,7 +92,8 @@ async def send_result(send: Send, result: InvocationResult) -> None:
     await send_response(send, result.status, result.body, result.content_type)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def request_header(scope: Scope, name: bytes) -> str | None:
+    """A request header's value (latin-1), or None; `name` in lower case."""
     for key, value in scope["headers"]:
         if key == name:  # ASGI servers give header names in lower case
             return value.decode("latin-1")
@@ -201,9 +202,9 @@ class HotRoutes:
             return
         except ClientDisconnected:
             return
-        content_type, accept, attributes = _header(scope, b"content-type"), _header(scope, b"accept"), _header(
-            scope, CUSTOM_ATTRIBUTES
-        )
+        content_type = request_header(scope, b"content-type")
+        accept = request_header(scope, b"accept")
+        attributes = request_header(scope, CUSTOM_ATTRIBUTES)
         invoker = self.service.invoker
         result = await self.invocations.run(
             ("invoke", name, attributes),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
@@ -25,6 +24,8 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
 
 from tfservo.errors import FailedPrecondition
+from tfservo.server.hot_routes import CUSTOM_ATTRIBUTES, TFS_PATH, request_header
+from tfservo.tfserving.api import METHODS
 from tfservo.tfserving.request_labels import RequestLabels, tracking
 from tfservo.tfserving.servables import ServableVersion, State
 
@@ -43,11 +44,6 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
-_TFS_PATH = re.compile(
-    r"^/v1/models/(?P<name>[^/:]+)(?P<pick>/versions/[^/:]+|/labels/[^/:]+)?"
-    r"(?::(?P<method>[^/:]+)|/(?P<meta>metadata))?/?$"
-)
-_TFS_METHODS = frozenset({"predict", "classify", "regress"})
 
 
 class Metrics:
@@ -236,26 +232,20 @@ class _HttpMetrics:
     def _name(self, scope: Scope, labels: RequestLabels) -> None:
         """Route template and method of a request that has been answered; model if still unknown."""
         path = scope["path"]
-        match = _TFS_PATH.match(path) if path.startswith("/v1/models/") else None
+        match = TFS_PATH.match(path) if path.startswith("/v1/models/") else None
         if match:
-            pick = match["pick"] or ""
-            pick = "/versions/{version}" if pick.startswith("/versions/") else "/labels/{label}" if pick else ""
+            pick = "/versions/{version}" if match["version"] else "/labels/{label}" if match["label"] else ""
             method = match["method"]
             if match["meta"]:
                 labels.route, labels.method = f"/v1/models/{{name}}{pick}/metadata", "metadata"
             elif method is None:
                 labels.route, labels.method = f"/v1/models/{{name}}{pick}", "status"
             else:
-                method = method if method in _TFS_METHODS else "unknown"
+                method = method if method in METHODS else "unknown"
                 labels.route, labels.method = f"/v1/models/{{name}}{pick}:{method}", method
             self._known_model(labels, match["name"])
             return
-        if path == "/invocations":
-            route: str | None = path
-        elif path.startswith("/models/") and path.rstrip("/").endswith("/invoke") and "path_params" in scope:
-            route = "/models/{name}/invoke"  # the hot route answered it, before Starlette's routing
-        else:
-            route = self._template(scope) if scope.get("endpoint") is not None else None
+        route = self._template(scope) if scope.get("endpoint") is not None else None
         labels.route = route or "unmatched"
         if route == "/invocations" or (route or "").endswith("/invoke"):
             self._invocation_labels(scope, labels)
@@ -271,7 +261,7 @@ class _HttpMetrics:
         """tfs-method (default predict) and, for handlers that call back over HTTP, the model."""
         from tfservo.sagemaker.custom_attributes import parse_custom_attributes
 
-        header = _header(scope, b"x-amzn-sagemaker-custom-attributes")
+        header = request_header(scope, CUSTOM_ATTRIBUTES)
         try:
             attrs = parse_custom_attributes(header)
         except Exception:  # noqa: BLE001 - the request already got its 400; label what is known
@@ -285,10 +275,3 @@ class _HttpMetrics:
         # Only served names become label values: clients cannot grow the label set.
         if not labels.model and name and self.service is not None and name in self.service.manager.model_names():
             labels.model = name
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers") or ():
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None

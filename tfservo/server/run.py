@@ -187,7 +187,8 @@ class LoopbackServer:
         self._sock = bind_socket("127.0.0.1", 0)
         self.port = self._sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._server = uvicorn.Server(_uvicorn_config(build_app(service), "warning"))
+        self._app = build_app(service)
+        self._server = uvicorn.Server(_uvicorn_config(self._app, "warning"))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name="tfservo-loopback"
         )
@@ -211,4 +212,5 @@ class LoopbackServer:
             self._grpc.stop(_LOOPBACK_GRACE_SECONDS).wait(_LOOPBACK_GRACE_SECONDS + 5)
         self._server.should_exit = True
         self._thread.join(timeout=10)
+        self._app.close()  # its thread pools
         self.service.rest_base, self.service.grpc_port = self._previous
