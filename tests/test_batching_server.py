@@ -239,12 +239,12 @@ def test_full_queue_is_resource_exhausted_over_grpc(full_queue_server):
 
 
 def test_batching_eager_from_flag_or_environment():
-    from tfservo.server.settings import resolve_batching
+    from tfservo.config import ConfigError, resolve_batching
 
     on = {"SAGEMAKER_TFS_ENABLE_BATCHING": "true"}
     assert resolve_batching(False, None, on).eager is False
     assert resolve_batching(False, None, {**on, "TFSERVO_BATCHING_EAGER": "true"}).eager is True
     assert resolve_batching(True, None, {}, eager=True).eager is True
     assert resolve_batching(False, None, {"TFSERVO_BATCHING_EAGER": "true"}) is None  # batching still off
-    with pytest.raises(SystemExit, match="TFSERVO_BATCHING_EAGER='maybe'"):
+    with pytest.raises(ConfigError, match="TFSERVO_BATCHING_EAGER='maybe'"):
         resolve_batching(True, None, {"TFSERVO_BATCHING_EAGER": "maybe"})

@@ -54,7 +54,6 @@ def test_model_dir_skips_hidden_version(hp3: Path) -> None:
     assert m.base_path == str(hp3)
     assert m.code_dir is None and b.code_dir is None
     assert b.root == str(hp3) and b.source == str(hp3)
-    assert b.default_model_name({}) == "half_plus_three"
 
 
 def test_tf_serving_two_versions(testdata: Path) -> None:
@@ -71,7 +70,6 @@ def test_multi_model_dir_skips_dirs_without_versions(smc: Path, caplog: pytest.L
     assert list(b.models["half_plus_three"].versions) == [123, 124]
     assert list(b.models["half_plus_two"].versions) == [123]
     assert "invalid_version" in caplog.text
-    assert b.default_model_name({}) == "half_plus_three"
 
 
 def test_multi_model_dir_is_sorted_and_has_universal_code(tmp_path: Path, hp3: Path) -> None:
@@ -255,19 +253,33 @@ def test_invalid_model_dir_name(tmp_path: Path, hp3: Path) -> None:
         open_bundle(str(tmp_path / "bad name"))
 
 
+def _default_model(path: Path, env: dict[str, str]) -> str | None:
+    """The default model the one settings resolution and service factory choose."""
+    from tfservo.config import resolve_settings
+    from tfservo.sagemaker.service import build_service
+
+    service = build_service(resolve_settings(paths=[str(path)], multi_model=False, env=env))
+    try:
+        return service.default_model()
+    finally:
+        service.close()
+
+
 def test_default_model_name_from_env(smc: Path) -> None:
-    b = open_bundle(str(smc / "mme"))
-    assert b.default_model_name({"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "half_plus_two"}) == "half_plus_two"
-    assert b.default_model_name({"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "None"}) == "half_plus_three"
+    assert _default_model(smc / "mme", {}) == "half_plus_three"  # the first model by name
+    assert _default_model(smc / "mme", {"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "half_plus_two"}) == "half_plus_two"
+    assert _default_model(smc / "mme", {"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "None"}) == "half_plus_three"
     with pytest.raises(BundleError, match="half_plus_three, half_plus_two"):
-        b.default_model_name({"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "missing"})
+        _default_model(smc / "mme", {"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "missing"})
 
 
 def test_default_model_name_reads_os_environ(smc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
     monkeypatch.setenv("SAGEMAKER_TFS_DEFAULT_MODEL_NAME", "half_plus_two")
-    assert open_bundle(str(smc / "mme")).default_model_name() == "half_plus_two"
+    assert _default_model(smc / "mme", dict(os.environ)) == "half_plus_two"
     monkeypatch.delenv("SAGEMAKER_TFS_DEFAULT_MODEL_NAME")
-    assert open_bundle(str(smc / "mme")).default_model_name() == "half_plus_three"
+    assert _default_model(smc / "mme", dict(os.environ)) == "half_plus_three"
 
 
 # ------------------------------------------------------------------------- S3 (moto server + s3fs)

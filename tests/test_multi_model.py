@@ -17,8 +17,8 @@ from server_process import ServerProcess, run_cli
 from tfservo.errors import NotFound
 from tfservo.sagemaker.invocation import error_result
 from tfservo.sagemaker.multi_model import InsufficientMemory, MultiModelEndpoint, available_memory_bytes
-from tfservo.sagemaker.service import ModelService, ServiceOptions
-from tfservo.server.settings import resolve_settings
+from tfservo.config import ConfigError, Settings, resolve_settings
+from tfservo.sagemaker.service import ModelService
 
 MME = SMC / "resources" / "mme"
 INSTANCES = {"instances": [1.0, 2.0, 5.0]}
@@ -51,7 +51,7 @@ def test_start_errors_are_clear(tmp_path):
     done = run_cli(["serve", "--multi-model", "--model-root", str(tmp_path / "none"), "--port", "0"])
     assert done.returncode != 0
     assert f"multi-model root {tmp_path / 'none'} is not a directory" in done.stderr.decode()
-    with pytest.raises(SystemExit, match="multi-model mode starts with no models, but PATH"):
+    with pytest.raises(ConfigError, match="multi-model mode starts with no models, but PATH"):
         resolve_settings(
             paths=[str(MME / "half_plus_two")], host=None, port=None, grpc_port=None, max_request_mb=None,
             version_labels=[], intra_op_threads=None, inter_op_threads=None, log_level=None,
@@ -256,7 +256,7 @@ def test_loads_outside_the_model_root_are_refused(confined, root, name, url, nee
 
 
 def test_load_that_would_exhaust_memory_is_507(root):
-    service = ModelService(ServiceOptions(multi_model=True))
+    service = ModelService(Settings(multi_model=True))
     endpoint = MultiModelEndpoint(service, str(root), memory_factor=1e9)
     with pytest.raises(InsufficientMemory) as caught:
         endpoint.load("plain", "plain")

@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, SMC, write_code
 from server_process import TFSERVO, ServerProcess, run_cli
 
-from tfservo.server.settings import execution_parameters_from_env, resolve_settings
+from tfservo.config import ConfigError, execution_parameters_from_env, resolve_settings
 from tfservo.transform.job import TransformJob
 from tfservo.transform.run import load_service, run_transform
 from tfservo.transform.state import JOB_NAME, REPORT_NAME
@@ -194,7 +194,7 @@ def test_execution_parameter_defaults_and_payload_limit():
     assert execution_parameters_from_env({})["BatchStrategy"] == "MultiRecord"
     assert execution_parameters_from_env({"SAGEMAKER_BATCH_STRATEGY": "MULTI_RECORD"})["BatchStrategy"] == "MultiRecord"
     assert execution_parameters_from_env({})["MaxPayloadInMB"] == 6
-    with pytest.raises(SystemExit, match="SAGEMAKER_BATCH_STRATEGY='BATCHED' must be MultiRecord"):
+    with pytest.raises(ConfigError, match="SAGEMAKER_BATCH_STRATEGY='BATCHED' must be MultiRecord"):
         execution_parameters_from_env({"SAGEMAKER_BATCH_STRATEGY": "BATCHED"})
 
     def limit(env: dict[str, str]) -> float:

@@ -27,7 +27,6 @@ from tfservo.errors import BundleError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_ENV = "SAGEMAKER_TFS_DEFAULT_MODEL_NAME"
 ARCHIVE_MODEL_NAME = "model"  # what the SageMaker container calls a model at /opt/ml/model
 CODE_DIR_NAME = "code"
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
@@ -73,22 +72,6 @@ class Bundle:
     code_dir: str | None = None
     source: str = ""
     _tmp: Any = field(default=None, repr=False, compare=False)
-
-    def default_model_name(self, env: Mapping[str, str] | None = None) -> str:
-        """The model served when a request names none: $SAGEMAKER_TFS_DEFAULT_MODEL_NAME, else the first."""
-        env = os.environ if env is None else env
-        wanted = env.get(DEFAULT_MODEL_ENV, "")
-        if wanted and wanted != "None":  # the SageMaker container treats "None" as unset
-            if wanted not in self.models:
-                raise BundleError(
-                    f"{DEFAULT_MODEL_ENV}={wanted!r} names no model in {self.source or self.root}; "
-                    f"the models are: {', '.join(self.models) or '(none)'}. "
-                    f"Set it to one of them or unset it."
-                )
-            return wanted
-        if not self.models:
-            raise BundleError(f"no models in {self.source or self.root}; {_LAYOUTS}")
-        return next(iter(self.models))
 
 
 def discover_versions(model_dir: str) -> dict[int, str]:

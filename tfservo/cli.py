@@ -133,11 +133,12 @@ def serve(
     PATH is a model dir with numeric versions, a dir of several models, a model.tar.gz,
     a bare SavedModel dir or an s3:// URL to any of these [default: /opt/ml/model].
     """
+    from tfservo.config import resolve_settings
     from tfservo.errors import ServingError
     from tfservo.server.run import serve as run_server
-    from tfservo.server.settings import resolve_settings
 
-    settings = resolve_settings(
+    settings = _settings(
+        resolve_settings,
         paths=paths,
         host=host,
         port=port,
@@ -151,10 +152,10 @@ def serve(
         batching_parameters_file=batching_parameters_file,
         batching_eager=batching_eager,
         workers=workers,
-        multi_model=multi_model,
         model_root=model_root,
         model_config_file=model_config_file,
         file_system_poll_wait_seconds=file_system_poll_wait_seconds,
+        multi_model=multi_model or None,
     )
     setup_logging(settings.log_level)
     try:
@@ -169,12 +170,14 @@ def serve(
 @click.argument("path")
 def inspect(path: str) -> None:
     """Print the models, versions and signatures of a bundle (like `saved_model_cli show --all`)."""
+    from tfservo.config import resolve_settings
     from tfservo.errors import ServingError
     from tfservo.inspect import describe_bundle
 
     setup_logging("warning")
+    settings = _settings(resolve_settings, paths=[path], multi_model=False, grpc_port=None)
     try:
-        click.echo(describe_bundle(path))
+        click.echo(describe_bundle(settings))
     except ServingError as exc:
         raise click.ClickException(exc.message) from None
 
@@ -191,23 +194,18 @@ def invoke(path: str, content_type: str, accept: str | None, custom_attributes: 
     The handler author's loop: no server to start, same conversions and inference.py calls.
     Exits 1 (error JSON on stdout) when the invocation answers with an error status.
     """
+    from tfservo.config import resolve_settings
     from tfservo.errors import ServingError
-    from tfservo.sagemaker.service import ModelService
-    from tfservo.server.run import LoopbackServer
+    from tfservo.loopback import open_service
 
     setup_logging("warning")
     body = sys.stdin.buffer.read()
-    service = ModelService()
+    settings = _settings(resolve_settings, paths=[path], multi_model=False)
     try:
-        service.add_bundle(path)
+        with open_service(settings) as service:
+            result = service.invoker.invoke(body, content_type, accept, custom_attributes, model_name)
     except ServingError as exc:
         raise click.ClickException(exc.message) from None
-    loopback = LoopbackServer(service).start() if service.invoker.has_handlers() else None
-    try:
-        result = service.invoker.invoke(body, content_type, accept, custom_attributes, model_name)
-    finally:
-        if loopback:
-            loopback.stop()
     sys.stdout.buffer.write(result.body)
     if not result.body.endswith(b"\n"):
         sys.stdout.buffer.write(b"\n")
@@ -215,6 +213,16 @@ def invoke(path: str, content_type: str, accept: str | None, custom_attributes: 
     if not result.ok:
         click.echo(f"tfservo: invocation failed with status {result.status}", err=True)
         sys.exit(1)
+
+
+def _settings(resolve, **flags):  # -> tfservo.config.Settings
+    """resolve(**flags), with a bad flag or environment variable reported as a usage error."""
+    from tfservo.config import ConfigError
+
+    try:
+        return resolve(**flags)
+    except ConfigError as exc:
+        raise click.UsageError(exc.message) from None
 
 
 from tfservo.cli_transform import transform  # noqa: E402  (kept in its own module: many flags)

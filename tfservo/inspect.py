@@ -1,42 +1,51 @@
-"""`tfservo inspect`: a bundle's models, versions, code and signatures, as saved_model_cli prints them."""
+"""`tfservo inspect`: a bundle's models, versions, code and signatures, as saved_model_cli prints them.
+
+The bundle is loaded through the one service factory, so the default model, failed versions
+and handler code shown are exactly what `tfservo serve` would serve.
+"""
 
 from __future__ import annotations
 
-from tfservo.bundle import open_bundle
-from tfservo.errors import ServingError
+from tfservo.config import Settings
 from tfservo.runtime.signatures import SignatureDef, TensorSpec
+from tfservo.sagemaker.service import build_service
+
+__all__ = ["describe_bundle"]
 
 
-def describe_bundle(path: str) -> str:
-    """A human-readable description of every model and version in the bundle at `path`."""
-    from tfservo.runtime.savedmodel import load_saved_model
+def describe_bundle(settings: Settings) -> str:
+    """A human-readable description of every model and version in settings.paths."""
+    service = build_service(settings)
+    try:
+        lines: list[str] = []
+        for bundle in service.bundles:
+            lines.append(f"Bundle: {bundle.source}")
+            if bundle.code_dir:
+                lines.append(f"Universal code: {bundle.code_dir}")
+            for name, source in bundle.models.items():
+                _describe_model(service, name, source, lines)
+        return "\n".join(lines)
+    finally:
+        service.close()
 
-    bundle = open_bundle(path)
-    lines = [f"Bundle: {bundle.source}"]
-    if bundle.code_dir:
-        lines.append(f"Universal code: {bundle.code_dir}")
-    default = bundle.default_model_name()
-    for name, source in bundle.models.items():
-        mark = " (default)" if name == default else ""
-        lines.append("")
-        lines.append(f"Model {name}{mark}: {source.base_path}")
-        if source.code_dir:
-            lines.append(f"  Code: {source.code_dir}")
-        for version, vpath in source.versions.items():
-            latest = " (latest)" if version == source.latest_version else ""
-            lines.append(f"  Version {version}{latest}: {vpath}")
-            try:
-                model = load_saved_model(vpath)
-            except ServingError as exc:
-                lines.append(f"    failed to load: {exc.message}")
-                continue
-            try:
-                lines.append("    MetaGraphDef with tag-set: 'serve' contains the following SignatureDefs:")
-                for sig_name in sorted(model.signatures):
-                    lines.extend("    " + ln if ln else "" for ln in _describe_signature(model.signatures[sig_name]))
-            finally:
-                model.close()
-    return "\n".join(lines)
+
+def _describe_model(service, name: str, source, lines: list[str]) -> None:  # noqa: ANN001
+    mark = " (default)" if name == service.default_model() else ""
+    lines.append("")
+    lines.append(f"Model {name}{mark}: {source.base_path}")
+    if source.code_dir:
+        lines.append(f"  Code: {source.code_dir}")
+    served = service.manager.model(name)
+    for version, vpath in source.versions.items():
+        latest = " (latest)" if version == source.latest_version else ""
+        lines.append(f"  Version {version}{latest}: {vpath}")
+        sv = served.versions.get(version)
+        if sv is None or sv.model is None:
+            lines.append(f"    failed to load: {sv.error if sv is not None else 'not loaded'}")
+            continue
+        lines.append("    MetaGraphDef with tag-set: 'serve' contains the following SignatureDefs:")
+        for sig_name in sorted(sv.model.signatures):
+            lines.extend("    " + ln if ln else "" for ln in _describe_signature(sv.model.signatures[sig_name]))
 
 
 def _describe_signature(sig: SignatureDef) -> list[str]:

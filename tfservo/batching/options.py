@@ -64,9 +64,9 @@ class BatchingOptions:
         return self.batch_timeout_micros / 1e6
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> BatchingOptions | None:
-        """Options from SageMaker's SAGEMAKER_TFS_* variables; None unless batching is enabled."""
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> BatchingOptions | None:
+        """Options from SageMaker's SAGEMAKER_TFS_* variables (as tfservo.config hands them);
+        None unless batching is enabled."""
         raw = env.get(ENABLE_VAR, "").strip().lower()
         if raw in _FALSE or raw == "":
             return None

@@ -11,7 +11,6 @@ context.rest_uri and context.channel answer.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import weakref
 from collections.abc import Sequence
@@ -24,11 +23,11 @@ from tfservo.beam.target import INVOKE, LoadedTarget, Target, check_method, choo
 from tfservo.errors import BundleError, NotFound, ServingError
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE
 from tfservo.sagemaker.custom_attributes import parse_custom_attributes
-from tfservo.sagemaker.service import ModelService, ServiceOptions
+from tfservo.config import resolve_settings
+from tfservo.loopback import LoopbackServer, start_handler_endpoints
+from tfservo.sagemaker.service import ModelService, build_service
 
 log = logging.getLogger("tfservo.beam")
-
-DEFAULT_MODEL_ENV = "SAGEMAKER_TFS_DEFAULT_MODEL_NAME"
 
 
 @dataclass(frozen=True)
@@ -51,22 +50,18 @@ class LoadedBundle(LoadedTarget):
         self, bundle: str, selection: Selection, *, intra_op_threads: int = 0, inter_op_threads: int = 0
     ) -> None:
         t0 = time.perf_counter()
-        default = os.environ.get(DEFAULT_MODEL_ENV) or None
-        self.service = ModelService(
-            ServiceOptions(
-                intra_op_threads=intra_op_threads,
-                inter_op_threads=inter_op_threads,
-                default_model_name=None if default == "None" else default,
-            )
+        settings = resolve_settings(
+            paths=[bundle],
+            multi_model=False,
+            intra_op_threads=intra_op_threads or None,
+            inter_op_threads=inter_op_threads or None,
         )
-        self._loopback = None
+        self.service = build_service(settings)
+        self._loopback: LoopbackServer | None = None
         try:
-            self.service.add_bundle(bundle)
             target = _select(self.service, bundle, selection)
-            if selection.content_type is not None and self.service.invoker.has_handlers():
-                from tfservo.server.run import LoopbackServer
-
-                self._loopback = LoopbackServer(self.service).start()
+            if selection.content_type is not None:  # raw bodies: the invocation path, handlers and all
+                self._loopback = start_handler_endpoints(self.service)
         except BaseException:
             self.service.close()
             raise
@@ -113,7 +108,7 @@ class LoadedBundle(LoadedTarget):
         _shutdown(self.service, self._loopback)
 
 
-def _shutdown(service: ModelService, loopback) -> None:
+def _shutdown(service: ModelService, loopback: LoopbackServer | None) -> None:
     if loopback is not None:
         loopback.stop()
     service.close()

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from typing import IO, Any, NamedTuple
 
 import orjson
 import requests
+import requests.adapters
+import urllib3
 from requests.structures import CaseInsensitiveDict
 
 from tfservo.errors import BundleError, HandlerError
@@ -79,6 +82,7 @@ class Handlers:
     handler: Callable[..., Any] | None = None
     input_handler: Callable[..., Any] | None = None
     output_handler: Callable[..., Any] | None = None
+    path_entries: tuple[str, ...] = ()  # what loading put on sys.path, released by unload_handlers
 
     def call(
         self, data: bytes | IO[bytes], context: Context, tfs_call: TfsCall
@@ -177,28 +181,52 @@ def load_handlers(
 ) -> Handlers | None:
     """Import code_dir/inference.py as `module_name`; None if there is none.
 
-    code_dir/lib (if any), code_dir and `extra_paths` go to the front of sys.path first. An
-    inference.py that does not import, or defines neither `handler` nor both of
-    `input_handler`/`output_handler`, is a BundleError naming the file and line.
+    code_dir/lib (if any), code_dir and `extra_paths` go to the front of sys.path first (and
+    leave it again with `unload_handlers`). An inference.py that does not import, or defines
+    neither `handler` nor both of `input_handler`/`output_handler`, is a BundleError naming
+    the file and line.
     """
     path = os.path.abspath(os.path.join(code_dir, "inference.py"))
     if not os.path.isfile(path):
         return None
-    lib = os.path.join(os.path.abspath(code_dir), "lib")
+    code = os.path.abspath(code_dir)
+    lib = os.path.join(code, "lib")
     # Same order as the container's gunicorn --pythonpath code,code/lib: lib first.
-    for entry in (*reversed(extra_paths), os.path.abspath(code_dir), lib):
-        if (entry != lib or os.path.isdir(lib)) and entry not in sys.path:
-            sys.path.insert(0, entry)
-    module = _import(path, module_name)
+    entries = (*((lib,) if os.path.isdir(lib) else ()), code, *extra_paths)
+    with _IMPORT_LOCK:
+        _acquire_paths(entries)
+        try:
+            module = _import(path, module_name)
+            found = _handler_functions(module, path)
+        except BaseException:
+            _release_paths(entries)
+            raise
+    return Handlers(path, module, *found, path_entries=entries)
+
+
+def unload_handlers(handlers: Handlers) -> None:
+    """Forget an inference.py: its module, its code dir's helper modules and its sys.path entries."""
+    with _IMPORT_LOCK:
+        code_dir = os.path.dirname(handlers.path)
+        if sys.modules.get(handlers.module.__name__) is handlers.module:
+            del sys.modules[handlers.module.__name__]
+        for name, module in _HELPERS.pop(code_dir, {}).items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+        _release_paths(handlers.path_entries)
+
+
+def _handler_functions(module: ModuleType, path: str) -> tuple[Any, Any, Any]:
+    """(handler, input_handler, output_handler) of an imported inference.py, checked."""
     handler = _function(module, "handler", path)
     input_handler = _function(module, "input_handler", path)
     output_handler = _function(module, "output_handler", path)
     if handler is not None:
         if input_handler or output_handler:
             log.warning("%s defines handler; its input_handler/output_handler are not used", path)
-        return Handlers(path, module, handler=handler)
+        return handler, None, None
     if input_handler and output_handler:
-        return Handlers(path, module, input_handler=input_handler, output_handler=output_handler)
+        return None, input_handler, output_handler
     if input_handler or output_handler:
         present, missing = ("input_handler", "output_handler")
         if output_handler:
@@ -211,6 +239,31 @@ def load_handlers(
         f"{path} defines no handlers; define handler(data, context), or both "
         "input_handler(data, context) and output_handler(response, context)"
     )
+
+
+# Imports of handler code and the sys.path / sys.modules bookkeeping around them happen one at
+# a time (services load bundles from several threads in multi-model mode).
+_IMPORT_LOCK = threading.RLock()
+# sys.path entries tfservo added → how many loaded handlers use them; removed at zero.
+_PATH_USERS: dict[str, int] = {}
+
+
+def _acquire_paths(entries: tuple[str, ...]) -> None:
+    for entry in reversed(entries):  # the first entry ends up first on sys.path
+        _PATH_USERS[entry] = _PATH_USERS.get(entry, 0) + 1
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
+def _release_paths(entries: tuple[str, ...]) -> None:
+    for entry in entries:
+        users = _PATH_USERS.get(entry, 0) - 1
+        if users > 0:
+            _PATH_USERS[entry] = users
+            continue
+        _PATH_USERS.pop(entry, None)
+        while entry in sys.path:
+            sys.path.remove(entry)
 
 
 def _function(module: ModuleType, name: str, path: str) -> Callable[..., Any] | None:
@@ -340,8 +393,9 @@ def install_requirements(
         _pip_install(requirements, target, digest, timeout)
     else:
         log.info("packages from %s already installed in %s", requirements, target)
-    if target not in sys.path:
-        sys.path.insert(0, target)
+    with _IMPORT_LOCK:
+        if target not in sys.path:
+            sys.path.insert(0, target)  # until the handlers that use it are unloaded
     return target
 
 
@@ -398,24 +452,30 @@ def _read(path: str) -> str | None:
 def make_requests_response(
     status: int, body: bytes, content_type: str, url: str
 ) -> requests.Response:
-    """A real requests.Response filled in-process, for output_handler(response, context)."""
-    response = requests.Response()
-    response.status_code = status
-    response._content = body
-    response._content_consumed = True  # type: ignore[attr-defined]
-    response.headers = CaseInsensitiveDict(
-        {"Content-Type": content_type, "Content-Length": str(len(body))}
-    )
-    response.encoding = requests.utils.get_encoding_from_headers(response.headers)
-    response.url = url
+    """A real requests.Response for an in-process answer, for output_handler(response, context).
+
+    Built the way requests builds every response (HTTPAdapter.build_response over a urllib3
+    response), so no private field of requests is written.
+    """
+    request = requests.PreparedRequest()
+    request.method, request.url = "POST", url
+    request.headers = CaseInsensitiveDict({"Content-Type": "application/json"})
     try:
-        response.reason = http.HTTPStatus(status).phrase
+        reason = http.HTTPStatus(status).phrase
     except ValueError:
-        response.reason = ""
-    response.raw = io.BytesIO(body)
+        reason = ""
+    raw = urllib3.HTTPResponse(
+        body=io.BytesIO(body),
+        headers={"Content-Type": content_type, "Content-Length": str(len(body))},
+        status=status,
+        reason=reason,
+        preload_content=False,
+        decode_content=False,
+    )
+    response = _ADAPTER.build_response(request, raw)
     response.elapsed = datetime.timedelta(0)
-    try:
-        response.request = requests.Request("POST", url).prepare()
-    except requests.RequestException:
-        pass  # a URL requests cannot prepare; the response is still usable
+    response.content  # read now: the answer is complete, and reads again come from memory
     return response
+
+
+_ADAPTER = requests.adapters.HTTPAdapter()

@@ -13,22 +13,41 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from tfservo.bundle import ModelSource, discover_versions
 from tfservo.errors import AlreadyExists, InvalidArgument
-from tfservo.tfserving.model_config import ModelConfig, parse_model_server_config, read_model_config_file
+from tfservo.tfserving.model_config import (
+    ModelConfig,
+    VersionPolicy,
+    parse_model_server_config,
+    read_model_config_file,
+)
 
-if TYPE_CHECKING:
-    from tfservo.sagemaker.service import ModelService
+__all__ = ["ModelConfigReloader", "ServedModels"]
 
 log = logging.getLogger("tfservo.model_config")
 
 
-class ModelConfigReloader:
-    """The config-file models of one ModelService."""
+class ServedModels(Protocol):
+    """What a reload changes: the service's served models (ModelService)."""
 
-    def __init__(self, service: ModelService) -> None:
+    def model_names(self) -> list[str]: ...
+
+    def add_model(
+        self, source: ModelSource, policy: VersionPolicy | None = None, labels: Mapping[str, int] | None = None
+    ) -> None: ...
+
+    def remove_model(self, name: str) -> None: ...
+
+    def update_model(self, name: str, policy: VersionPolicy, labels: Mapping[str, int]) -> None: ...
+
+
+class ModelConfigReloader:
+    """The config-file models of one service."""
+
+    def __init__(self, service: ServedModels) -> None:
         self.service = service
         self._configs: dict[str, ModelConfig] = {}
         self._lock = threading.Lock()
@@ -54,7 +73,7 @@ class ModelConfigReloader:
 
     def _apply(self, configs: list[ModelConfig], *, source: str) -> None:
         with self._lock:
-            others = set(self.service.manager.model_names()) - set(self._configs)
+            others = set(self.service.model_names()) - set(self._configs)
             for config in configs:
                 if config.name in others:
                     raise AlreadyExists(
@@ -70,7 +89,7 @@ class ModelConfigReloader:
             for config in configs:
                 current = self._configs.get(config.name)
                 if current is not None and current.base_path == config.base_path:
-                    self.service.lifecycle.update(config.name, config.policy, config.labels)
+                    self.service.update_model(config.name, config.policy, config.labels)
                     self._configs[config.name] = config
                     continue
                 if current is not None:

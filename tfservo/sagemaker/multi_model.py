@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from tfservo.config import DEFAULT_MEMORY_FACTOR, DEFAULT_MODEL_ROOT
 from tfservo.bundle import CODE_DIR_NAME, ModelSource, discover_versions, is_model_name
 from tfservo.errors import (
     AlreadyExists,
@@ -34,11 +35,6 @@ from tfservo.tfserving.servables import State
 
 log = logging.getLogger("tfservo.multi_model")
 
-DEFAULT_MODEL_ROOT = "/opt/ml/models"
-MEMORY_FACTOR_ENV = "TFSERVO_MME_MEMORY_FACTOR"
-# Resident memory a loaded SavedModel takes per byte on disk; see docs/decisions.md for the
-# measurement. Overridable with $TFSERVO_MME_MEMORY_FACTOR (0 turns the check off).
-DEFAULT_MEMORY_FACTOR = 2.0
 
 
 class InsufficientMemory(ResourceExhausted):
@@ -55,7 +51,7 @@ class MultiModelEndpoint:
         service: ModelService,
         model_root: str = DEFAULT_MODEL_ROOT,
         *,
-        memory_factor: float | None = None,
+        memory_factor: float = DEFAULT_MEMORY_FACTOR,
     ) -> None:
         if not os.path.isdir(model_root):
             raise BundleError(
@@ -63,7 +59,7 @@ class MultiModelEndpoint:
             )
         self.service = service
         self.model_root = os.path.realpath(model_root)
-        self.memory_factor = _memory_factor() if memory_factor is None else memory_factor
+        self.memory_factor = memory_factor  # Settings.memory_factor ($TFSERVO_MME_MEMORY_FACTOR)
         self._urls: dict[str, str] = {}
         self._busy: set[str] = set()  # names being loaded or unloaded
         self._lock = threading.Lock()
@@ -297,18 +293,6 @@ def _cgroup_headroom() -> int | None:
             return None
         return max(int(limit) - usage, 0)
     return None
-
-
-def _memory_factor() -> float:
-    raw = os.environ.get(MEMORY_FACTOR_ENV, "")
-    if not raw:
-        return DEFAULT_MEMORY_FACTOR
-    try:
-        return float(raw)
-    except ValueError:
-        raise BundleError(
-            f"{MEMORY_FACTOR_ENV}={raw!r} must be a number (0 turns the memory check off)"
-        ) from None
 
 
 def _numeric_versions(path: str) -> dict[int, str]:

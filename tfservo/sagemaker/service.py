@@ -1,7 +1,8 @@
-"""Assembles a bundle into a running service: models loaded, handlers ready, one Invoker.
+"""The one service factory: settings → bundles loaded, handlers ready, one Invoker.
 
-The HTTP server, `tfservo invoke`, the transform engine and the Beam handler each build a
-ModelService and call the same objects, so every mode behaves the same.
+`build_service` is the only place a running service is assembled. The HTTP and gRPC
+servers, `tfservo invoke`, `inspect`, every transform engine and the pipeline adapters call
+it with the same `tfservo.config.Settings`, so every mode behaves the same.
 """
 
 from __future__ import annotations
@@ -12,53 +13,56 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from tfservo.bundle import Bundle, ModelSource, open_bundle
+from tfservo.config import Settings
 from tfservo.errors import BundleError
-from tfservo.sagemaker.handlers import Handlers, install_requirements, load_handlers
+from tfservo.sagemaker.handlers import Handlers, install_requirements, load_handlers, unload_handlers
 from tfservo.sagemaker.invocation import Invoker
+from tfservo.sagemaker.model_config_reloader import ModelConfigReloader
 from tfservo.tfserving.api import TFServingAPI
 from tfservo.tfserving.lifecycle import ModelLifecycle
 from tfservo.tfserving.model_config import VersionPolicy
 from tfservo.tfserving.servables import ModelManager, RunnerFactory, ServableVersion
 from tfservo.tfserving.warmup import replay_warmup
 
+__all__ = ["BatchHook", "ModelService", "build_service"]
+
 log = logging.getLogger("tfservo.service")
 
-
-@dataclass
-class ServiceOptions:
-    """How models are loaded and which model answers by default."""
-
-    intra_op_threads: int = 0
-    inter_op_threads: int = 0
-    version_labels: dict[str, dict[str, int]] = field(default_factory=dict)
-    default_model_name: str | None = None
-    runner_factory: RunnerFactory | None = None
-    on_event: Callable[[ServableVersion], None] | None = None
-    requirements_dir: str | None = None
-    multi_model: bool = False  # SageMaker multi-model mode: no default model, /ping = "up"
+# A batcher's report of one batch: (model, rows, padded rows, seconds).
+BatchHook = Callable[[str, int, int, float], None]
 
 
 class ModelService:
-    """Models, handlers, the TF Serving API and the invocation path of one or more bundles."""
+    """Models, handlers, the TF Serving API and the invocation path of one or more bundles.
 
-    def __init__(self, options: ServiceOptions | None = None) -> None:
-        self.options = options or ServiceOptions()
+    Built by `build_service`; constructing one directly gives an empty service (tests and
+    tools add bundles to it themselves).
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        on_event: Callable[[ServableVersion], None] | None = None,
+        on_batch: BatchHook | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
         loader = functools.partial(
             _load_saved_model,
-            intra=self.options.intra_op_threads,
-            inter=self.options.inter_op_threads,
+            intra=self.settings.intra_op_threads,
+            inter=self.settings.inter_op_threads,
         )
         self.manager = ModelManager(
             loader,
-            runner_factory=self.options.runner_factory,
-            on_event=self.options.on_event,
+            runner_factory=_runner_factory(self.settings, on_batch),
+            on_event=on_event,
             warmup=lambda sv: replay_warmup(self.api, sv),
         )
         self.api = TFServingAPI(self.manager)
         self.lifecycle = ModelLifecycle(self.manager)
+        self.model_config = ModelConfigReloader(self)
         self.bundles: list[Bundle] = []
         self.configured_models: list[str] = []
         self.rest_base: str | None = None
@@ -73,7 +77,7 @@ class ModelService:
     @property
     def batches(self) -> bool:
         """Whether model calls go through batchers (and so may wait for their batch)."""
-        return self.options.runner_factory is not None
+        return self.settings.batching is not None
 
     # -- building ----------------------------------------------------------------------------
 
@@ -104,13 +108,13 @@ class ModelService:
             if handlers is not None:
                 self.invoker.handlers[source.name] = handlers
         if labels is None:
-            labels = self.options.version_labels.get(source.name)
+            labels = self.settings.version_labels.get(source.name)
         try:
             self.lifecycle.watch(
                 source.name, source.base_path, policy or VersionPolicy.all(), labels, source.versions
             )
         except Exception:
-            self.invoker.handlers.pop(source.name, None)
+            self._drop_handlers(source.name)
             raise
         self.configured_models.append(source.name)
 
@@ -118,22 +122,24 @@ class ModelService:
         """Use `code_dir`/inference.py for every model without its own code/."""
         self.invoker.universal_handlers = self._prepare_code(code_dir, "universal")
 
-    @functools.cached_property
-    def model_config(self):  # -> tfservo.sagemaker.model_config_reloader.ModelConfigReloader
-        """Models from TF Serving's model config file; `reload_config` swaps the whole list."""
-        from tfservo.sagemaker.model_config_reloader import ModelConfigReloader
-
-        return ModelConfigReloader(self)
-
     def remove_model(self, name: str) -> None:
         self.lifecycle.unwatch(name)
-        self.invoker.handlers.pop(name, None)
+        self._drop_handlers(name)
         if name in self.configured_models:
             self.configured_models.remove(name)
 
+    def update_model(self, name: str, policy: VersionPolicy, labels: Mapping[str, int]) -> None:
+        """Apply a new version policy and labels to a served model (a model config reload)."""
+        self.lifecycle.update(name, policy, labels)
+
+    def _drop_handlers(self, name: str) -> None:
+        handlers = self.invoker.handlers.pop(name, None)
+        if handlers is not None:
+            unload_handlers(handlers)
+
     def _prepare_code(self, code_dir: str, label: str) -> Handlers | None:
         target = os.path.join(
-            self.options.requirements_dir or os.path.join(tempfile.gettempdir(), "tfservo-requirements"),
+            self.settings.requirements_dir or os.path.join(tempfile.gettempdir(), "tfservo-requirements"),
             # keyed by what is installed, so a re-extracted archive reuses its earlier install
             hashlib.sha256(label.encode() + _read_or_empty(os.path.join(code_dir, "requirements.txt"))).hexdigest()[:16],
         )
@@ -143,11 +149,14 @@ class ModelService:
 
     # -- queries -----------------------------------------------------------------------------
 
+    def model_names(self) -> list[str]:
+        return self.manager.model_names()
+
     def default_model(self) -> str | None:
         """SAGEMAKER_TFS_DEFAULT_MODEL_NAME (or --default-model), else the first model by name."""
-        if self.options.default_model_name:
-            return self.options.default_model_name
-        if self.options.multi_model:
+        if self.settings.default_model_name:
+            return self.settings.default_model_name
+        if self.settings.multi_model:
             return None  # a multi-model endpoint has no default: requests must name the model
         names = self.manager.model_names()
         return names[0] if names else None
@@ -158,44 +167,81 @@ class ModelService:
 
     def unavailable_models(self) -> list[str]:
         """Configured models without an AVAILABLE version (none in multi-model mode)."""
-        if self.options.multi_model:
+        if self.settings.multi_model:
             return []
         served = {m.name: m for m in self.manager.models()}
         return [name for name in self.configured_models if name not in served or not served[name].available()]
 
+    def load_errors(self) -> list[str]:
+        """'model M version V: error' for every version that failed to load."""
+        return [
+            f"model {m.name} version {v.version}: {v.error}"
+            for m in self.manager.models()
+            for v in m.versions.values()
+            if v.error
+        ]
+
     def close(self) -> None:
         self.lifecycle.stop()
         self.manager.close()
+        for name in list(self.invoker.handlers):
+            self._drop_handlers(name)
+        if self.invoker.universal_handlers is not None:
+            unload_handlers(self.invoker.universal_handlers)
+            self.invoker.universal_handlers = None
 
 
-def _load_saved_model(path: str, *, intra: int, inter: int):
+def build_service(
+    settings: Settings,
+    *,
+    on_event: Callable[[ServableVersion], None] | None = None,
+    on_batch: BatchHook | None = None,
+) -> ModelService:
+    """The running service for `settings`: every bundle in settings.paths and the model
+    config file loaded, labels and the default model checked, file-system polling started."""
+    service = ModelService(settings, on_event=on_event, on_batch=on_batch)
+    try:
+        for path in settings.paths:
+            service.add_bundle(path)
+        if settings.model_config_file:
+            service.model_config.load_file(settings.model_config_file)
+        _check_selection(service, settings)
+        service.lifecycle.start_polling(settings.file_system_poll_wait_seconds)
+    except BaseException:
+        service.close()
+        raise
+    return service
+
+
+def _check_selection(service: ModelService, settings: Settings) -> None:
+    """Every labelled model and the default model must be served."""
+    names = service.manager.model_names()
+    where = ", ".join(settings.paths) or settings.model_config_file or "the served models"
+    for model in settings.version_labels:
+        if model not in names:
+            raise BundleError(
+                f"--version-label names model {model}, which is not in the bundle; models: {', '.join(names)}"
+            )
+    wanted = settings.default_model_name
+    if wanted and not settings.multi_model and wanted not in names:
+        raise BundleError(
+            f"SAGEMAKER_TFS_DEFAULT_MODEL_NAME={wanted!r} names no model in {where}; "
+            f"the models are: {', '.join(names) or '(none)'}. Set it to one of them or unset it."
+        )
+
+
+def _runner_factory(settings: Settings, on_batch: BatchHook | None) -> RunnerFactory | None:
+    if settings.batching is None:
+        return None
+    from tfservo.batching import make_runner_factory
+
+    return make_runner_factory(settings.batching, on_batch=on_batch)
+
+
+def _load_saved_model(path: str, *, intra: int, inter: int):  # -> runtime.savedmodel.LoadedModel
     from tfservo.runtime.savedmodel import load_saved_model
 
     return load_saved_model(path, intra_op_threads=intra, inter_op_threads=inter)
-
-
-def parse_version_labels(specs: list[str]) -> dict[str, dict[str, int]]:
-    """`MODEL:LABEL=VERSION` flags → {model: {label: version}}."""
-    labels: dict[str, dict[str, int]] = {}
-    for spec in specs:
-        model, sep, rest = spec.partition(":")
-        label, eq, version = rest.partition("=")
-        if not (sep and eq and model and label and version.isdigit()):
-            raise BundleError(
-                f"--version-label {spec!r} is not MODEL:LABEL=VERSION (e.g. half_plus_two:stable=123)"
-            )
-        labels.setdefault(model, {})[label] = int(version)
-    return labels
-
-
-def check_labels(service: ModelService, labels: Mapping[str, Mapping[str, int]]) -> None:
-    """Every labelled model must be served."""
-    for model in labels:
-        if model not in service.manager.model_names():
-            raise BundleError(
-                f"--version-label names model {model}, which is not in the bundle; "
-                f"models: {', '.join(service.manager.model_names())}"
-            )
 
 
 def _read_or_empty(path: str) -> bytes:

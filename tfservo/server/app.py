@@ -22,7 +22,10 @@ from tfservo.errors import ServingError
 from tfservo.sagemaker.invocation import error_result
 from tfservo.sagemaker.service import ModelService
 from tfservo.server.call_placement import CallPlacement
-from tfservo.server.hot_routes import JSON, TFS_PATH, HotRoutes, Receive, Scope, Send, parse_version
+from starlette.types import Receive, Scope, Send
+
+from tfservo.server.hot_routes import TFS_PATH, HotRoutes, parse_version
+from tfservo.server.responses import error_response, internal_error, json_response
 from tfservo.tfserving.api import METHODS
 
 if TYPE_CHECKING:
@@ -31,15 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tfservo.http")
 
 _THREADS = 64  # model calls in flight at once per pool (calls, invocations)
-
-
-def json_response(doc: object, status: int = 200) -> Response:
-    return Response(orjson.dumps(doc), status_code=status, media_type=JSON)
-
-
-def error_response(exc: ServingError) -> Response:
-    result = error_result(exc)
-    return Response(result.body, status_code=result.status, media_type=result.content_type)
 
 
 class ServingApp:
@@ -55,22 +49,17 @@ class ServingApp:
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self.hot.route(scope)
             if handler is not None:
-                scope["endpoint"] = self.endpoint  # as Starlette's routing would set it (metrics read it)
                 try:
                     await handler(scope, receive, send)
                 except Exception as exc:  # noqa: BLE001 - answered as Starlette's handler would
                     log.exception("unhandled error on POST %s", scope["path"])
-                    await _internal_error(exc)(scope, receive, send)
+                    await internal_error(exc)(scope, receive, send)
                 return
         await self.starlette(scope, receive, send)
 
     def close(self) -> None:
         self.hot.calls.close()
         self.hot.invocations.close()
-
-
-def _internal_error(exc: Exception) -> Response:
-    return json_response({"error": f"Internal error: {type(exc).__name__}: {exc}"}, 500)
 
 
 class _AsgiEndpoint:
@@ -161,7 +150,7 @@ def build_app(
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _internal_error(exc)
+        return internal_error(exc)
 
     endpoint = _AsgiEndpoint(hot)
     routes: list[BaseRoute] = [

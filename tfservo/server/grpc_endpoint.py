@@ -6,7 +6,7 @@ import logging
 
 from tfservo.sagemaker.service import ModelService
 from tfservo.server.metrics import Metrics
-from tfservo.server.settings import ServerSettings
+from tfservo.config import Settings
 from tfservo.tfserving.grpc_service import GrpcServer
 from tfservo.tfserving.request_labels import plain_scope
 
@@ -15,7 +15,7 @@ log = logging.getLogger("tfservo.server")
 
 def start_grpc(
     service: ModelService,
-    settings: ServerSettings,
+    settings: Settings,
     metrics: Metrics | None = None,
     *,
     reuse_port: bool = False,

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from starlette.types import Receive, Scope, Send
 
 from tfservo.errors import InvalidArgument, NotFound, ServingError
 from tfservo.sagemaker.invocation import InvocationResult, error_result
@@ -22,11 +24,8 @@ from tfservo.tfserving.api import METHODS
 
 log = logging.getLogger("tfservo.http")
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
 JSON = "application/json"
+ROUTE_KEY = "tfservo.route"  # scope key: the route template a hot route answered (for metrics)
 CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 
 TFS_PATH = re.compile(
@@ -142,6 +141,7 @@ class HotRoutes:
         """The hot route for a POST to this path, or None (then Starlette answers it)."""
         path = scope["path"]
         if path == "/invocations":
+            scope[ROUTE_KEY] = "/invocations"
             return self.invoke
         if path.startswith("/v1/models/"):
             match = TFS_PATH.match(path)
@@ -152,6 +152,7 @@ class HotRoutes:
             match = _INVOKE_PATH.match(path)
             if match:
                 scope["path_params"] = match.groupdict()
+                scope[ROUTE_KEY] = "/models/{name}/invoke"
                 return self.invoke
         return None
 

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfservo.errors import FailedPrecondition
-from tfservo.server.hot_routes import CUSTOM_ATTRIBUTES, TFS_PATH, request_header
+from tfservo.server.hot_routes import CUSTOM_ATTRIBUTES, ROUTE_KEY, TFS_PATH, request_header
 from tfservo.tfserving.api import METHODS
 from tfservo.tfserving.request_labels import RequestLabels, tracking
 from tfservo.tfserving.servables import ServableVersion, State
@@ -40,9 +42,6 @@ METRICS_PATH = "/metrics"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 
 
@@ -57,10 +56,13 @@ class Metrics:
                     f"{MULTIPROC_ENV}={self.multiprocess_dir} is not a directory; create it (empty) "
                     "before starting the server"
                 )
-            os.environ[MULTIPROC_ENV] = self.multiprocess_dir
-            # prometheus_client picks its value store at import; pick again in case it was
-            # imported before the variable was set.
-            values.ValueClass = values.get_value_class()
+            if not _multiprocess_values():
+                # prometheus_client picks its value store when it is imported; the serving
+                # process (or the workers' supervisor) sets the variable before that.
+                raise FailedPrecondition(
+                    f"{MULTIPROC_ENV}={self.multiprocess_dir} was set after prometheus_client was "
+                    "imported; set it in the environment before the server starts"
+                )
         prometheus_client.disable_created_metrics()  # no *_created series: noise for dashboards
         # Metrics live in a private registry: in multiprocess mode /metrics reads the workers'
         # files instead, and two servers in one process (tests) don't collide.
@@ -182,6 +184,11 @@ class Metrics:
         return _HttpMetrics(app, self, service, routes)
 
 
+def _multiprocess_values() -> bool:
+    """Whether prometheus_client stores values in files shared by processes (multiprocess mode)."""
+    return values.ValueClass is not values.MutexValue
+
+
 def mark_worker_dead(pid: int, multiprocess_dir: str | None = None) -> None:
     """For a parent of worker processes: drop a dead worker's live gauges (multiprocess mode)."""
     path = multiprocess_dir or os.environ.get(MULTIPROC_ENV)
@@ -198,9 +205,7 @@ class _HttpMetrics:
         self.service = service
         self.routes = list(routes)
 
-    async def __call__(
-        self, scope: Scope, receive: Callable[[], Awaitable[Message]], send: Callable[[Message], Awaitable[None]]
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -222,7 +227,7 @@ class _HttpMetrics:
                 if not labels.route:
                     self._name(scope, labels)
 
-    async def _expose(self, scope: Scope, send: Callable[[Message], Awaitable[None]]) -> None:
+    async def _expose(self, scope: Scope, send: Send) -> None:
         body = await anyio.to_thread.run_sync(self.metrics.exposition)
         headers = [(b"content-type", prometheus_client.CONTENT_TYPE_LATEST.encode()),
                    (b"content-length", str(len(body)).encode())]
@@ -245,17 +250,21 @@ class _HttpMetrics:
                 labels.route, labels.method = f"/v1/models/{{name}}{pick}:{method}", method
             self._known_model(labels, match["name"])
             return
-        route = self._template(scope) if scope.get("endpoint") is not None else None
+        route = scope.get(ROUTE_KEY) or self._template(scope)
         labels.route = route or "unmatched"
         if route == "/invocations" or (route or "").endswith("/invoke"):
             self._invocation_labels(scope, labels)
 
     def _template(self, scope: Scope) -> str | None:
-        endpoint, path = scope["endpoint"], scope["path"]
+        """The path template of the route that answered (a wrong method still names its route)."""
+        partial = None
         for route in self.routes:
-            if getattr(route, "endpoint", None) is endpoint and route.path_regex.match(path):
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
                 return route.path
-        return None
+            if match is Match.PARTIAL and partial is None:
+                partial = route.path
+        return partial
 
     def _invocation_labels(self, scope: Scope, labels: RequestLabels) -> None:
         """tfs-method (default predict) and, for handlers that call back over HTTP, the model."""

@@ -11,12 +11,12 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from tfservo.errors import ServingError
 from tfservo.sagemaker.multi_model import MultiModelEndpoint, parse_load_request
-from tfservo.server.app import error_response, json_response
 from tfservo.server.hot_routes import read_body
-from tfservo.server.metrics import ASGIApp
+from tfservo.server.responses import error_response, json_response
 
 _LOAD_BODY_LIMIT = 1 << 20  # a load request is a small JSON document
 

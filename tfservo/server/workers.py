@@ -27,7 +27,7 @@ from types import FrameType
 
 from tfservo.errors import ServingError
 from tfservo.server.metrics import MULTIPROC_ENV, mark_worker_dead
-from tfservo.server.settings import ServerSettings
+from tfservo.config import Settings
 
 log = logging.getLogger("tfservo.server")
 
@@ -35,7 +35,7 @@ _SPAWN = multiprocessing.get_context("spawn")  # no fork after TensorFlow has st
 # Worker → supervisor: _READY, _DRAINED or (_FAILED, message). Supervisor → worker: _STOP.
 _READY, _DRAINED, _FAILED, _STOP = "ready", "drained", "failed", "stop"
 
-WorkerTarget = Callable[[ServerSettings, socket.socket, "WorkerLink"], None]
+WorkerTarget = Callable[[Settings, socket.socket, "WorkerLink"], None]
 
 
 class WorkerLink:
@@ -78,7 +78,7 @@ class WorkerLink:
         self._go.set()
 
 
-def _worker_main(target: WorkerTarget, settings: ServerSettings, sock: socket.socket, conn: Connection) -> None:
+def _worker_main(target: WorkerTarget, settings: Settings, sock: socket.socket, conn: Connection) -> None:
     """Entry point of a spawned worker: serve, or report why it could not start."""
     from tfservo.logs import quiet_tensorflow, setup_logging
 
@@ -113,7 +113,7 @@ class _Worker:
 class Supervisor:
     """Keeps settings.workers processes serving on `sock` until SIGTERM/SIGINT, then stops them."""
 
-    def __init__(self, target: WorkerTarget, settings: ServerSettings, sock: socket.socket) -> None:
+    def __init__(self, target: WorkerTarget, settings: Settings, sock: socket.socket) -> None:
         if settings.grpc_port == 0:  # every worker binds the same gRPC port (SO_REUSEPORT)
             settings = replace(settings, grpc_port=_free_port(settings.host))
         self.target = target

@@ -203,7 +203,8 @@ _services_lock = threading.Lock()
 def worker_service(job: TransformJob) -> Any:
     """The job's ModelService in this process, loaded once (with --env applied, and a loopback
     server when the bundle has handlers, as `transform` and `serve` do)."""
-    from tfservo.transform.run import apply_env, load_service, loopback_for_handlers
+    from tfservo.loopback import start_handler_endpoints
+    from tfservo.transform.run import apply_env, load_service
 
     key = (job.model, tuple(sorted(job.env.items())))
     with _services_lock:
@@ -211,7 +212,7 @@ def worker_service(job: TransformJob) -> Any:
             apply_env(job.env)
             started = time.monotonic()
             service = load_service(job.model)
-            loopback = loopback_for_handlers(service)
+            loopback = start_handler_endpoints(service)
             log.info("loaded %s in %.1fs in worker process %d", job.model, time.monotonic() - started, os.getpid())
             _services[key] = (service, loopback)
         return _services[key][0]

@@ -1,56 +1,39 @@
-"""Running a transform job in this process: --env applied, the model loaded once, a loopback
-server for handlers (so `context.rest_uri` and `context.channel` answer), then the local engine."""
+"""Running a transform job in this process: --env applied, the model loaded once through the
+service factory, handler endpoints when the bundle has handlers (so `context.rest_uri` and
+`context.channel` answer), then the local engine."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
-
-from tfservo.sagemaker.service import ModelService
+from tfservo.config import ConfigError, resolve_settings
+from tfservo.loopback import start_handler_endpoints
+from tfservo.sagemaker.service import ModelService, build_service
 from tfservo.transform.engine import TransformEngine, list_job_inputs
 from tfservo.transform.job import JobError, TransformJob
 from tfservo.transform.sinks import OutputStore
 from tfservo.transform.state import TransformSummary, bundle_versions, check_settings, job_description
 
-if TYPE_CHECKING:
-    from tfservo.server.run import LoopbackServer
+__all__ = ["apply_env", "load_service", "run_transform"]
 
 
 def apply_env(env: dict[str, str]) -> None:
-    """--env KEY=VALUE: set before the model service loads, as SageMaker's Environment is."""
+    """--env KEY=VALUE: set before the model service loads, as SageMaker's Environment is
+    (the settings are resolved from it, and handler code sees it)."""
     os.environ.update(env)
 
 
 def load_service(model: str) -> ModelService:
-    """Load a bundle the way `tfservo serve` does (same SAGEMAKER_* variables)."""
-    from tfservo.server.run import build_service
-    from tfservo.server.settings import resolve_settings
-
-    settings = resolve_settings(
-        paths=[model], host=None, port=None, grpc_port=None, max_request_mb=None,
-        version_labels=(), intra_op_threads=None, inter_op_threads=None, log_level=None,
-    )
+    """Load a bundle through the one service factory, with the settings `serve` would use."""
+    try:
+        settings = resolve_settings(paths=[model], multi_model=False)
+    except ConfigError as exc:
+        raise JobError(exc.message) from None
     service = build_service(settings)
     if not service.is_healthy():
-        problems = [
-            f"model {m.name} version {v.version}: {v.error}"
-            for m in service.manager.models()
-            for v in m.versions.values()
-            if v.error
-        ]
+        problems = service.load_errors()
         service.close()
         raise JobError(f"{model} has a model with no loadable version: {'; '.join(problems) or 'none loaded'}")
     return service
-
-
-def loopback_for_handlers(service: ModelService) -> LoopbackServer | None:
-    """A started loopback REST + gRPC server when the bundle has handlers (their context.rest_uri,
-    grpc_uri and channel reach it) and the service has no server of its own; stop() it after."""
-    if not service.invoker.has_handlers() or service.rest_base is not None:
-        return None
-    from tfservo.server.run import LoopbackServer
-
-    return LoopbackServer(service).start()
 
 
 def run_transform(
@@ -69,7 +52,7 @@ def run_transform(
     if service is None:
         apply_env(job.env)
         service = load_service(job.model)
-    loopback = loopback_for_handlers(service)
+    loopback = start_handler_endpoints(service)
     try:
         engine = TransformEngine(
             job, service.invoker, progress=progress, progress_interval=progress_interval,
