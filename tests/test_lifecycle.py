@@ -400,7 +400,7 @@ def test_unload_waits_for_calls_in_flight(layout):
 
     def call() -> None:
         try:
-            outcome["y"] = service.api.predict("slow", None, None, "", inputs)[1]["y"].tolist()
+            outcome["y"] = service.api.predict("slow", None, None, "", inputs).outputs["y"].tolist()
         except Exception as exc:  # noqa: BLE001 - the assertion below reports it
             outcome["error"] = exc
         outcome["done"] = time.monotonic()

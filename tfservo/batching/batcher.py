@@ -22,13 +22,13 @@ import numpy as np
 
 from tfservo.batching.options import BatchingOptions
 from tfservo.errors import InvalidArgument, ResourceExhausted, Unavailable
+from tfservo.runtime.signatures import Runner
 
 if TYPE_CHECKING:
     from tfservo.tfserving.servables import ServableVersion
 
 log = logging.getLogger("tfservo.batching")
 
-Runner = Callable[[str, dict[str, np.ndarray], Sequence[str] | None], dict[str, np.ndarray]]
 # (rows, padded rows, seconds) of each batch one Batcher ran.
 BatchHook = Callable[[int, int, float], None]
 # The same with the model's name first: a runner factory's hook, shared by every model's batchers.
@@ -427,8 +427,10 @@ class BatchingRunnerFactory:
             if self._scheduler is None:
                 self._scheduler = BatchScheduler(self.options.num_batch_threads)
             scheduler = self._scheduler
+        model = sv.model
+        assert model is not None, "a runner is made right after the version loaded"
         return Batcher(
-            sv.model.run,
+            model.run,
             self.options,
             name=f"{sv.model_name} version {sv.version}",
             on_batch=functools.partial(self.on_batch, sv.model_name) if self.on_batch else None,

@@ -78,22 +78,19 @@ class LoadedBundle(LoadedTarget):
         """Run the signature on a batch of inputs."""
         t = self._target
         assert t.signature is not None
-        _, outputs = self.service.api.predict(t.model_name, t.version, None, t.signature.name, inputs)
-        return outputs
+        return self.service.api.predict(t.model_name, t.version, None, t.signature.name, inputs).outputs
 
     def classify(self, examples: Sequence[bytes]) -> list[list[tuple[str, float]]]:
         """Classify serialized tf.train.Examples: per example its (label, score) pairs."""
         t = self._target
         assert t.signature is not None
-        _, results = self.service.api.classify(t.model_name, t.version, None, t.signature.name, examples)
-        return results
+        return self.service.api.classify(t.model_name, t.version, None, t.signature.name, examples).results
 
     def regress(self, examples: Sequence[bytes]) -> list[float]:
         """Regress serialized tf.train.Examples: one value per example."""
         t = self._target
         assert t.signature is not None
-        _, results = self.service.api.regress(t.model_name, t.version, None, t.signature.name, examples)
-        return results
+        return self.service.api.regress(t.model_name, t.version, None, t.signature.name, examples).results
 
     def invoke(self, body: bytes) -> bytes:
         """One /invocations request; a non-2xx answer raises the ServingError of its kind."""
@@ -143,6 +140,6 @@ def _select(service: ModelService, bundle: str, selection: Selection) -> Target:
     except ServingError as exc:
         raise BundleError(f"{exc.message} (in {bundle}); pass signature_name= one of them") from None
     method = choose_method(selection.method, attrs, signature)
-    target = Target(bundle, method, name, sv.version, signature, sv.model.example_feature_types())
+    target = Target(bundle, method, name, sv.version, signature, sv.loaded.example_feature_types())
     check_method(method, signature, target.describe())
     return target

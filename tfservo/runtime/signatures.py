@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 PREDICT_METHOD = "tensorflow/serving/predict"
 CLASSIFY_METHOD = "tensorflow/serving/classify"
@@ -32,3 +36,8 @@ class SignatureDef:
     method_name: str
     inputs: dict[str, TensorSpec] = field(default_factory=dict)
     outputs: dict[str, TensorSpec] = field(default_factory=dict)
+
+
+# How a signature is run (LoadedModel.run, and the batcher in front of it): signature name,
+# named input arrays and the output keys wanted (None: all) → named output arrays.
+Runner = Callable[[str, dict[str, np.ndarray], Sequence[str] | None], dict[str, Any]]

@@ -12,6 +12,7 @@ import codecs
 import csv
 import io
 import json
+import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from typing import Any
 import orjson
 
 from tfservo.errors import Code, InvalidArgument, ServingError
+from tfservo.tfserving import json_codec
+from tfservo.tfserving.dataplane import Answer
+from tfservo.tfserving.rows import answer_rows
 
 JSON = "application/json"
 JSONLINES = "application/jsonlines"
@@ -371,6 +375,18 @@ def from_tfs_response(body: bytes, accept: Sequence[str]) -> tuple[bytes, str]:
     return _csv_rows(records), CSV
 
 
+def encode_answer(answer: Answer, target: str) -> bytes:
+    """A model's answer in a negotiated CONVERTIBLE_TYPES type: TF Serving's JSON, or one record
+    per line as JSON lines or CSV, written straight from the arrays when they are plain numbers."""
+    if target == JSON:
+        return json_codec.encode_answer(answer)
+    rows = answer_rows(answer)
+    if rows is None:
+        return from_tfs_response(json_codec.encode_answer(answer), [target])[0]
+    lines = rows.json if target in (JSONLINES, JSONS) else rows.csv
+    return b"".join(line + b"\n" for line in lines)
+
+
 def negotiate(accept: Sequence[str], offered: Sequence[str]) -> str:
     """The first offered type the Accept list allows (its first entry if Accept is empty)."""
     if not accept:
@@ -425,10 +441,11 @@ def _flatten(value: Any) -> Iterator[Any]:
 
 
 def _csv_cell(value: Any) -> str:
+    """A JSON value as a CSV cell: numbers as JSON writes them (as the array path does)."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return repr(value)
+        return orjson.dumps(value).decode() if math.isfinite(value) else repr(value)
     return str(value)

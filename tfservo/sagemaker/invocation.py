@@ -10,7 +10,6 @@ import io
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,22 +20,46 @@ from tfservo.sagemaker import content_types
 from tfservo.sagemaker.custom_attributes import CustomAttributes, parse_custom_attributes
 from tfservo.sagemaker.handlers import Context, Handlers, make_requests_response
 from tfservo.tfserving.api import TFServingAPI
+from tfservo.tfserving.dataplane import Answer
 from tfservo.tfserving.status import http_status
 
 log = logging.getLogger("tfservo.invocations")
 
 
-@dataclass(frozen=True)
 class InvocationResult:
-    """What an invocation answers: HTTP-style status, body bytes and their content type."""
+    """What an invocation answers: HTTP-style status, content type, and the body; without a
+    handler the body is written from the model's arrays (`answer`) only when first asked for."""
 
-    status: int
-    body: bytes
-    content_type: str
+    __slots__ = ("status", "content_type", "answer", "_body")
+
+    def __init__(self, status: int, body: bytes | None, content_type: str, answer: Answer | None = None) -> None:
+        self.status = status
+        self.content_type = content_type
+        self.answer = answer
+        self._body = body
 
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
+
+    @property
+    def body(self) -> bytes:
+        """The answer in the negotiated content type (ServingError if it cannot be written)."""
+        if self._body is None:
+            assert self.answer is not None
+            self._body = content_types.encode_answer(self.answer, self.content_type)
+        return self._body
+
+    def encoded(self) -> InvocationResult:
+        """This result with its body written; an answer that cannot be written is an error result."""
+        try:
+            self.body  # noqa: B018 - written now
+        except ServingError as exc:
+            return error_result(exc)
+        return self
+
+    def __repr__(self) -> str:
+        return f"InvocationResult({self.status}, {self.content_type!r}, {self._body!r:.80})"
 
 
 def error_result(exc: ServingError) -> InvocationResult:
@@ -82,7 +105,20 @@ class Invoker:
         custom_attributes: str | None = None,
         model_name: str | None = None,
     ) -> InvocationResult:
-        """Run one invocation; client mistakes come back as 4xx results, never as exceptions."""
+        """Run one invocation and write its answer; client mistakes come back as 4xx results,
+        never as exceptions."""
+        return self.call(body, content_type, accept, custom_attributes, model_name).encoded()
+
+    def call(
+        self,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None = None,
+        custom_attributes: str | None = None,
+        model_name: str | None = None,
+    ) -> InvocationResult:
+        """Run one invocation, leaving a model's answer as arrays until its body is asked for
+        (the transform splits it per record straight from them)."""
         try:
             return self._invoke(body, content_type, accept, custom_attributes, model_name)
         except ServingError as exc:
@@ -109,11 +145,9 @@ class Invoker:
         if handlers is not None:
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
         tfs_request = content_types.to_tfs_request(body, content_type or "")
-        tfs_body = self.api.rest(method, name, version, None, tfs_request)
-        out, out_type = content_types.from_tfs_response(
-            tfs_body, content_types.parse_accept(accept)
-        )
-        return InvocationResult(200, out, out_type)
+        answer_type = content_types.negotiate(content_types.parse_accept(accept), content_types.CONVERTIBLE_TYPES)
+        answer = self.api.infer(method, name, version, None, tfs_request)
+        return InvocationResult(200, None, answer_type, answer)
 
     def _with_handlers(
         self,

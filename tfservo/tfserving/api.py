@@ -1,7 +1,9 @@
 """TF Serving's API on top of the model manager: predict, classify, regress, metadata, status.
 
-Two surfaces share one implementation: array level (used by gRPC, Beam and the batcher's
-callers) and REST level (JSON bytes in, JSON bytes out, used by HTTP and /invocations).
+One implementation behind every surface: a request is decoded once into a Call
+(tfserving.dataplane), run on the version a ServableHandle holds for the whole call, and
+answered as arrays; `rest` writes TF Serving's JSON at the edge. gRPC, pipelines and the
+batcher's callers use the array-level methods.
 """
 
 from __future__ import annotations
@@ -20,12 +22,22 @@ from tfservo.runtime.signatures import (
     SignatureDef,
 )
 from tfservo.tfserving import json_codec
+from tfservo.tfserving.dataplane import (
+    METHODS,
+    Answer,
+    Call,
+    Classification,
+    ExamplesCall,
+    PredictCall,
+    Prediction,
+    Regression,
+)
 from tfservo.tfserving.examples import build_examples
 from tfservo.tfserving.model_status import model_status
 from tfservo.tfserving.results import classification_results, regression_results
 from tfservo.tfserving.servables import ModelManager, ServableVersion
 
-METHODS = ("predict", "classify", "regress")
+__all__ = ["METHODS", "TFServingAPI", "signature_def_map", "signature_def_map_proto"]
 
 
 class TFServingAPI:
@@ -34,71 +46,24 @@ class TFServingAPI:
     def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
 
-    # -- array level -------------------------------------------------------------------------
+    # -- one call on one version -----------------------------------------------------------------
 
-    def predict(
-        self,
-        name: str,
-        version: int | None,
-        label: str | None,
-        signature_name: str,
-        inputs: dict[str, np.ndarray],
-        output_keys: Sequence[str] | None = None,
-    ) -> tuple[ServableVersion, dict[str, np.ndarray]]:
-        sv = self.manager.resolve(name, version, label)
-        return sv, self.predict_on(sv, signature_name, inputs, output_keys)
+    def run(self, sv: ServableVersion, call: Call) -> Answer:
+        """Run a decoded call on `sv` (held by the caller's handle, or loading: warmup)."""
+        if isinstance(call, PredictCall):
+            name = call.signature_name or DEFAULT_SIGNATURE
+            sv.signature(name)
+            outputs = sv.run(name, call.inputs, call.output_keys)
+            return Prediction(sv.model_name, sv.version, name, outputs, call.row_format)
+        sig, outputs = self._run_examples(sv, call)
+        if call.method == "classify":
+            results = classification_results(outputs, sig, len(call.examples))
+            return Classification(sv.model_name, sv.version, sig.name, results)
+        return Regression(sv.model_name, sv.version, sig.name, regression_results(outputs, sig, len(call.examples)))
 
-    def predict_on(
-        self,
-        sv: ServableVersion,
-        signature_name: str,
-        inputs: dict[str, np.ndarray],
-        output_keys: Sequence[str] | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Predict on one given version (also one still loading: warmup replays through this)."""
-        sv.signature(signature_name or DEFAULT_SIGNATURE)
-        return sv.run(signature_name or DEFAULT_SIGNATURE, inputs, output_keys)
-
-    def classify(
-        self,
-        name: str,
-        version: int | None,
-        label: str | None,
-        signature_name: str,
-        examples: Sequence[bytes],
-    ) -> tuple[ServableVersion, list[list[tuple[str, float]]]]:
-        sv = self.manager.resolve(name, version, label)
-        return sv, self.classify_on(sv, signature_name, examples)
-
-    def classify_on(
-        self, sv: ServableVersion, signature_name: str, examples: Sequence[bytes]
-    ) -> list[list[tuple[str, float]]]:
-        """Classify on one given version (also one still loading, for warmup)."""
-        sig, outputs = self._run_examples(sv, signature_name, examples, CLASSIFY_METHOD)
-        return classification_results(outputs, sig, len(examples))
-
-    def regress(
-        self,
-        name: str,
-        version: int | None,
-        label: str | None,
-        signature_name: str,
-        examples: Sequence[bytes],
-    ) -> tuple[ServableVersion, list[float]]:
-        sv = self.manager.resolve(name, version, label)
-        return sv, self.regress_on(sv, signature_name, examples)
-
-    def regress_on(
-        self, sv: ServableVersion, signature_name: str, examples: Sequence[bytes]
-    ) -> list[float]:
-        """Regress on one given version (also one still loading, for warmup)."""
-        sig, outputs = self._run_examples(sv, signature_name, examples, REGRESS_METHOD)
-        return regression_results(outputs, sig, len(examples))
-
-    def _run_examples(
-        self, sv: ServableVersion, signature_name: str, examples: Sequence[bytes], method: str
-    ) -> tuple[SignatureDef, dict[str, np.ndarray]]:
-        sig = sv.signature(signature_name or DEFAULT_SIGNATURE)
+    def _run_examples(self, sv: ServableVersion, call: ExamplesCall) -> tuple[SignatureDef, dict[str, np.ndarray]]:
+        method = CLASSIFY_METHOD if call.method == "classify" else REGRESS_METHOD
+        sig = sv.signature(call.signature_name or DEFAULT_SIGNATURE)
         if sig.method_name != method:
             raise InvalidArgument(
                 f"Expected {method.rsplit('/', 1)[-1]} signature method_name to be {method}. "
@@ -110,35 +75,78 @@ class TFServingAPI:
                 f"Expected one input Tensor in signature {sig.name} of model {sv.model_name}, "
                 f"found {len(sig.inputs)}"
             )
-        if not examples:
+        if not call.examples:
             raise InvalidArgument("Input is empty: send at least one example")
         (key,) = sig.inputs
-        batch = np.empty(len(examples), dtype=object)
-        batch[:] = list(examples)
+        batch = np.empty(len(call.examples), dtype=object)
+        batch[:] = list(call.examples)
         return sig, sv.run(sig.name, {key: batch})
+
+    # -- array level -------------------------------------------------------------------------
+
+    def call(self, name: str, version: int | None, label: str | None, call: Call) -> Answer:
+        """Run `call` on the version the request names, holding it for the call."""
+        with self.manager.acquire(name, version, label) as sv:
+            return self.run(sv, call)
+
+    def predict(
+        self,
+        name: str,
+        version: int | None,
+        label: str | None,
+        signature_name: str,
+        inputs: dict[str, np.ndarray],
+        output_keys: Sequence[str] | None = None,
+    ) -> Prediction:
+        keys = tuple(output_keys) if output_keys is not None else None
+        answer = self.call(name, version, label, PredictCall(signature_name, inputs, True, keys))
+        assert isinstance(answer, Prediction)
+        return answer
+
+    def classify(
+        self, name: str, version: int | None, label: str | None, signature_name: str, examples: Sequence[bytes]
+    ) -> Classification:
+        answer = self.call(name, version, label, ExamplesCall("classify", signature_name, examples))
+        assert isinstance(answer, Classification)
+        return answer
+
+    def regress(
+        self, name: str, version: int | None, label: str | None, signature_name: str, examples: Sequence[bytes]
+    ) -> Regression:
+        answer = self.call(name, version, label, ExamplesCall("regress", signature_name, examples))
+        assert isinstance(answer, Regression)
+        return answer
 
     # -- REST level --------------------------------------------------------------------------
 
-    def rest(
-        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict
-    ) -> bytes:
-        """Run a TF Serving REST request (`:predict`, `:classify`, `:regress`) and encode the answer."""
+    def decode_rest(self, method: str, body: bytes | dict[str, Any], sv: ServableVersion) -> Call:
+        """A TF Serving REST body (bytes, or a parsed request dict from a handler or a content
+        conversion) as the call it asks `sv` for."""
+        if method not in METHODS:
+            raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
         doc = _request_doc(body)
         if method == "predict":
-            sv = self.manager.resolve(name, version, label)
             req = json_codec.decode_predict_request(doc, sv.signature)
-            outputs = sv.run(req.signature_name, req.inputs)
-            return json_codec.encode_predict_response(outputs, req.row_format)
-        if method in ("classify", "regress"):
-            sv = self.manager.resolve(name, version, label)
-            req = json_codec.decode_classify_regress_request(doc)
-            examples = build_examples(req.examples, req.context, sv.model.example_feature_types())
-            if method == "classify":
-                _, results = self.classify(name, sv.version, None, req.signature_name, examples)
-                return json_codec.encode_classify_response(results)
-            _, results = self.regress(name, sv.version, None, req.signature_name, examples)
-            return json_codec.encode_regress_response(results)
-        raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
+            return PredictCall(req.signature_name, req.inputs, req.row_format)
+        ex = json_codec.decode_classify_regress_request(doc, method)
+        examples = build_examples(ex.examples, ex.context, sv.loaded.example_feature_types())
+        return ExamplesCall(method, ex.signature_name, examples)
+
+    def infer(
+        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
+    ) -> Answer:
+        """Decode a TF Serving REST body and run it: one version lookup, held for the call."""
+        if method not in METHODS:
+            raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
+        doc = _request_doc(body)  # first: a malformed body never resolves a version
+        with self.manager.acquire(name, version, label) as sv:
+            return self.run(sv, self.decode_rest(method, doc, sv))
+
+    def rest(
+        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
+    ) -> bytes:
+        """Run a TF Serving REST request (`:predict`, `:classify`, `:regress`) → its JSON answer."""
+        return json_codec.encode_answer(self.infer(method, name, version, label, body))
 
     def submit_predict(
         self,
@@ -154,29 +162,48 @@ class TFServingAPI:
         False, with nothing queued, when the call must go through `rest` instead (no batching,
         or more rows than one batch holds). Request errors raise here, as in `rest`.
         """
-        doc = _request_doc(body)  # first, as in `rest`: a malformed body never resolves a version
-        sv = self.manager.resolve(name, version, label)
-        if sv.runner is None:
-            return False
-        req = json_codec.decode_predict_request(doc, sv.signature)
+        doc = _request_doc(body)
+        handle = self.manager.acquire(name, version, label)
+        sv = handle.servable
+        try:
+            if sv.runner is None:
+                handle.release()
+                return False
+            call = self.decode_rest("predict", doc, sv)
+            assert isinstance(call, PredictCall)
+        except BaseException:
+            handle.release()
+            raise
 
         def encode(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
+            handle.release()
             if error is not None:
                 done(None, error)
                 return
+            assert outputs is not None
+            prediction = Prediction(sv.model_name, sv.version, call.signature_name or DEFAULT_SIGNATURE, outputs, call.row_format)
             try:
-                answer = json_codec.encode_predict_response(outputs, req.row_format)
+                answer = json_codec.encode_answer(prediction)
             except Exception as exc:  # noqa: BLE001 - handed to the caller like any other error
                 done(None, exc)
                 return
             done(answer, None)
 
-        return sv.submit(req.signature_name, req.inputs, encode)
+        try:
+            queued = sv.submit(call.signature_name or DEFAULT_SIGNATURE, call.inputs, encode)
+        except BaseException:
+            handle.release()
+            raise
+        if not queued:
+            handle.release()
+        return queued
+
+    # -- metadata and status -------------------------------------------------------------------
 
     def metadata(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
         """GET /v1/models/{m}/metadata: signature defs in TF Serving's JSON shape."""
         sv = self.manager.resolve(name, version, label)
-        sig_map = signature_def_map(sv.model.meta_graph_def)
+        sig_map = signature_def_map(sv.loaded.meta_graph_def)
         return {
             "model_spec": {"name": name, "signature_name": "", "version": str(sv.version)},
             "metadata": {"signature_def": sig_map},
@@ -185,7 +212,7 @@ class TFServingAPI:
     def signature_defs(self, name: str, version: int | None, label: str | None) -> tuple[ServableVersion, Any]:
         """The resolved version and its SignatureDefMap proto (gRPC GetModelMetadata)."""
         sv = self.manager.resolve(name, version, label)
-        return sv, signature_def_map_proto(sv.model.meta_graph_def)
+        return sv, signature_def_map_proto(sv.loaded.meta_graph_def)
 
     def status(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
         """GET /v1/models/{m}: the state of every version, or of the one asked for (failed ones too)."""

@@ -32,6 +32,7 @@ from tensorflow_serving.apis import (
 from tfservo.errors import Code, InvalidArgument, ServingError, Unavailable, Unimplemented
 from tfservo.runtime.signatures import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
 from tfservo.tfserving.api import TFServingAPI
+from tfservo.tfserving.dataplane import Answer, Classification, ExamplesCall, Regression
 from tfservo.tfserving.request_labels import RequestScope, plain_scope
 from tfservo.tfserving.results import classification_result_proto, regression_result_proto
 from tfservo.tfserving.servables import ServableVersion
@@ -63,9 +64,11 @@ def _selection(spec: model_pb2.ModelSpec) -> tuple[str, int | None, str | None]:
     return spec.name, None, None
 
 
-def _answer_spec(out: model_pb2.ModelSpec, sv: ServableVersion, signature_name: str | None) -> None:
-    out.name = sv.model_name
-    out.version.value = sv.version
+def _answer_spec(
+    out: model_pb2.ModelSpec, answered: ServableVersion | Answer, signature_name: str | None
+) -> None:
+    out.name = answered.model_name
+    out.version.value = answered.version
     if signature_name is not None:
         out.signature_name = signature_name
 
@@ -135,10 +138,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         if output_keys is not None and len(set(output_keys)) != len(output_keys):
             dupes = sorted({k for k in output_keys if output_keys.count(k) > 1})
             raise InvalidArgument(f"duplicate output tensor alias in output_filter: {', '.join(dupes)}")
-        sv, outputs = self.api.predict(name, version, label, signature_name, inputs, output_keys)
+        answer = self.api.predict(name, version, label, signature_name, inputs, output_keys)
         response = predict_pb2.PredictResponse()
-        _answer_spec(response.model_spec, sv, signature_name)
-        for key, value in outputs.items():
+        _answer_spec(response.model_spec, answer, signature_name)
+        for key, value in answer.outputs.items():
             write_tensor_proto(value, response.outputs[key], f"output '{key}'")
         return response
 
@@ -153,7 +156,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def _on_examples(
         self,
         request: Any,
-        call: Callable[[str, int | None, str | None, str, list[bytes]], tuple[ServableVersion, Any]],
+        call: Callable[[str, int | None, str | None, str, list[bytes]], Classification | Regression],
         result_proto: Callable[[Any], Any],
         response: _ExamplesResponse,
     ) -> _ExamplesResponse:
@@ -161,9 +164,9 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         and fill `response` with the version that answered and the results as `result_proto`."""
         name, version, label = _selection(request.model_spec)
         signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-        sv, results = call(name, version, label, signature_name, serialized_examples(request.input))
-        _answer_spec(response.model_spec, sv, signature_name)
-        response.result.CopyFrom(result_proto(results))
+        answer = call(name, version, label, signature_name, serialized_examples(request.input))
+        _answer_spec(response.model_spec, answer, signature_name)
+        response.result.CopyFrom(result_proto(answer.results))
         return response
 
     def multi_inference(self, request: inference_pb2.MultiInferenceRequest) -> inference_pb2.MultiInferenceResponse:
@@ -188,19 +191,20 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                     f"use {CLASSIFY_METHOD} or {REGRESS_METHOD}"
                 )
         examples = serialized_examples(request.input)
-        # Every task runs on the version the first task resolves, even if a newer one arrives meanwhile.
-        sv = self.api.manager.resolve(name, version, label)
         response = inference_pb2.MultiInferenceResponse()
-        for task in request.tasks:
-            signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
-            result = response.results.add()
-            if task.method_name == CLASSIFY_METHOD:
-                sv, classes = self.api.classify(name, sv.version, None, signature_name, examples)
-                result.classification_result.CopyFrom(classification_result_proto(classes))
-            else:
-                sv, values = self.api.regress(name, sv.version, None, signature_name, examples)
-                result.regression_result.CopyFrom(regression_result_proto(values))
-            _answer_spec(result.model_spec, sv, signature_name)
+        # Every task runs on the one version the handle holds, even if a newer one arrives meanwhile.
+        with self.api.manager.acquire(name, version, label) as sv:
+            for task in request.tasks:
+                signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+                result = response.results.add()
+                method = "classify" if task.method_name == CLASSIFY_METHOD else "regress"
+                answer = self.api.run(sv, ExamplesCall(method, signature_name, examples))
+                if isinstance(answer, Classification):
+                    result.classification_result.CopyFrom(classification_result_proto(answer.results))
+                else:
+                    assert isinstance(answer, Regression)
+                    result.regression_result.CopyFrom(regression_result_proto(answer.results))
+                _answer_spec(result.model_spec, answer, signature_name)
         return response
 
     def metadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest) -> get_model_metadata_pb2.GetModelMetadataResponse:

@@ -23,6 +23,7 @@ import orjson
 
 from tfservo.errors import InvalidArgument, ServingError, Unimplemented
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE, SignatureDef
+from tfservo.tfserving.dataplane import Answer, Classification, Prediction
 
 __all__ = [
     "MAX_DEPTH",
@@ -31,6 +32,7 @@ __all__ = [
     "decode_b64",
     "decode_classify_regress_request",
     "decode_predict_request",
+    "encode_answer",
     "encode_classify_response",
     "encode_predict_response",
     "encode_regress_response",
@@ -887,3 +889,12 @@ def encode_regress_response(results: list[float]) -> bytes:
     w.end_array()
     w.end_object()
     return w.getvalue()
+
+
+def encode_answer(answer: Answer) -> bytes:
+    """Any answer in TF Serving's REST JSON: predictions/outputs, or classify/regress results."""
+    if isinstance(answer, Prediction):
+        return encode_predict_response(answer.outputs, answer.row_format)
+    if isinstance(answer, Classification):
+        return encode_classify_response(answer.results)
+    return encode_regress_response(answer.results)

@@ -13,17 +13,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tfservo.errors import Code, InvalidArgument, ModelLoadError, NotFound, ServingError, Unavailable
-from tfservo.runtime.signatures import SignatureDef
+from tfservo.runtime.signatures import Runner, SignatureDef
 from tfservo.tfserving.request_labels import note_model, note_version
+
+if TYPE_CHECKING:
+    from tfservo.runtime.savedmodel import LoadedModel
+
+__all__ = ["ModelManager", "Runner", "RunnerFactory", "ServableHandle", "ServableVersion", "ServedModel", "State"]
 
 log = logging.getLogger("tfservo.models")
 
-Runner = Callable[[str, dict[str, np.ndarray], Sequence[str] | None], dict[str, np.ndarray]]
 
 
 class State(enum.Enum):
@@ -36,9 +40,14 @@ class State(enum.Enum):
     END = "END"
 
 
-@dataclass
+@dataclass(eq=False)
 class ServableVersion:
-    """One loaded (or failed, or retired) version of a model."""
+    """One loaded (or failed, or retired) version of a model.
+
+    Calls reach it through a ServableHandle (`ModelManager.acquire`): an unload waits until
+    every handle taken before it is released, so a request that picked this version finishes
+    on it.
+    """
 
     model_name: str
     version: int
@@ -46,24 +55,32 @@ class ServableVersion:
     state: State = State.START
     error: str | None = None
     error_code: Code = Code.OK  # the load or warmup error's own code, as TF Serving reports it
-    model: Any = None  # tfservo.runtime.savedmodel.LoadedModel once AVAILABLE
-    runner: Runner | None = None
+    model: LoadedModel | None = None  # set once loaded
+    runner: Runner | None = None  # the batcher when batching is on
     load_seconds: float | None = None
-    # In-flight calls and the last time a request resolved to this version: an unload waits
-    # for both to settle, so requests that picked this version before it retired still finish.
-    inflight: int = field(default=0, repr=False, compare=False)
-    last_resolved: float = field(default=0.0, repr=False, compare=False)
-    _calls: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
+    refs: int = field(default=0, repr=False)  # handles held now
+    _calls: threading.Condition = field(default_factory=threading.Condition, repr=False)
+
+    @property
+    def loaded(self) -> LoadedModel:
+        """The loaded model; Unavailable once the version has been unloaded."""
+        model = self.model
+        if model is None or self.state is State.END:
+            raise Unavailable(
+                f"Model {self.model_name} version {self.version} was unloaded before this "
+                "request reached it; retry the request"
+            )
+        return model
 
     @property
     def signatures(self) -> dict[str, SignatureDef]:
-        return self.model.signatures
+        return self.loaded.signatures
 
     def signature(self, name: str) -> SignatureDef:
         """The signature called `name`, or InvalidArgument listing the ones there are."""
-        sig = self.model.signatures.get(name)
+        sig = self.loaded.signatures.get(name)
         if sig is None:
-            known = ", ".join(sorted(self.model.signatures)) or "none"
+            known = ", ".join(sorted(self.loaded.signatures)) or "none"
             raise InvalidArgument(
                 f"Serving signature name: '{name}' not found in signature def of model "
                 f"{self.model_name} version {self.version}; available signatures: {known}"
@@ -77,12 +94,8 @@ class ServableVersion:
         output_keys: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run a signature through this version's runner (the batcher when batching is on)."""
-        self._call_started()
-        try:
-            runner = self.runner or self.model.run
-            return runner(signature_name, inputs, output_keys)
-        finally:
-            self._call_ended()
+        runner = self.runner or self.loaded.run
+        return runner(signature_name, inputs, output_keys)
 
     def submit(
         self,
@@ -98,48 +111,56 @@ class ServableVersion:
         submit = getattr(self.runner, "submit", None)
         if submit is None:
             return False
-        self._call_started()
+        self.loaded  # noqa: B018 - refuses a version that is gone
+        return bool(submit(signature_name, inputs, None, callback))
 
-        def settle(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
-            self._call_ended()
-            callback(outputs, error)
-
-        try:
-            queued = submit(signature_name, inputs, None, settle)
-        except BaseException:
-            self._call_ended()
-            raise
-        if not queued:
-            self._call_ended()
-        return queued
-
-    def _call_started(self) -> None:
+    def _take(self) -> bool:
+        """One more handle, if the version still takes requests (AVAILABLE)."""
         with self._calls:
-            if self.state is State.END or self.model is None:
-                raise Unavailable(
-                    f"Model {self.model_name} version {self.version} was unloaded before this "
-                    "request reached it; retry the request"
-                )
-            self.inflight += 1
+            if self.state is not State.AVAILABLE:
+                return False
+            self.refs += 1
+            return True
 
-    def _call_ended(self) -> None:
+    def _give_back(self) -> None:
         with self._calls:
-            self.inflight -= 1
+            self.refs -= 1
             self._calls.notify_all()
 
-    def drain(self, grace_seconds: float, timeout: float) -> bool:
-        """Wait until no call is in flight and none resolved in the last `grace_seconds`."""
+    def drain(self, timeout: float) -> bool:
+        """Wait until every handle is released; False if some are still held after `timeout`."""
         deadline = time.monotonic() + timeout
         with self._calls:
-            while True:
-                now = time.monotonic()
-                quiet_for = now - self.last_resolved
-                if self.inflight == 0 and quiet_for >= grace_seconds:
-                    return True
-                if now >= deadline:
+            while self.refs > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return False
-                wait = grace_seconds - quiet_for if self.inflight == 0 else 0.05
-                self._calls.wait(min(max(wait, 0.01), deadline - now))
+                self._calls.wait(left)
+            return True
+
+
+class ServableHandle:
+    """A reference to one AVAILABLE version for the length of one call (TF Serving's
+    ServableHandle): `with manager.acquire(...) as sv:`, or `release()` when the call ends
+    elsewhere (an answer delivered from a batch thread)."""
+
+    __slots__ = ("servable", "_released")
+
+    def __init__(self, servable: ServableVersion) -> None:
+        self.servable = servable
+        self._released = False
+
+    def release(self) -> None:
+        """Give the reference back (once; later calls do nothing)."""
+        if not self._released:
+            self._released = True
+            self.servable._give_back()
+
+    def __enter__(self) -> ServableVersion:
+        return self.servable
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 Loader = Callable[[str], Any]
@@ -177,14 +198,12 @@ class ModelManager:
         runner_factory: RunnerFactory | None = None,
         on_event: Callable[[ServableVersion], None] | None = None,
         warmup: Callable[[ServableVersion], object] | None = None,
-        drain_grace_seconds: float = 1.0,
         drain_timeout_seconds: float = 60.0,
     ) -> None:
         self._loader = loader
         self._runner_factory = runner_factory
         self._on_event = on_event
         self.warmup = warmup  # runs between load and AVAILABLE; raising fails the version
-        self.drain_grace_seconds = drain_grace_seconds
         self.drain_timeout_seconds = drain_timeout_seconds
         self._models: dict[str, ServedModel] = {}
         self._lock = threading.RLock()
@@ -273,12 +292,12 @@ class ModelManager:
                 return
             if sv.state is State.END:
                 return
-            with sv._calls:  # ordered with _pin: a request either pinned it before, or skips it
+            with sv._calls:  # from here on acquire() skips it; handles already taken finish
                 sv.state = State.UNLOADING
-        if not sv.drain(self.drain_grace_seconds, self.drain_timeout_seconds):
+        if not sv.drain(self.drain_timeout_seconds):
             log.warning(
                 "model %s version %d: %d call(s) still running after %.0fs; unloading anyway",
-                name, version, sv.inflight, self.drain_timeout_seconds,
+                name, version, sv.refs, self.drain_timeout_seconds,
             )
         with sv._calls:
             sv.state = State.END  # from here on run() refuses instead of touching a closed model
@@ -334,30 +353,31 @@ class ModelManager:
     def resolve(
         self, name: str, version: int | None = None, label: str | None = None
     ) -> ServableVersion:
-        """The AVAILABLE version a request names (latest when none), as TF Serving resolves it."""
+        """The AVAILABLE version a request names (latest when none), as TF Serving resolves it.
+
+        For looking a version up (metadata, status, a pipeline's choice of version); a call
+        that runs the model takes a handle with `acquire` instead."""
+        return self._find(name, version, label, take=False)
+
+    def acquire(self, name: str, version: int | None = None, label: str | None = None) -> ServableHandle:
+        """A handle on the version a request names (latest AVAILABLE when none), held for one call."""
+        return ServableHandle(self._find(name, version, label, take=True))
+
+    def _find(self, name: str, version: int | None, label: str | None, *, take: bool) -> ServableVersion:
         served = self.model(name)
         if label is not None:
             version = served.labelled(label)
         if version is None:
             for sv in reversed(served.available()):
-                if _pin(sv):
+                if not take or sv._take():
                     note_version(name, sv.version)
                     return sv
             raise NotFound(_no_version_message(served))
         sv = served.versions.get(version)
-        if sv is None or not _pin(sv):
+        if sv is None or sv.state is not State.AVAILABLE or (take and not sv._take()):
             raise NotFound(f"Servable not found for request: Specific({name}, {version})")
         note_version(name, sv.version)
         return sv
-
-
-def _pin(sv: ServableVersion) -> bool:
-    """Mark `sv` as just resolved if it is still AVAILABLE (an unload then waits for the call)."""
-    with sv._calls:
-        if sv.state is not State.AVAILABLE:
-            return False
-        sv.last_resolved = time.monotonic()
-        return True
 
 
 def _no_version_message(served: ServedModel) -> str:

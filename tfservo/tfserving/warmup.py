@@ -19,6 +19,7 @@ from typing import Any
 from tfservo.errors import Code, InvalidArgument, ServingError, Unimplemented
 from tfservo.runtime.signatures import CLASSIFY_METHOD, REGRESS_METHOD
 from tfservo.tfserving.api import TFServingAPI
+from tfservo.tfserving.dataplane import ExamplesCall, PredictCall
 from tfservo.tfserving.servables import ServableVersion
 
 log = logging.getLogger("tfservo.warmup")
@@ -102,21 +103,22 @@ def _replay(api: TFServingAPI, sv: ServableVersion, record: Any, log_type: str |
     if log_type == "predict_log":
         request = record.predict_log.request
         inputs = {key: _to_array(proto, key) for key, proto in request.inputs.items()}
-        api.predict_on(sv, request.model_spec.signature_name, inputs, list(request.output_filter) or None)
+        output_keys = tuple(request.output_filter) or None
+        api.run(sv, PredictCall(request.model_spec.signature_name, inputs, True, output_keys))
     elif log_type == "classify_log":
         request = record.classify_log.request
-        api.classify_on(sv, request.model_spec.signature_name, serialized_examples(request.input))
+        api.run(sv, ExamplesCall("classify", request.model_spec.signature_name, serialized_examples(request.input)))
     elif log_type == "regress_log":
         request = record.regress_log.request
-        api.regress_on(sv, request.model_spec.signature_name, serialized_examples(request.input))
+        api.run(sv, ExamplesCall("regress", request.model_spec.signature_name, serialized_examples(request.input)))
     elif log_type == "multi_inference_log":
         request = record.multi_inference_log.request
         examples = serialized_examples(request.input)
         for task in request.tasks:
             if task.method_name == CLASSIFY_METHOD:
-                api.classify_on(sv, task.model_spec.signature_name, examples)
+                api.run(sv, ExamplesCall("classify", task.model_spec.signature_name, examples))
             elif task.method_name == REGRESS_METHOD:
-                api.regress_on(sv, task.model_spec.signature_name, examples)
+                api.run(sv, ExamplesCall("regress", task.model_spec.signature_name, examples))
             else:
                 raise Unimplemented(
                     f"multi-inference task method {task.method_name!r} is not supported; "

@@ -1,0 +1,82 @@
+"""The data plane's typed values: what a caller asked the model for, and what it answered.
+
+Every front door decodes its protocol into a Call once (REST JSON, SageMaker's content types,
+gRPC protos, pipeline elements), `TFServingAPI.run` turns it into an Answer holding arrays,
+and the arrays stay arrays until the one place that writes the caller's format (TF Serving
+JSON, CSV, JSON lines, per-record transform output, TensorProto).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+__all__ = [
+    "METHODS",
+    "Answer",
+    "Call",
+    "Classification",
+    "ExamplesCall",
+    "PredictCall",
+    "Prediction",
+    "Regression",
+]
+
+METHODS = ("predict", "classify", "regress")
+
+
+@dataclass(frozen=True, slots=True)
+class PredictCall:
+    """Run one signature on named input arrays."""
+
+    signature_name: str
+    inputs: dict[str, np.ndarray]
+    row_format: bool = True  # answer in rows ({"predictions": ...}) or columns ({"outputs": ...})
+    output_keys: tuple[str, ...] | None = None  # None: every output
+
+
+@dataclass(frozen=True, slots=True)
+class ExamplesCall:
+    """Classify or regress serialized tf.train.Examples with one signature."""
+
+    method: str  # "classify" | "regress"
+    signature_name: str
+    examples: Sequence[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A predict answer: output arrays, batch first, from one model version."""
+
+    model_name: str
+    version: int
+    signature_name: str
+    outputs: dict[str, np.ndarray]
+    row_format: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """A classify answer: per example its (label, score) pairs."""
+
+    model_name: str
+    version: int
+    signature_name: str
+    results: list[list[tuple[str, float]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Regression:
+    """A regress answer: one value per example."""
+
+    model_name: str
+    version: int
+    signature_name: str
+    results: list[float]
+
+
+Call = Union[PredictCall, ExamplesCall]
+Answer = Union[Prediction, Classification, Regression]
