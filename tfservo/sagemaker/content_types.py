@@ -11,18 +11,19 @@ from __future__ import annotations
 import codecs
 import csv
 import io
-import json
 import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 
 from tfservo.errors import Code, InvalidArgument, ServingError
 from tfservo.tfserving import json_codec
 from tfservo.tfserving.dataplane import Answer
+from tfservo.tfserving.json_arrays import NumericTensor, numeric_values
 from tfservo.tfserving.rows import answer_rows
 
 JSON = "application/json"
@@ -160,12 +161,13 @@ def parse_content_type(header: str | None) -> MediaType:
 # -- requests ---------------------------------------------------------------------------------
 
 
-def to_tfs_request(body: bytes, content_type: str | None) -> bytes | dict[str, Any]:
+def to_tfs_request(body: bytes, content_type: str | None) -> dict[str, Any]:
     """Convert an invocation body to a TF Serving REST request, as the container does.
 
-    A JSON body that already is a TF Serving request (top-level "instances", "inputs" or
-    "examples") comes back as UTF-8 bytes, untouched, so TF Serving's own parser judges it;
-    anything else comes back as a {"instances": [...]} dict.
+    The body is parsed once: a JSON body that already is a TF Serving request (top-level
+    "instances", "inputs" or "examples") comes back as that document (numeric arrays already
+    as arrays), which TF Serving's request rules then judge; anything else comes back as a
+    {"instances": [...]} dict.
     """
     media = parse_content_type(content_type)
     if media.essence not in REQUEST_TYPES:
@@ -176,7 +178,8 @@ def to_tfs_request(body: bytes, content_type: str | None) -> bytes | dict[str, A
         )
     text, changed = _decode(body, media, content_type or "")
     if media.essence == CSV:
-        return {"instances": csv_instances(text)}
+        numeric = numeric_csv(text.encode() if changed else body, text)
+        return {"instances": numeric if numeric is not None else csv_instances(text)}
     return _json_request(text.encode() if changed else body, text, content_type or "")
 
 
@@ -205,27 +208,30 @@ def _decode(body: bytes, media: MediaType, content_type: str) -> tuple[str, bool
     return text, changed
 
 
-def _json_request(raw: bytes, text: str, content_type: str) -> bytes | dict[str, Any]:
+def _json_request(raw: bytes, text: str, content_type: str) -> dict[str, Any]:
     """The container's json_request, with real JSON parsing instead of its regexes."""
     if not text.strip():
         raise InvalidArgument(
             f"The request body is empty (Content-Type {content_type}); "
             'send JSON such as {"instances": [[1.0, 2.0]]}'
         )
+    fast = json_codec.parse_numeric(raw)
+    if fast is not None:  # a TF Serving request of plain numbers
+        return fast
     try:
-        doc = _loads(text)
-    except json.JSONDecodeError as exc:
+        doc = json_codec.load_json(text)
+    except json_codec.JsonSyntaxError as exc:
         # Not one document: JSON lines (the container's is_json_lines), one instance per line.
         return {"instances": _json_lines(text, exc, content_type)}
     if isinstance(doc, dict) and any(key in doc for key in TFS_REQUEST_KEYS):
-        return raw
+        return doc
     # generic_json_request: a list of lists is already a list of instances, anything else is one.
     if isinstance(doc, list) and doc and isinstance(doc[0], list):
         return {"instances": doc}
     return {"instances": [doc]}
 
 
-def _json_lines(text: str, whole: json.JSONDecodeError, content_type: str) -> list[Any]:
+def _json_lines(text: str, whole: json_codec.JsonSyntaxError, content_type: str) -> list[Any]:
     """One instance per non-blank line; a body whose first line is not JSON is reported whole."""
     lines = [(i, line.strip()) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
     if len(lines) < 2:
@@ -233,8 +239,8 @@ def _json_lines(text: str, whole: json.JSONDecodeError, content_type: str) -> li
     instances = []
     for number, line in lines:
         try:
-            instances.append(_loads(line))
-        except json.JSONDecodeError as exc:
+            instances.append(json_codec.load_json(line))
+        except json_codec.JsonSyntaxError as exc:
             if not instances:  # a multi-line document with a mistake in it, not JSON lines
                 raise _invalid_json(whole, content_type) from None
             raise InvalidArgument(
@@ -244,23 +250,12 @@ def _json_lines(text: str, whole: json.JSONDecodeError, content_type: str) -> li
     return instances
 
 
-def _invalid_json(exc: json.JSONDecodeError, content_type: str) -> InvalidArgument:
+def _invalid_json(exc: json_codec.JsonSyntaxError, content_type: str) -> InvalidArgument:
     return InvalidArgument(
         f"The request body is not valid JSON (Content-Type {content_type}): {exc.msg} at line "
         f"{exc.lineno}, column {exc.colno}. Send a TF Serving request "
         '({"instances": [...]}), any JSON value (one instance), or JSON lines (one per line)'
     )
-
-
-def _loads(text: str | bytes) -> Any:
-    """Parse JSON with orjson; fall back to json for the NaN/Infinity TF Serving also accepts."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        try:
-            return json.loads(text)
-        except (ValueError, RecursionError):
-            raise exc from None
 
 
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
@@ -287,6 +282,43 @@ def csv_instances(text: str) -> list[Any]:
             "The text/csv request body has no rows; send one instance per line, e.g. 1.0,2.0,5.0"
         )
     return instances
+
+
+def numeric_csv(raw: bytes, text: str) -> NumericTensor | None:
+    """A CSV body of plain numbers (same count on every line, no quotes, no blank lines) as one
+    array, read without a Python object per value; None for any other body (csv_instances
+    then reads it, and says what is wrong with it). A number here is what JSON calls one,
+    a subset of what csv_instances accepts."""
+    data = raw.replace(b"\r\n", b"\n").rstrip(b"\n")
+    if not data or b'"' in data:
+        return None
+    first = data.find(b"\n")
+    fields = data.count(b",", 0, first if first >= 0 else len(data)) + 1
+    rows = data.count(b"\n") + 1
+    if fields == 1:
+        if b"," in data:
+            return None
+        values = numeric_values(b"[" + data.replace(b"\n", b",") + b"]")
+        shape: tuple[int, ...] = (rows,)
+    else:
+        if not _same_field_counts(data, fields, rows):
+            return None
+        values = numeric_values(b"[" + data.replace(b"\n", b",") + b"]")
+        shape = (rows, fields)
+    if values is None or values.size != rows * fields:
+        return None
+    return NumericTensor(values.reshape(shape), lambda: csv_instances(text))
+
+
+def _same_field_counts(data: bytes, fields: int, rows: int) -> bool:
+    """Every line of `data` has `fields` comma-separated fields."""
+    if data.count(b",") != rows * (fields - 1):
+        return False
+    buf = np.frombuffer(data, dtype=np.uint8)
+    commas = np.cumsum(buf == ord(","), dtype=np.int64)
+    ends = np.append(np.flatnonzero(buf == ord("\n")), buf.size - 1)
+    per_line = np.diff(commas[ends], prepend=0)
+    return bool(np.all(per_line == fields - 1))
 
 
 def _csv_value(field: str) -> Any:
@@ -366,7 +398,7 @@ def from_tfs_response(body: bytes, accept: Sequence[str]) -> tuple[bytes, str]:
     target = negotiate(accept, CONVERTIBLE_TYPES)
     if target == JSON:
         return body, JSON
-    doc = _loads(body)
+    doc = json_codec.load_json(body)
     if isinstance(doc, dict) and "error" in doc:
         return body, JSON  # an error stays the JSON error object
     records = response_records(doc)

@@ -221,7 +221,7 @@ class TFServingAPI:
 
 def _request_doc(body: bytes | bytearray | str | dict) -> dict[str, Any]:
     """A REST request body as its JSON object (a dict passes as it is: arrays from handlers)."""
-    doc = json_codec.parse_json(body) if isinstance(body, (bytes, bytearray, str)) else body
+    doc = json_codec.parse_request(body) if isinstance(body, (bytes, bytearray, str)) else body
     if not isinstance(doc, dict):
         raise InvalidArgument(
             "Request body must be a JSON object such as "

@@ -24,10 +24,12 @@ import orjson
 from tfservo.errors import InvalidArgument, ServingError, Unimplemented
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE, SignatureDef
 from tfservo.tfserving.dataplane import Answer, Classification, Prediction
+from tfservo.tfserving.json_arrays import NumericTensor, parse_numeric_request
 
 __all__ = [
     "MAX_DEPTH",
     "ExampleRequest",
+    "JsonSyntaxError",
     "PredictRequest",
     "decode_b64",
     "decode_classify_regress_request",
@@ -39,7 +41,10 @@ __all__ = [
     "error_body",
     "is_b64",
     "json_type",
+    "load_json",
     "parse_json",
+    "parse_numeric",
+    "parse_request",
     "render_value",
 ]
 
@@ -133,17 +138,21 @@ def _dtype(tf_dtype: str, input_name: str) -> _DType:
 # -- parsing -----------------------------------------------------------------------------------
 
 
-def parse_json(body: bytes | bytearray | memoryview | str) -> Any:
-    """Parse a request body; any malformed, empty, non-UTF-8 or too deeply nested body → InvalidArgument."""
-    if isinstance(body, str):
-        body = body.encode("utf-8", "surrogatepass")
-    body = bytes(body)
-    if body.startswith(_BOM):  # rapidjson's UTF-8 stream skips a BOM; so do we
-        body = body[len(_BOM) :]
-    if not body.strip():
-        raise InvalidArgument(
-            "JSON Parse error: The document is empty; send a JSON object as the request body"
-        )
+class JsonSyntaxError(InvalidArgument):
+    """A body that is not one JSON document; `msg`, `pos`, `lineno` and `colno` say where."""
+
+    def __init__(self, msg: str, pos: int, lineno: int, colno: int) -> None:
+        super().__init__(f"{msg} at offset {pos} (line {lineno}, column {colno})")
+        self.msg, self.pos, self.lineno, self.colno = msg, pos, lineno, colno
+
+
+def load_json(body: bytes | bytearray | memoryview | str) -> Any:
+    """The one JSON loader: orjson, with the NaN/Infinity tokens TF Serving also accepts, a
+    leading byte order mark skipped, and nesting limited to MAX_DEPTH.
+
+    Not JSON → JsonSyntaxError; too deep or not UTF-8 → InvalidArgument saying so.
+    """
+    body = _without_bom(body)
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as err:
@@ -151,6 +160,49 @@ def parse_json(body: bytes | bytearray | memoryview | str) -> Any:
     if _too_deep(body, doc):
         raise _too_deep_error()
     return doc
+
+
+def parse_json(body: bytes | bytearray | memoryview | str) -> Any:
+    """Parse a request body; any malformed, empty, non-UTF-8 or too deeply nested body → InvalidArgument."""
+    body = _without_bom(body)
+    if not body.strip():
+        raise InvalidArgument(
+            "JSON Parse error: The document is empty; send a JSON object as the request body"
+        )
+    try:
+        return load_json(body)
+    except JsonSyntaxError as err:
+        raise InvalidArgument(
+            f"JSON Parse error: {err.msg} at offset: {err.pos} (line {err.lineno} column {err.colno}); "
+            "the request body must be one valid JSON document"
+        ) from None
+
+
+def _without_bom(body: bytes | bytearray | memoryview | str) -> bytes:
+    """UTF-8 bytes without a leading byte order mark (rapidjson's UTF-8 stream skips one; so do we)."""
+    data = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else bytes(body)
+    return data[len(_BOM) :] if data.startswith(_BOM) else data
+
+
+_FAST_PARSE_BYTES = 1024  # below this, orjson's plain parse is as quick as the numeric path
+
+
+def parse_numeric(body: bytes) -> dict[str, Any] | None:
+    """A predict body that is only numeric arrays, with them as NumericTensors (json_arrays);
+    None for any other body (or one too small to gain from it)."""
+    if len(body) < _FAST_PARSE_BYTES:
+        return None
+    return parse_numeric_request(body)
+
+
+def parse_request(body: bytes | bytearray | memoryview | str) -> Any:
+    """A REST request body parsed once: numeric arrays straight to NumericTensors when the body
+    is only that, else parse_json's Python objects."""
+    if isinstance(body, (bytes, bytearray)):
+        fast = parse_numeric(bytes(body))
+        if fast is not None:
+            return fast
+    return parse_json(body)
 
 
 def _parse_fallback(body: bytes, err: orjson.JSONDecodeError) -> Any:
@@ -171,10 +223,7 @@ def _parse_fallback(body: bytes, err: orjson.JSONDecodeError) -> Any:
             pass
     if "depth" in err.msg or "recursion" in err.msg.lower():
         raise _too_deep_error()
-    raise InvalidArgument(
-        f"JSON Parse error: {err.msg} at offset: {err.pos} (line {err.lineno} column {err.colno}); "
-        "the request body must be one valid JSON document"
-    )
+    raise JsonSyntaxError(err.msg, err.pos, err.lineno, err.colno)
 
 
 def _too_deep_error() -> InvalidArgument:
@@ -259,7 +308,7 @@ def decode_predict_request(doc: Any, signature_of: Callable[[str], SignatureDef]
         )
     if has_instances:
         instances = doc["instances"]
-        if not isinstance(instances, (list, np.ndarray)):  # arrays: from an input_handler, in-process
+        if not isinstance(instances, (list, np.ndarray, NumericTensor)):  # arrays: from an input_handler, in-process
             raise _format_error(doc, "Excepting 'instances' to be an list/array")
         if len(instances) == 0:
             raise _format_error(doc, "No values in 'instances' array; send at least one instance")
@@ -291,14 +340,14 @@ def _is_named_object(value: Any) -> bool:
 def _decode_instances(instances: list[Any], signature: SignatureDef) -> dict[str, np.ndarray]:
     """Row format: every instance gives one batch row of each input."""
     names = sorted(signature.inputs)
-    if not _is_named_object(instances[0]):
+    if isinstance(instances, NumericTensor) or not _is_named_object(instances[0]):
         if len(names) > 1:
             raise InvalidArgument(
                 "instances is a plain list, but expecting list of objects as multiple input tensors "
                 "required as per tensorinfo_map; send each instance as an object with keys "
                 f"{', '.join(names)}"
             )
-        for i, item in enumerate(instances):
+        for i, item in enumerate(() if isinstance(instances, NumericTensor) else instances):
             if _is_named_object(item):
                 raise InvalidArgument(f"Expecting value/list but got object at item {i} of input list")
         name = names[0]
@@ -334,6 +383,11 @@ def _decode_instances(instances: list[Any], signature: SignatureDef) -> dict[str
 def _rows_to_array(rows: list[Any], tf_dtype: str, name: str, *, keyed: bool) -> np.ndarray:
     """Batch the instances' values of one input into one array (first dimension = instance)."""
     dt = _dtype(tf_dtype, name)
+    if isinstance(rows, NumericTensor):
+        numeric = _from_numbers(rows.values, dt)
+        if numeric is not None:
+            return numeric
+        rows = rows.as_json()  # not plainly convertible: the general path judges it, and says why
     if isinstance(rows, np.ndarray):
         return _from_ndarray(rows, dt, name)
     shape = _dense_shape(rows, name)
@@ -392,6 +446,11 @@ def _decode_inputs(value: Any, signature: SignatureDef) -> dict[str, np.ndarray]
 
 def _input_to_array(value: Any, tf_dtype: str, name: str) -> np.ndarray:
     dt = _dtype(tf_dtype, name)
+    if isinstance(value, NumericTensor):
+        numeric = _from_numbers(value.values, dt)
+        if numeric is not None:
+            return numeric
+        value = value.as_json()
     if isinstance(value, np.ndarray):
         return _from_ndarray(value, dt, name)
     try:
@@ -446,6 +505,20 @@ def _fast_array(value: Any, shape: list[int], dt: _DType) -> np.ndarray | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return arr if arr.shape == tuple(shape) else None
+
+
+def _from_numbers(values: np.ndarray, dt: _DType) -> np.ndarray | None:
+    """A NumericTensor's values (int64: integer literals only; float64: not) as `dt`, when every
+    value converts exactly as the JSON path would; None sends them down that path instead."""
+    if dt.family == "float":
+        if values.size and not float(np.max(np.abs(values))) <= dt.exact_int:
+            return None  # large values: the JSON path decides between lossy ints and big floats
+        return values.astype(dt.np_type, copy=False)
+    if dt.family == "int" and values.dtype == np.int64:
+        if values.size and not (dt.lo <= int(values.min()) and int(values.max()) <= dt.hi):
+            return None
+        return values.astype(dt.np_type, copy=False)
+    return None
 
 
 def _fill(value: Any, level: int, shape: list[int], dt: _DType, out: list[Any]) -> None:
