@@ -32,7 +32,7 @@ from tfservo.transform.calls import BatchCaller, BatchResult
 from tfservo.transform.engine import failure_from, list_job_inputs, object_format, request_batches
 from tfservo.transform.job import JobError, TransformJob
 from tfservo.transform.joiner import DataProcessing
-from tfservo.transform.records import Item, Record, where
+from tfservo.transform.records import RecordBatch, where
 from tfservo.transform.sinks import OutputStore
 from tfservo.transform.sources import InputObject, OpenedInput
 from tfservo.transform.state import (
@@ -119,25 +119,20 @@ class Request:
     seq: int
     content_type: str
     record_format: str | None
-    batch: list[Item]
-    nbytes: int = 0  # bytes of the (decompressed) object its records span, for progress
+    batch: RecordBatch
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the (decompressed) object its records span, for progress."""
+        return self.batch.nbytes
 
     def wire(self) -> tuple:
-        items = [
-            (i.record.index, i.record.data, None if i.record.framed is i.record.data else i.record.framed,
-             i.record.offset, i.payload, i.error)
-            for i in self.batch
-        ]
-        return ("q", self.seq, self.content_type, self.record_format, items, self.nbytes)
+        return ("q", self.seq, self.content_type, self.record_format, self.batch.wire())
 
     @staticmethod
     def unwire(wire: tuple) -> Request:
-        _, seq, content_type, fmt, items, nbytes = wire
-        batch = [
-            Item(Record(index, data, data if framed is None else framed, offset), payload, error)
-            for index, data, framed, offset, payload, error in items
-        ]
-        return Request(seq, content_type, fmt, batch, nbytes)
+        _, seq, content_type, fmt, batch = wire
+        return Request(seq, content_type, fmt, RecordBatch.unwire(batch))
 
 
 @dataclass(frozen=True)
@@ -180,7 +175,7 @@ def split_object(obj: InputObject, job: TransformJob) -> Iterator[tuple[str, tup
         opened = OpenedInput(obj, job.compression_type)
         try:
             for batch in request_batches(opened, job, processing):
-                yield obj.rel, Request(seq, content_type, fmt, batch, beam_progress.span_bytes(batch)).wire()
+                yield obj.rel, Request(seq, content_type, fmt, batch).wire()
                 seq += 1
         finally:
             opened.close()
@@ -280,7 +275,7 @@ def _dofns():
             except Exception as exc:  # a bug of ours: fail the object, keep the job going
                 log.exception("transforming %s failed", rel)
                 result = BatchResult(failure=RecordFailure(
-                    where(part.batch[0].record, self.job.split_type), f"internal error: {type(exc).__name__}: {exc}"
+                    where(part.batch.record(0), self.job.split_type), f"internal error: {type(exc).__name__}: {exc}"
                 ))
             return rel, part.seq, result, time.monotonic() - started, part.nbytes
 

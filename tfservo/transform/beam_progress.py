@@ -17,7 +17,6 @@ from typing import Any
 
 from tfservo.transform.job import TransformJob
 from tfservo.transform.progress import Progress
-from tfservo.transform.records import Item
 from tfservo.transform.sources import InputObject
 
 log = logging.getLogger("tfservo.transform")
@@ -83,14 +82,6 @@ def live_progress(
         progress.close()
         if progress.mode == "log":
             log.info("progress: %s", progress.status())
-
-
-def span_bytes(batch: Sequence[Item]) -> int:
-    """The bytes of the (decompressed) object a request's records span, for the ETA."""
-    if not batch:
-        return 0
-    first, last = batch[0].record, batch[-1].record
-    return last.offset + len(last.framed) - first.offset
 
 
 def request_done(run_id: str, rel: str, records: int, nbytes: int) -> None:

@@ -1,8 +1,11 @@
 """One request for a batch of records, through the invocation path, back to output pieces.
 
-A batch that fails (or whose answer cannot be split per record) is retried one record at a
-time, so the error names the record that caused it and, with --on-record-error skip, only
-that record is replaced by a placeholder and dead-lettered.
+The answer stays arrays (Invoker.call): when every record's answer is plain numbers, the
+batch's output lines are cut straight from them and filters and join run over the whole
+batch at once. Otherwise — and for any batch that fails, or whose answer cannot be split per
+record — the records are taken one at a time, so an error names the record that caused it
+and, with --on-record-error skip, only that record is replaced by a placeholder and
+dead-lettered.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from dataclasses import dataclass, field
 import orjson
 
 from tfservo.sagemaker.invocation import Invoker
+from tfservo.tfserving.rows import answer_rows
 from tfservo.transform.assemble import RecordOutput, SplitError, assemble_piece, split_response
 from tfservo.transform.job import TransformJob
 from tfservo.transform.joiner import DataProcessing, FilterError
-from tfservo.transform.records import Item, excerpt, payload, where
+from tfservo.transform.records import Item, RecordBatch, excerpt, payload, separator, where
 from tfservo.transform.state import DeadLetter, RecordFailure
 
 log = logging.getLogger("tfservo.transform")
@@ -50,8 +54,47 @@ class BatchCaller:
         self.line_end = b"\n" if job.assemble_with == "Line" else b""
         self.placeholder = job.placeholder.encode()
 
-    def run(self, batch: list[Item]) -> BatchResult:
+    def run(self, batch: RecordBatch) -> BatchResult:
         """Transform one batch; never raises for bad records or model errors."""
+        if self.per_record and not batch.errors:
+            fast = self._fast(batch)
+            if fast is not None:
+                return fast
+        return self.run_items(batch.items())
+
+    def _fast(self, batch: RecordBatch) -> BatchResult | None:
+        """The batch's output from a plain-number answer in a few list operations; None when a
+        record needs the per-record path (which also words every error)."""
+        sent = batch.sent()
+        if not sent:
+            return None
+        body = separator(self.job.split_type).join(batch.payloads[i] for i in sent)  # type: ignore[misc]
+        try:
+            result = self.invoker.call(body, self.content_type, self.job.accept, self.job.custom_attributes)
+        except Exception:  # noqa: BLE001 - the per-record path reports it
+            return None
+        if not result.ok or result.answer is None:
+            return None
+        rows = answer_rows(result.answer)
+        kind = _record_kind(result.content_type)
+        if rows is None or len(rows) != len(sent) or kind is None:
+            return None
+        records = [batch.data[i] for i in sent]
+        lines = self.processing.finish_rows(records, rows.json, rows.csv, kind)
+        if lines is None:
+            return None
+        end = self.line_end
+        if len(sent) == len(batch):
+            out = end.join(lines) + end if end else b"".join(lines)
+        else:
+            pieces = [end] * len(batch)
+            for i, line in zip(sent, lines):
+                pieces[i] = line + end
+            out = b"".join(pieces)
+        return BatchResult([out], len(batch))
+
+    def run_items(self, batch: list[Item]) -> BatchResult:
+        """Transform one batch a record at a time where need be; never raises for bad records."""
         sent = [item for item in batch if item.payload is not None]
         answers: dict[int, RecordOutput | bytes | str] = {}
         if sent:
@@ -122,6 +165,13 @@ class BatchCaller:
             raise _RecordFailed(f"the invocation raised {type(exc).__name__}: {exc}") from None
         if not result.ok:
             raise _RecordFailed(f"the model answered {result.status}: {_error_text(result.body)}")
+        rows = answer_rows(result.answer) if self.per_record and result.answer is not None else None
+        kind = _record_kind(result.content_type)
+        if rows is not None and kind is not None and len(rows) == len(sent):
+            lines = rows.json if kind == "json" else rows.csv
+            if kind == "csv":
+                return {id(item): RecordOutput(line, kind) for item, line in zip(sent, lines)}
+            return {id(item): RecordOutput(line, kind, orjson.loads(line)) for item, line in zip(sent, lines)}
         if not self.per_record:
             if len(sent) == 1:
                 return {id(sent[0]): assemble_piece(result.body, self.job.assemble_with)}
@@ -134,6 +184,16 @@ class BatchCaller:
         except SplitError as exc:
             raise _RecordFailed(f"{exc} (content type {result.content_type})") from None
         return {id(item): output for item, output in zip(sent, outputs)}
+
+
+def _record_kind(content_type: str) -> str | None:
+    """How split_response reads an answer of this type per record: "json", "csv", or None."""
+    essence = content_type.split(";", 1)[0].strip().lower()
+    if essence == "text/csv":
+        return "csv"
+    if essence in ("application/json", "application/jsonlines", "application/jsons"):
+        return "json"
+    return None
 
 
 def _error_text(body: bytes) -> str:

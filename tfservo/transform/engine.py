@@ -21,7 +21,7 @@ from tfservo.transform.calls import BatchCaller, BatchResult
 from tfservo.transform.job import JobError, TransformJob, record_format
 from tfservo.transform.joiner import DataProcessing, FilterError
 from tfservo.transform.progress import Progress
-from tfservo.transform.records import Item, Record, RecordError, iter_records, pack, where
+from tfservo.transform.records import RecordBatch, RecordChunk, RecordError, iter_record_chunks, pack_batches, where
 from tfservo.transform.sinks import ObjectWriter, OutputStore
 from tfservo.transform.sources import (
     InputObject,
@@ -206,14 +206,13 @@ class _ObjectRun:
 
     # -- answers (model threads) -------------------------------------------------------------
 
-    def _call(self, seq: int, caller: BatchCaller, batch: list[Item]) -> None:
+    def _call(self, seq: int, caller: BatchCaller, batch: RecordBatch) -> None:
         try:
             result = caller.run(batch)
         except Exception as exc:  # a bug of ours: fail the object, keep the run going
             log.exception("transforming %s failed", self.obj.url)
-            first = batch[0].record
             result = BatchResult(failure=RecordFailure(
-                where(first, self.engine.job.split_type), f"internal error: {type(exc).__name__}: {exc}"
+                where(batch.record(0), self.engine.job.split_type), f"internal error: {type(exc).__name__}: {exc}"
             ))
         finally:
             self.engine.batch_slots.release()
@@ -308,14 +307,21 @@ def object_format(job: TransformJob, obj: InputObject) -> tuple[str, str | None]
 
 def request_batches(
     opened: OpenedInput, job: TransformJob, processing: DataProcessing
-) -> Iterator[list[Item]]:
-    """One object's requests in order, each a list of items: its records, filtered and packed
-    up to --max-payload. Both engines send exactly these."""
+) -> Iterator[RecordBatch]:
+    """One object's requests in order: its records, filtered and packed up to --max-payload.
+    Every engine sends exactly these."""
     obj = opened.obj
-    items = record_items(iter_records(opened.stream, job.split_type, obj.url), processing, job.split_type)
-    yield from pack(
-        items,
-        split_type=job.split_type,
+    split = job.split_type
+    blank = _BLANK.get(split, _never_blank)
+
+    def prepared() -> Iterator[tuple[RecordChunk, list[bytes | None], dict[int, str]]]:
+        for chunk in iter_record_chunks(opened.stream, split, obj.url):
+            payloads, errors = processing.prepare_many(chunk.framed or chunk.data, blank)  # framing kept
+            yield chunk, payloads, errors
+
+    yield from pack_batches(
+        prepared(),
+        split_type=split,
         batch_strategy=job.batch_strategy,
         max_bytes=job.max_payload_bytes,
         name=obj.url,
@@ -323,17 +329,12 @@ def request_batches(
     )
 
 
-def record_items(records: Iterator[Record], processing: DataProcessing, split_type: str) -> Iterator[Item]:
-    """Records → items to send: blank lines (and empty objects) are kept but not sent; the
-    input filter applied (a record it cannot apply to is an item with an error)."""
-    for record in records:
-        if (split_type == "Line" and record.blank) or (split_type == "None" and not record.data):
-            yield Item(record, None)
-            continue
-        try:
-            yield Item(record, processing.prepare(record.framed))  # RecordIO/TFRecord keep framing
-        except FilterError as exc:
-            yield Item(record, None, str(exc))
+def _never_blank(record: bytes) -> bool:
+    return False
+
+
+# Records kept in the output but not sent: blank lines, and an empty object.
+_BLANK = {"Line": lambda record: not record.strip(), "None": lambda record: not record}
 
 
 class _WriteError(Exception):

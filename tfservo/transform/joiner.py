@@ -7,6 +7,8 @@ values become {"SageMakerInput": ..., "SageMakerOutput": ...}, as SageMaker does
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +27,12 @@ class FilterError(ValueError):
 
 @dataclass(frozen=True)
 class DataProcessing:
-    """The filters and join of a job, for records of one format ('csv', 'json' or None)."""
+    """The filters and join of a job, for records of one format ('csv', 'json' or None).
+
+    `prepare` and `finish` work on one record and say exactly what is wrong with it;
+    `prepare_many` and `finish_rows` do the same for a whole batch of plain CSV records in
+    a few list operations, and decline (None) whenever a record needs the per-record path.
+    """
 
     record_format: str | None
     input_filter: JsonPath | None = None
@@ -35,6 +42,65 @@ class DataProcessing:
     @property
     def active(self) -> bool:
         return self.input_filter is not None or self.output_filter is not None or self.join_input
+
+    @functools.cached_property
+    def _pickers(self) -> tuple[Callable[[list[Any]], list[Any]] | None, Callable[[list[Any]], list[Any]] | None]:
+        return (
+            self.input_filter.field_picker() if self.input_filter is not None else None,
+            self.output_filter.field_picker() if self.output_filter is not None else None,
+        )
+
+    def prepare_many(self, records: list[bytes], blank: Callable[[bytes], bool]) -> tuple[list[bytes | None], dict[int, str]]:
+        """Payloads of a chunk of records (None for blank ones, and for those the input filter
+        rejects, with the reason in the errors by position)."""
+        if self.input_filter is None:
+            return [None if blank(r) else r for r in records], {}
+        fast = self._pick_csv(records, blank) if self.record_format == "csv" else None
+        if fast is not None:
+            return fast, {}
+        payloads: list[bytes | None] = []
+        errors: dict[int, str] = {}
+        for i, record in enumerate(records):
+            if blank(record):
+                payloads.append(None)
+                continue
+            try:
+                payloads.append(self.prepare(record))
+            except FilterError as exc:
+                payloads.append(None)
+                errors[i] = str(exc)
+        return payloads, errors
+
+    def _pick_csv(self, records: list[bytes], blank: Callable[[bytes], bool]) -> list[bytes | None] | None:
+        pick = self._pickers[0]
+        if pick is None or not _plain_csv(records):
+            return None
+        try:
+            return [None if blank(r) else b",".join(pick(r.split(b","))) for r in records]
+        except IndexError:
+            return None  # a record without that field: the per-record path says which
+
+    def finish_rows(self, records: list[bytes], rows: list[bytes], csv_rows: list[bytes], kind: str) -> list[bytes] | None:
+        """Output lines of sent records whose answers are plain numbers (`rows` as JSON, `csv_rows`
+        flattened as CSV; `kind` what the answer was: "json" or "csv"); None → per-record path."""
+        if not self.join_input and self.output_filter is None:
+            return rows if kind == "json" else csv_rows
+        if not (self.record_format == "csv" or (not self.join_input and kind == "csv")):
+            return None
+        pick = self._pickers[1]
+        if self.output_filter is not None and pick is None:
+            return None
+        if self.join_input and not _plain_csv(records):
+            return None
+        try:
+            if self.join_input and pick is not None:
+                return [b",".join(pick(r.split(b",") + o.split(b","))) for r, o in zip(records, csv_rows)]
+            if self.join_input:
+                return [r + b"," + o for r, o in zip(records, csv_rows)]
+            assert pick is not None
+            return [b",".join(pick(o.split(b","))) for o in csv_rows]
+        except IndexError:
+            return None
 
     def prepare(self, data: bytes) -> bytes:
         """The record as sent to the model: the input filter applied."""
@@ -70,6 +136,18 @@ class DataProcessing:
             return path.select(value)
         except JsonPathError as exc:
             raise FilterError(f"--{which}-filter {exc}") from None
+
+
+def _plain_csv(records: list[bytes]) -> bool:
+    """Records that split on commas exactly as parse_csv reads them: UTF-8, no quotes, no CR."""
+    joined = b"\n".join(records)
+    if b'"' in joined or b"\r" in joined:
+        return False
+    try:
+        joined.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def parse_csv(data: bytes) -> Fields:

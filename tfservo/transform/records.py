@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from tfservo.errors import InvalidArgument
@@ -195,9 +195,108 @@ class Item:
     error: str | None = None
 
 
-def separator(split_type: str) -> bytes:
-    """What goes between records in a request body."""
-    return b"\n" if split_type == "Line" else b""
+# -- batches of records, as columns ---------------------------------------------------------
+
+CHUNK_BYTES = 1 << 20  # how much of a Line-split object is read and cut into lines at once
+CHUNK_RECORDS = 4096  # records of other split types gathered before they are filtered and packed
+
+
+@dataclass(slots=True)
+class RecordBatch:
+    """Consecutive records of one object as columns: what one request carries.
+
+    `payloads[i]` is what record i sends (after the input filter), or None when it is not
+    sent: a blank line, an empty object, or a record the input filter rejected (then
+    `errors[i]` says why). Records that are not sent ride along so the output keeps its place.
+    """
+
+    first: int  # index of the first record (1-based; for Line, its line number)
+    data: list[bytes]  # each record's content
+    payloads: list[bytes | None]
+    errors: dict[int, str] = field(default_factory=dict)
+    framed: list[bytes] | None = None  # RecordIO/TFRecord: each record with its framing
+    offsets: list[int] | None = None  # RecordIO/TFRecord: each record's byte offset
+    nbytes: int = 0  # bytes of the (decompressed) object the records span, for progress
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def record(self, i: int) -> Record:
+        """Record i as a Record (for messages and dead letters)."""
+        data = self.data[i]
+        framed = self.framed[i] if self.framed is not None else data
+        return Record(self.first + i, data, framed, self.offsets[i] if self.offsets is not None else 0)
+
+    def sent(self) -> list[int]:
+        """Positions of the records that are sent."""
+        return [i for i, p in enumerate(self.payloads) if p is not None]
+
+    def items(self) -> list[Item]:
+        """The batch as Items (the per-record path's view of it)."""
+        return [Item(self.record(i), p, self.errors.get(i)) for i, p in enumerate(self.payloads)]
+
+    def wire(self) -> tuple:
+        """Plain tuples of bytes, ints and strings (what Beam's coder writes natively)."""
+        return (self.first, self.data, self.payloads, self.errors, self.framed, self.offsets, self.nbytes)
+
+    @staticmethod
+    def unwire(wire: tuple) -> RecordBatch:
+        first, data, payloads, errors, framed, offsets, nbytes = wire
+        return RecordBatch(first, list(data), list(payloads), dict(errors), framed, offsets, nbytes)
+
+
+@dataclass(slots=True)
+class RecordChunk:
+    """Records read from an object, before the input filter: a Line chunk, or gathered records."""
+
+    first: int
+    data: list[bytes]
+    framed: list[bytes] | None = None
+    offsets: list[int] | None = None
+    nbytes: int = 0
+
+
+def iter_record_chunks(stream: BinaryIO, split_type: str, name: str) -> Iterator[RecordChunk]:
+    """The records of one object in chunks; Line splitting cuts big reads into lines at once."""
+    if split_type == "Line":
+        yield from _line_chunks(stream)
+        return
+    chunk = RecordChunk(1, [], [] if split_type in ("RecordIO", "TFRecord") else None, [])
+    for record in iter_records(stream, split_type, name):
+        chunk.data.append(record.data)
+        if chunk.framed is not None:
+            chunk.framed.append(record.framed)
+        assert chunk.offsets is not None
+        chunk.offsets.append(record.offset)
+        chunk.nbytes += len(record.framed)
+        if len(chunk.data) >= CHUNK_RECORDS:
+            yield chunk
+            chunk = RecordChunk(record.index + 1, [], [] if chunk.framed is not None else None, [])
+    if chunk.data:
+        yield chunk
+
+
+def _line_chunks(stream: BinaryIO) -> Iterator[RecordChunk]:
+    """Lines as `_lines` reads them (a trailing CR is dropped with its LF), a megabyte at a time."""
+    index, pending = 1, []
+    while True:
+        block = stream.read(CHUNK_BYTES)
+        if not block:
+            break
+        cut = block.rfind(b"\n")
+        if cut < 0:
+            pending.append(block)
+            continue
+        text = b"".join([*pending, block[: cut + 1]]) if pending else block[: cut + 1]
+        pending = [block[cut + 1 :]] if cut + 1 < len(block) else []
+        lines = text[:-1].split(b"\n")
+        if b"\r" in text:
+            lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+        yield RecordChunk(index, lines, nbytes=len(text))
+        index += len(lines)
+    if pending:
+        last = b"".join(pending)  # no newline after the last line: kept as it is
+        yield RecordChunk(index, [last], nbytes=len(last))
 
 
 def pack(
@@ -214,31 +313,128 @@ def pack(
 
     A record bigger than `max_bytes` on its own raises RecordError naming it.
     """
-    sep = len(separator(split_type))
+    packer = _Packer(split_type, batch_strategy, max_bytes, name, limit_mb)
     batch: list[Item] = []
-    size, sent = 0, 0
     for item in items:
-        if item.payload is None:
-            batch.append(item)
-            continue
-        length = len(item.payload)
-        if length > max_bytes:
-            at = where(item.record, split_type)
-            limit = f"{limit_mb:g} MB ({max_bytes} bytes)" if limit_mb else _mb(max_bytes)
+        if packer.closes(item.payload, item.record):
+            yield batch
+            batch = []
+        batch.append(item)
+    if batch:
+        yield batch
+
+
+def pack_batches(
+    chunks: Iterable[tuple[RecordChunk, list[bytes | None], dict[int, str]]],
+    *,
+    split_type: str,
+    batch_strategy: str,
+    max_bytes: int,
+    name: str,
+    limit_mb: float | None = None,
+) -> Iterator[RecordBatch]:
+    """`pack` for record chunks with their payloads and filter errors: the same requests,
+    as RecordBatches, whichever chunks the records were read in."""
+    packer = _Packer(split_type, batch_strategy, max_bytes, name, limit_mb)
+    current: RecordBatch | None = None
+    for chunk, payloads, errors in chunks:
+        start = 0
+        for i, payload_ in enumerate(payloads):
+            if payload_ is not None and packer.closes(payload_, None, chunk.first + i, chunk, i):
+                current = _extend(current, chunk, payloads, errors, start, i)
+                assert current is not None
+                yield current
+                current, start = None, i
+        current = _extend(current, chunk, payloads, errors, start, len(payloads))
+    if current is not None and current.data:
+        yield current
+
+
+def _extend(
+    batch: RecordBatch | None,
+    chunk: RecordChunk,
+    payloads: list[bytes | None],
+    errors: dict[int, str],
+    start: int,
+    end: int,
+) -> RecordBatch | None:
+    """`batch` with the chunk's records start..end appended (a new batch if None)."""
+    if start >= end:
+        return batch
+    if batch is None:
+        batch = RecordBatch(
+            chunk.first + start, [], [], {},
+            [] if chunk.framed is not None else None, [] if chunk.offsets else None,
+        )
+    base = len(batch.data)
+    batch.data.extend(chunk.data[start:end])
+    batch.payloads.extend(payloads[start:end])
+    for i, error in errors.items():
+        if start <= i < end:
+            batch.errors[base + i - start] = error
+    if batch.framed is not None and chunk.framed is not None:
+        batch.framed.extend(chunk.framed[start:end])
+    if batch.offsets is not None and chunk.offsets:
+        batch.offsets.extend(chunk.offsets[start:end])
+    if chunk.framed is not None:
+        batch.nbytes += sum(len(f) for f in chunk.framed[start:end])
+    elif start == 0 and end == len(chunk.data):
+        batch.nbytes += chunk.nbytes
+    else:
+        batch.nbytes += sum(len(d) + 1 for d in chunk.data[start:end])
+    return batch
+
+
+class _Packer:
+    """Where requests end: the one packing rule of `pack` and `pack_batches`."""
+
+    def __init__(self, split_type: str, batch_strategy: str, max_bytes: int, name: str, limit_mb: float | None) -> None:
+        self.split_type = split_type
+        self.single = batch_strategy == "SingleRecord"
+        self.max_bytes = max_bytes
+        self.name = name
+        self.limit_mb = limit_mb
+        self.sep = len(separator(split_type))
+        self.size = 0
+        self.sent = 0
+
+    def closes(
+        self,
+        payload_: bytes | None,
+        record: Record | None,
+        index: int = 0,
+        chunk: RecordChunk | None = None,
+        position: int = 0,
+    ) -> bool:
+        """Whether the request so far ends before this record; counts it into the next one."""
+        if payload_ is None:
+            return False
+        length = len(payload_)
+        if length > self.max_bytes:
+            if record is None:
+                assert chunk is not None
+                offset = chunk.offsets[position] if chunk.offsets else 0
+                framed = chunk.framed[position] if chunk.framed is not None else chunk.data[position]
+                record = Record(index, chunk.data[position], framed, offset)
+            at = where(record, self.split_type)
+            limit = f"{self.limit_mb:g} MB ({self.max_bytes} bytes)" if self.limit_mb else _mb(self.max_bytes)
             raise RecordError(
-                f"{name}: {at} is {_mb(length)}, over --max-payload {limit}; "
+                f"{self.name}: {at} is {_mb(length)}, over --max-payload {limit}; "
                 "raise --max-payload or make the record smaller",
                 at,
             )
-        extra = length + (sep if sent else 0)
-        if sent and (batch_strategy == "SingleRecord" or size + extra > max_bytes):
-            yield batch
-            batch, size, sent, extra = [], 0, 0, length
-        batch.append(item)
-        size += extra
-        sent += 1
-    if batch:
-        yield batch
+        extra = length + (self.sep if self.sent else 0)
+        closes = bool(self.sent) and (self.single or self.size + extra > self.max_bytes)
+        if closes:
+            self.size, self.sent, extra = 0, 0, length
+        self.size += extra
+        self.sent += 1
+        return closes
+
+
+def separator(split_type: str) -> bytes:
+    """What goes between records in a request body."""
+    return b"\n" if split_type == "Line" else b""
 
 
 def payload(batch: list[Item], split_type: str) -> bytes:
