@@ -9,7 +9,6 @@ import click
 from tfservo.logs import setup_logging
 
 
-
 class _AnyCase(click.Choice):
     """A choice shown in SageMaker's spelling (Line, MultiRecord) that accepts any case."""
 

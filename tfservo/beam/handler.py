@@ -14,6 +14,7 @@ with the remote handler: only what answers (a LoadedBundle or an endpoint client
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -58,6 +59,14 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         share_model_across_processes: bool = False,
         **kwargs: Any,
     ) -> None:
+        unknown = sorted(set(kwargs) - _BEAM_OPTIONS)
+        if unknown:
+            hints = [f"{k} (did you mean {_CLOSE[k]}?)" if k in _CLOSE else k for k in unknown]
+            raise TypeError(
+                f"{type(self).__name__} got unexpected keyword argument(s): {', '.join(hints)}; it takes "
+                "model_name, version, signature_name, method, content_type, accept, custom_attributes, "
+                f"output and Beam's batching options ({', '.join(sorted(_BEAM_OPTIONS))})"
+            )
         check_options(method, output, content_type, accept)
         super().__init__(
             min_batch_size=min_batch_size,
@@ -98,7 +107,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         failed = len(batch)  # an overload/outage error fails the whole batch
         try:
             if target.method == INVOKE:
-                outputs = self._one_by_one(batch, model, target)
+                outputs = self._invoke_batch(batch, model, target)
             else:
                 try:
                     outputs = self._run(batch, model, target)
@@ -155,6 +164,26 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         if log:
             return prediction_log.regress_logs(target, examples, values)
         return [PredictionResult(e, v, target.model_id) for e, v in zip(batch, values)]
+
+    def _invoke_batch(self, batch: list[Any], model: Any, target: Target) -> list[Any]:
+        """Raw request bodies through the invocation path, batched as their content type allows;
+        each element gets its own answer or ElementFailure (overload/outage is re-raised)."""
+        outputs: list[Any] = [None] * len(batch)
+        bodies: list[tuple[int, bytes]] = []
+        for i, element in enumerate(batch):
+            try:
+                bodies.append((i, _request_body(element)))
+            except Exception as exc:  # noqa: BLE001 - reported per element
+                outputs[i] = ElementFailure(i, element, exc)
+        answers = model.invoke_many([body for _, body in bodies]) if bodies else []
+        for (i, _), answer in zip(bodies, answers):
+            if isinstance(answer, Exception):
+                if is_transient(answer):
+                    raise answer
+                outputs[i] = ElementFailure(i, batch[i], answer)
+            else:
+                outputs[i] = PredictionResult(batch[i], answer, target.model_id)
+        return outputs
 
     def _one_by_one(self, batch: list[Any], model: Any, target: Target) -> list[Any]:
         """Each element alone: its result, or an ElementFailure (overload/outage is re-raised)."""
@@ -225,6 +254,15 @@ class BundleModelHandler(ServingModelHandler):
         s = self._selection
         chosen = ", ".join(f"{k}={v!r}" for k, v in vars(s).items() if v is not None)
         return f"BundleModelHandler({self._bundle!r}{', ' + chosen if chosen else ''})"
+
+
+# Keyword arguments Beam's ModelHandler itself takes (besides the ones named above).
+_BEAM_OPTIONS = frozenset(
+    name
+    for name, param in inspect.signature(ModelHandler.__init__).parameters.items()
+    if param.kind is inspect.Parameter.KEYWORD_ONLY
+) | {"env_vars"}
+_CLOSE = {"signature": "signature_name", "model": "model_name", "model_version": "version", "accept_type": "accept"}
 
 
 def _request_body(element: Any) -> bytes:

@@ -20,11 +20,11 @@ import numpy as np
 
 from tfservo.beam.failures import error_from_response
 from tfservo.beam.target import INVOKE, LoadedTarget, Target, check_method, choose_method, merged_attributes
+from tfservo.config import resolve_settings
 from tfservo.errors import BundleError, NotFound, ServingError
+from tfservo.loopback import LoopbackServer, start_handler_endpoints
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE
 from tfservo.sagemaker.custom_attributes import parse_custom_attributes
-from tfservo.config import resolve_settings
-from tfservo.loopback import LoopbackServer, start_handler_endpoints
 from tfservo.sagemaker.service import ModelService, build_service
 
 log = logging.getLogger("tfservo.beam")
@@ -99,6 +99,20 @@ class LoadedBundle(LoadedTarget):
         if not result.ok:
             raise error_from_response(result.status, result.body, f"/invocations of {self._target.model_id}")
         return result.body
+
+    def invoke_many(self, bodies: Sequence[bytes]) -> list[bytes | ServingError]:
+        """Several /invocations requests, answered as if each came alone, in as few model calls as
+        their content type allows (Invoker.call_many); a failed one is its ServingError."""
+        s = self._selection
+        results = self.service.invoker.call_many(bodies, s.content_type, s.accept, self._attributes, s.model_name)
+        out: list[bytes | ServingError] = []
+        for result in results:
+            result = result.encoded()
+            if result.ok:
+                out.append(result.body)
+            else:
+                out.append(error_from_response(result.status, result.body, f"/invocations of {self._target.model_id}"))
+        return out
 
     def close(self) -> None:
         """Stop the loopback server and unload the models."""

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 
-from tfservo.beam.failures import error_from_response
+from tfservo.beam.failures import error_from_response, is_transient
 from tfservo.beam.handler import ServingModelHandler
 from tfservo.beam.local import Selection
 from tfservo.beam.metrics import count_retry
@@ -300,6 +300,18 @@ class RestEndpoint(_Endpoint):
         if attrs:
             headers[CUSTOM_ATTRIBUTES_HEADER] = attrs
         return self.retry.call("/invocations", lambda: self._send("POST", "/invocations", body, headers))
+
+    def invoke_many(self, bodies: Sequence[bytes]) -> list[bytes | Exception]:
+        """One /invocations request per body (the endpoint's handlers decide how to answer each)."""
+        out: list[bytes | Exception] = []
+        for body in bodies:
+            try:
+                out.append(self.invoke(body))
+            except Exception as exc:  # noqa: BLE001 - reported per element by the handler
+                if is_transient(exc):
+                    raise
+                out.append(exc)
+        return out
 
 
 class GrpcEndpoint(_Endpoint):

@@ -17,11 +17,11 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from tfservo.errors import first_line
-
 import tensorflow as tf
 from tensorflow.core.framework import node_def_pb2
 from tensorflow.core.protobuf import meta_graph_pb2, saved_object_graph_pb2, trackable_object_graph_pb2
+
+from tfservo.errors import first_line
 
 _CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
 _PASS_THROUGH_OPS = {"Identity", "IdentityN"}

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tensorflow as tf  # noqa: E402
+from tensorflow.core.framework import types_pb2  # noqa: E402
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2  # noqa: E402
 
 from tfservo.errors import (
     Code,
@@ -29,16 +32,13 @@ from tfservo.errors import (
     ServingError,
     Unavailable,
     Unimplemented,
+)
+from tfservo.errors import (
     first_line as _first_line,
 )
 from tfservo.runtime import QUIET_TENSORFLOW  # sets TF_CPP_MIN_LOG_LEVEL before TF loads
-from tfservo.runtime.signatures import SignatureDef, TensorSpec
-
-import tensorflow as tf  # noqa: E402
-from tensorflow.core.framework import types_pb2  # noqa: E402
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2  # noqa: E402
-
 from tfservo.runtime.captured_variables import UnrestorableVariables, restore_captured_variables  # noqa: E402
+from tfservo.runtime.signatures import SignatureDef, TensorSpec
 
 if QUIET_TENSORFLOW:
     from absl import logging as _absl_logging

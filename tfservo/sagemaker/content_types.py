@@ -32,6 +32,7 @@ JSONS = "application/jsons"
 CSV = "text/csv"
 JSON_TYPES = (JSON, JSONLINES, JSONS)
 REQUEST_TYPES = (JSON, JSONLINES, JSONS, CSV)
+RECORD_TYPES = (JSONLINES, JSONS, CSV)  # one instance per record: bodies can be joined and split
 CONVERTIBLE_TYPES = (JSON, JSONLINES, JSONS, CSV)
 TFS_REQUEST_KEYS = ("instances", "inputs", "examples")
 TFS_RESPONSE_KEYS = ("predictions", "results", "outputs")
@@ -319,6 +320,23 @@ def _same_field_counts(data: bytes, fields: int, rows: int) -> bool:
     ends = np.append(np.flatnonzero(buf == ord("\n")), buf.size - 1)
     per_line = np.diff(commas[ends], prepend=0)
     return bool(np.all(per_line == fields - 1))
+
+
+def merge_instances(parts: list[Any]) -> Any | None:
+    """The instances of several converted bodies as one list or array, in order; None when they
+    cannot form one request (arrays of different shapes)."""
+    if not parts:
+        return None
+    if all(isinstance(p, NumericTensor) for p in parts):
+        tails = {p.values.shape[1:] for p in parts}
+        if len(tails) != 1:
+            return None
+        values = np.concatenate([p.values for p in parts])
+        return NumericTensor(values, lambda: [v for p in parts for v in p.as_json()])
+    merged: list[Any] = []
+    for part in parts:
+        merged.extend(part.as_json() if isinstance(part, NumericTensor) else part)
+    return merged
 
 
 def _csv_value(field: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,7 +20,8 @@ from tfservo.sagemaker import content_types
 from tfservo.sagemaker.custom_attributes import CustomAttributes, parse_custom_attributes
 from tfservo.sagemaker.handlers import Context, Handlers, make_requests_response
 from tfservo.tfserving.api import TFServingAPI
-from tfservo.tfserving.dataplane import Answer
+from tfservo.tfserving.dataplane import Answer, answer_rows_slice
+from tfservo.tfserving.json_arrays import NumericTensor
 from tfservo.tfserving.status import http_status
 
 log = logging.getLogger("tfservo.invocations")
@@ -123,6 +124,64 @@ class Invoker:
             return self._invoke(body, content_type, accept, custom_attributes, model_name)
         except ServingError as exc:
             return error_result(exc)
+
+    def call_many(
+        self,
+        bodies: Sequence[bytes],
+        content_type: str | None,
+        accept: str | None = None,
+        custom_attributes: str | None = None,
+        model_name: str | None = None,
+    ) -> list[InvocationResult]:
+        """Several invocations with the same headers, each answered as if it came alone, in as
+        few model calls as the content type allows: CSV and JSON lines bodies of a model without
+        an inference.py go as one request of all their instances, and the answer is cut back
+        per body. A body that fails alone fails alone."""
+        try:
+            attrs = parse_custom_attributes(custom_attributes)
+            name = model_name or attrs.model_name or self._default_model()
+            media = content_types.parse_content_type(content_type)
+            mergeable = (
+                len(bodies) > 1
+                and name is not None
+                and self.handlers_for(name) is None
+                and media.essence in content_types.RECORD_TYPES
+            )
+        except ServingError:
+            mergeable = False
+        if not mergeable:
+            return [self.call(body, content_type, accept, custom_attributes, model_name) for body in bodies]
+        results: list[InvocationResult | None] = [None] * len(bodies)
+        requests: dict[int, Any] = {}
+        for i, body in enumerate(bodies):
+            try:
+                request = content_types.to_tfs_request(body, content_type)
+            except ServingError as exc:
+                results[i] = error_result(exc)
+                continue
+            instances = request.get("instances")
+            if list(request) == ["instances"] and isinstance(instances, (list, NumericTensor)) and len(instances):
+                requests[i] = instances  # else: a request of its own kind, sent alone below
+        merged = content_types.merge_instances(list(requests.values()))
+        if merged is not None:
+            try:
+                answer_type = content_types.negotiate(content_types.parse_accept(accept), content_types.CONVERTIBLE_TYPES)
+                answer = self.api.infer(
+                    attrs.method or "predict", name, attrs.version_number, None, {"instances": merged}  # type: ignore[arg-type]
+                )
+            except ServingError:
+                answer = None  # some body is at fault: each is tried alone below, and says so
+            if answer is not None:
+                start, total = 0, sum(len(instances) for instances in requests.values())
+                for i, instances in requests.items():
+                    part = answer_rows_slice(answer, start, start + len(instances), total)
+                    if part is not None:
+                        results[i] = InvocationResult(200, None, answer_type, part)
+                    start += len(instances)
+        return [
+            result if result is not None else self.call(bodies[i], content_type, accept, custom_attributes, model_name)
+            for i, result in enumerate(results)
+        ]
 
     def _invoke(
         self,

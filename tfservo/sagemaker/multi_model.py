@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from tfservo.config import DEFAULT_MEMORY_FACTOR, DEFAULT_MODEL_ROOT
 from tfservo.bundle import CODE_DIR_NAME, ModelSource, discover_versions, is_model_name
+from tfservo.config import DEFAULT_MEMORY_FACTOR, DEFAULT_MODEL_ROOT
 from tfservo.errors import (
     AlreadyExists,
     BundleError,

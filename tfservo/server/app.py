@@ -11,19 +11,16 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
-
-from tfservo.errors import ServingError
-from tfservo.sagemaker.invocation import error_result
-from tfservo.sagemaker.service import ModelService
-from tfservo.server.call_placement import CallPlacement
 from starlette.types import Receive, Scope, Send
 
+from tfservo.errors import ServingError
+from tfservo.sagemaker.service import ModelService
+from tfservo.server.call_placement import CallPlacement
 from tfservo.server.hot_routes import TFS_PATH, HotRoutes, parse_version
 from tfservo.server.responses import error_response, internal_error, json_response
 from tfservo.tfserving.api import METHODS

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from tfservo.config import Settings
 from tfservo.sagemaker.service import ModelService
 from tfservo.server.metrics import Metrics
-from tfservo.config import Settings
 from tfservo.tfserving.grpc_service import GrpcServer
 from tfservo.tfserving.request_labels import plain_scope
 

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.types import Receive, Scope, Send
 

@@ -10,10 +10,9 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
-
-from tfservo.config import Settings
 from starlette.types import ASGIApp
 
+from tfservo.config import Settings
 from tfservo.server.metrics import Metrics
 from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.workers import Supervisor, WorkerLink

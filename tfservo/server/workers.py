@@ -25,9 +25,9 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+from tfservo.config import Settings
 from tfservo.errors import ServingError
 from tfservo.server.metrics import MULTIPROC_ENV, mark_worker_dead
-from tfservo.config import Settings
 
 log = logging.getLogger("tfservo.server")
 

@@ -23,6 +23,7 @@ __all__ = [
     "PredictCall",
     "Prediction",
     "Regression",
+    "answer_rows_slice",
 ]
 
 METHODS = ("predict", "classify", "regress")
@@ -80,3 +81,19 @@ class Regression:
 
 Call = Union[PredictCall, ExamplesCall]
 Answer = Union[Prediction, Classification, Regression]
+
+
+def answer_rows_slice(answer: Answer, start: int, stop: int, total: int) -> Answer | None:
+    """Records start..stop of an answer to `total` records, as the answer to just those;
+    None when the answer is not one row per record (a columnar or odd-shaped prediction)."""
+    if isinstance(answer, Prediction):
+        outputs = answer.outputs
+        if not answer.row_format or any(np.ndim(v) == 0 or np.shape(v)[0] != total for v in outputs.values()):
+            return None
+        rows = {k: v[start:stop] for k, v in outputs.items()}
+        return Prediction(answer.model_name, answer.version, answer.signature_name, rows, True)
+    if len(answer.results) != total:
+        return None
+    if isinstance(answer, Classification):
+        return Classification(answer.model_name, answer.version, answer.signature_name, answer.results[start:stop])
+    return Regression(answer.model_name, answer.version, answer.signature_name, answer.results[start:stop])

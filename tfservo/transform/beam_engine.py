@@ -230,7 +230,6 @@ def _dofns():
     """The DoFns, defined when Beam is imported (only for --runner beam)."""
     import apache_beam as beam
     from apache_beam.metrics import Metrics
-
     from apache_beam.transforms.window import GlobalWindow
     from apache_beam.utils.timestamp import MIN_TIMESTAMP
     from apache_beam.utils.windowed_value import WindowedValue

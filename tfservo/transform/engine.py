@@ -19,9 +19,16 @@ from tfservo.errors import ServingError
 from tfservo.sagemaker.invocation import Invoker
 from tfservo.transform.calls import BatchCaller, BatchResult
 from tfservo.transform.job import JobError, TransformJob, record_format
-from tfservo.transform.joiner import DataProcessing, FilterError
+from tfservo.transform.joiner import DataProcessing
 from tfservo.transform.progress import Progress
-from tfservo.transform.records import RecordBatch, RecordChunk, RecordError, iter_record_chunks, pack_batches, where
+from tfservo.transform.records import (
+    RecordBatch,
+    RecordChunk,
+    RecordError,
+    iter_record_chunks,
+    pack_batches,
+    where,
+)
 from tfservo.transform.sinks import ObjectWriter, OutputStore
 from tfservo.transform.sources import (
     InputObject,

@@ -5,6 +5,7 @@ service factory, handler endpoints when the bundle has handlers (so `context.res
 from __future__ import annotations
 
 import os
+
 from tfservo.config import ConfigError, resolve_settings
 from tfservo.loopback import start_handler_endpoints
 from tfservo.sagemaker.service import ModelService, build_service
