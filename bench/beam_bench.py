@@ -119,7 +119,7 @@ def timed(name: str, fn, records: int, **notes) -> dict:
         t0 = time.perf_counter()
         try:
             extra = fn() or {}
-        except Exception as exc:  # noqa: BLE001 - a run that cannot work is a result too
+        except Exception as exc:
             line = f"{type(exc).__name__}: {exc}".strip().splitlines()
             return {"name": name, "ok": False, "error": " ".join(line)[:600], **notes}
         samples.append(time.perf_counter() - t0)

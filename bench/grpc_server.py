@@ -72,9 +72,9 @@ def _service(model_dir: str):
 
 
 def serve_sync(model_dir: str, port: int) -> None:
-    from tfservo.tfserving.grpc_service import GrpcServer
-
     import threading
+
+    from tfservo.tfserving.grpc_service import GrpcServer
 
     GrpcServer(_service(model_dir).api, port=port).start()
     print("ready", flush=True)
@@ -94,7 +94,7 @@ def serve_aio(model_dir: str, port: int) -> None:
     pool = concurrent.futures.ThreadPoolExecutor(64)
 
     class AioServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-        async def Predict(self, request, context):  # noqa: N802
+        async def Predict(self, request, context):
             return await asyncio.get_running_loop().run_in_executor(pool, logic.predict, request)
 
     async def main() -> None:

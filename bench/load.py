@@ -11,7 +11,6 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-
 from procstat import CpuSample, cpu_use
 
 LUA = Path(__file__).with_name("post.lua")

@@ -14,12 +14,10 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-
 import servers
 from load import first_output, load_core, post, run_wrk
 

@@ -21,7 +21,7 @@ if __name__ == "__main__":
 
     quiet_tensorflow()  # TF 2.21's native start-up lines
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 HANDLER = '''\
 """SageMaker-style image handler: raw JPEG/PNG body in, the model's JSON answer out."""

@@ -39,7 +39,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self._ready = threading.Event()
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         self.proc = subprocess.Popen(
             self.args,
             env=self.env,
@@ -86,7 +86,7 @@ class ServerProcess:
                 self.proc.wait()
         return self.proc.returncode
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -114,7 +114,7 @@ def test_different_shapes_dtypes_and_output_keys_are_never_merged(model: FakeMod
             list(pool.map(call, range(16)))
     finally:
         batcher.close()
-    for inputs, keys in zip(model.calls, model.output_keys):
+    for inputs, _keys in zip(model.calls, model.output_keys):
         x = inputs["x"]
         assert len(set(x[:, 0].astype(int) % 4)) == 1, "different kinds of input were merged"
     assert len(model.calls) < 16

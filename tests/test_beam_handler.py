@@ -41,7 +41,7 @@ def f32(*values: float) -> np.ndarray:
     return np.array(values, dtype=np.float32)
 
 
-def test_predict_classify_regress_keys_and_batching(beam_models: BeamModels) -> None:  # noqa: F811
+def test_predict_classify_regress_keys_and_batching(beam_models: BeamModels) -> None:
     p = beam.Pipeline()
     xs = [1.0, 2.0, 5.0, 6.0, 9.0]
 
@@ -170,7 +170,7 @@ def test_predict_classify_regress_keys_and_batching(beam_models: BeamModels) -> 
     assert latency and all(m.committed.max > 0 for m in latency)
 
 
-def test_several_models_in_sequence_per_key_and_inference_py(beam_models: BeamModels) -> None:  # noqa: F811
+def test_several_models_in_sequence_per_key_and_inference_py(beam_models: BeamModels) -> None:
     p = beam.Pipeline()
     records = p | "Create" >> beam.Create([("a", 1.0), ("b", 2.0), ("c", 3.0)])
 
@@ -322,7 +322,7 @@ def test_without_exception_handling_a_bad_element_fails_the_pipeline_naming_it()
         p.run().wait_until_finish()
 
 
-def test_load_errors_name_what_to_fix(beam_models: BeamModels) -> None:  # noqa: F811
+def test_load_errors_name_what_to_fix(beam_models: BeamModels) -> None:
     with pytest.raises(
         BundleError, match=r"Model nope is not in .*models are: saved_model_half_plus_two_2_versions"
     ):
@@ -341,7 +341,7 @@ def test_load_errors_name_what_to_fix(beam_models: BeamModels) -> None:  # noqa:
         BundleModelHandler(HALF_PLUS_TWO).validate_inference_args({"training": False})
 
 
-def test_run_inference_reports_bad_elements_and_runs_ragged_ones(beam_models: BeamModels) -> None:  # noqa: F811
+def test_run_inference_reports_bad_elements_and_runs_ragged_ones(beam_models: BeamModels) -> None:
     handler = BundleModelHandler(beam_models.two_inputs)
     model = handler.load_model()
     batch = [{"a": [1.0, 1.0], "b": [1.0, 1.0]}, {"a": [1.0, 1.0]}, {"a": [2.0, 2.0], "b": [1.0, 3.0]}]
@@ -366,7 +366,7 @@ def test_run_inference_reports_bad_elements_and_runs_ragged_ones(beam_models: Be
     model.close()
 
 
-def test_s3_bundle(s3_bucket: str, s3_endpoint: str, beam_models: BeamModels) -> None:  # noqa: F811
+def test_s3_bundle(s3_bucket: str, s3_endpoint: str, beam_models: BeamModels) -> None:
     url = upload_dir(s3_endpoint, s3_bucket, "models/multiply_five", beam_models.five)
     handler = BundleModelHandler(url)
     model = handler.load_model()

@@ -21,7 +21,7 @@ HALF_PLUS_TWO = str(TFS / "saved_model_half_plus_two_2_versions")
 OPTIONS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 
-def test_multi_processing_direct_runner(beam_models: BeamModels) -> None:  # noqa: F811
+def test_multi_processing_direct_runner(beam_models: BeamModels) -> None:
     xs = [float(x) for x in range(20)]
     with beam.Pipeline(options=PipelineOptions(OPTIONS)) as p:
         keyed = (

@@ -285,7 +285,7 @@ def test_default_model_name_reads_os_environ(smc: Path, monkeypatch: pytest.Monk
 # ------------------------------------------------------------------------- S3 (moto server + s3fs)
 
 
-def test_s3_archive(tmp_path: Path, hp3: Path, s3_endpoint: str, s3_bucket: str) -> None:  # noqa: F811
+def test_s3_archive(tmp_path: Path, hp3: Path, s3_endpoint: str, s3_bucket: str) -> None:
     tar = make_tar(tmp_path / "model.tar.gz", {
         "00000123": hp3 / "00000123", "code/inference.py": INFERENCE_PY,
     })
@@ -297,7 +297,7 @@ def test_s3_archive(tmp_path: Path, hp3: Path, s3_endpoint: str, s3_bucket: str)
     assert open_bundle(url, cache_dir=str(tmp_path / "cache")).root == b.root  # cached
 
 
-def test_s3_prefixes(tmp_path: Path, smc: Path, hp3: Path, s3_endpoint: str, s3_bucket: str) -> None:  # noqa: F811
+def test_s3_prefixes(tmp_path: Path, smc: Path, hp3: Path, s3_endpoint: str, s3_bucket: str) -> None:
     upload_dir(s3_endpoint, s3_bucket, "models/mme", smc / "mme")
     upload_dir(s3_endpoint, s3_bucket, "models/mme-other/x", hp3)  # shares the prefix string
     upload_dir(s3_endpoint, s3_bucket, "models/half_plus_three", hp3)
@@ -311,14 +311,14 @@ def test_s3_prefixes(tmp_path: Path, smc: Path, hp3: Path, s3_endpoint: str, s3_
     assert list(single.models["half_plus_three"].versions) == [123, 124]
 
 
-def test_s3_missing(tmp_path: Path, s3_bucket: str) -> None:  # noqa: F811
+def test_s3_missing(tmp_path: Path, s3_bucket: str) -> None:
     with pytest.raises(BundleError, match=rf"s3://{s3_bucket}/nothing/here.*does not exist"):
         open_bundle(f"s3://{s3_bucket}/nothing/here/", cache_dir=str(tmp_path / "cache"))
 
 
 @pytest.mark.parametrize("var", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
 def test_s3_endpoint_from_either_env_var(
-    tmp_path: Path, hp3: Path, s3_endpoint: str, s3_bucket: str, var: str, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    tmp_path: Path, hp3: Path, s3_endpoint: str, s3_bucket: str, var: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import s3fs
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import orjson
 import json
 
+import orjson
 import pytest
 
 from tfservo.errors import Code, InvalidArgument

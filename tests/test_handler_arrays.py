@@ -3,11 +3,10 @@ in-process, unserialized, with the same answers and the same checks as the JSON 
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 from conftest import write_code
+
 from tfservo.errors import InvalidArgument
 from tfservo.runtime.signatures import SignatureDef, TensorSpec
 from tfservo.tfserving import json_codec

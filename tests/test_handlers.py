@@ -256,7 +256,7 @@ def test_handler_return_conventions(tmp_path):
         """,
     )
     handlers = load(code)
-    call = lambda kind, **kw: handlers.call(kind.encode(), make_context(**kw), no_tfs)  # noqa: E731
+    call = lambda kind, **kw: handlers.call(kind.encode(), make_context(**kw), no_tfs)
     assert call("tuple") == (b"body", "text/plain")
     assert call("list") == (b"body", "text/plain")
     assert call("bytes") == (b"body", "application/json")

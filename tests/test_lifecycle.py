@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import TFS
 from server_process import ServerProcess
+
 from tfservo.errors import AlreadyExists, InvalidArgument
 from tfservo.tfserving.model_config import (
     VersionPolicy,
@@ -401,7 +401,7 @@ def test_unload_waits_for_calls_in_flight(layout):
     def call() -> None:
         try:
             outcome["y"] = service.api.predict("slow", None, None, "", inputs).outputs["y"].tolist()
-        except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+        except Exception as exc:
             outcome["error"] = exc
         outcome["done"] = time.monotonic()
 

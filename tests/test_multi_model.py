@@ -11,13 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import SMC, write_code
 from server_process import ServerProcess, run_cli
+
+from tfservo.config import ConfigError, Settings, resolve_settings
 from tfservo.errors import NotFound
 from tfservo.sagemaker.invocation import error_result
 from tfservo.sagemaker.multi_model import InsufficientMemory, MultiModelEndpoint, available_memory_bytes
-from tfservo.config import ConfigError, Settings, resolve_settings
 from tfservo.sagemaker.service import ModelService
 
 MME = SMC / "resources" / "mme"

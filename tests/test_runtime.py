@@ -10,11 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, TFS
+
 from tfservo.errors import Code, FailedPrecondition, InvalidArgument, ModelLoadError
-from tfservo.runtime import CLASSIFY_METHOD, PREDICT_METHOD, REGRESS_METHOD, load_saved_model
-from tfservo.runtime import savedmodel
+from tfservo.runtime import CLASSIFY_METHOD, PREDICT_METHOD, REGRESS_METHOD, load_saved_model, savedmodel
 
 HALF_PLUS_TWO_SIGNATURES = [
     "classify_x_to_y",

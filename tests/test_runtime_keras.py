@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from server_process import ServerProcess
+
 from tfservo.errors import ModelLoadError
 from tfservo.runtime import load_saved_model
 

@@ -15,7 +15,7 @@ from server_process import run_cli
 from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, write  # noqa: F401
 
 from tfservo.cli_transform import transform as transform_command
-from tfservo.transform.beam_engine import BeamSettings, OUTCOMES_PREFIX, run_beam_transform
+from tfservo.transform.beam_engine import OUTCOMES_PREFIX, BeamSettings, run_beam_transform
 from tfservo.transform.job import TransformJob
 from tfservo.transform.run import run_transform
 from tfservo.transform.state import REPORT_NAME, TransformSummary

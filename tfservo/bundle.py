@@ -25,6 +25,18 @@ from typing import Any
 
 from tfservo.errors import BundleError
 
+__all__ = [
+    "ARCHIVE_MODEL_NAME",
+    "CODE_DIR_NAME",
+    "MAX_VERSION",
+    "SAVED_MODEL_FILES",
+    "Bundle",
+    "discover_versions",
+    "is_model_name",
+    "ModelSource",
+    "open_bundle",
+]
+
 log = logging.getLogger(__name__)
 
 ARCHIVE_MODEL_NAME = "model"  # what the SageMaker container calls a model at /opt/ml/model

@@ -159,6 +159,7 @@ def resolve_batching(
     instead of waiting for the timeout (a lone request runs at once; batches form under load).
     """
     eager = eager or _env_bool(env, "TFSERVO_BATCHING_EAGER", False)
+    options: BatchingOptions | None
     try:
         if parameters_file:
             options = BatchingOptions.from_parameters_file(parameters_file)

@@ -8,6 +8,24 @@ from __future__ import annotations
 
 import enum
 
+__all__ = [
+    "AlreadyExists",
+    "BundleError",
+    "Code",
+    "FailedPrecondition",
+    "first_line",
+    "HandlerError",
+    "Internal",
+    "InvalidArgument",
+    "ModelLoadError",
+    "NotFound",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "ServingError",
+    "Unavailable",
+    "Unimplemented",
+]
+
 
 class Code(enum.IntEnum):
     """Canonical status codes (same numbering as grpc.StatusCode and tf.errors)."""

@@ -29,7 +29,7 @@ def describe_bundle(settings: Settings) -> str:
         service.close()
 
 
-def _describe_model(service, name: str, source, lines: list[str]) -> None:  # noqa: ANN001
+def _describe_model(service, name: str, source, lines: list[str]) -> None:
     mark = " (default)" if name == service.default_model() else ""
     lines.append("")
     lines.append(f"Model {name}{mark}: {source.base_path}")

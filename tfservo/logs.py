@@ -8,6 +8,8 @@ import re
 import sys
 import threading
 
+__all__ = ["quiet_tensorflow", "setup_logging"]
+
 # TF 2.21 writes glog-style lines ("I0000 00:00:… file.cc:12] …", "WARNING: All log messages
 # before absl::InitializeLog()") straight to fd 2 and ignores TF_CPP_MIN_LOG_LEVEL.
 _TF_NOISE = re.compile(rb"^([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\]|WARNING: All log messages before absl)")

@@ -13,11 +13,15 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from tfservo.config import Settings
 from tfservo.sagemaker.service import ModelService, build_service
+
+if TYPE_CHECKING:
+    from tfservo.tfserving.grpc_service import GrpcServer
 
 __all__ = ["LoopbackServer", "open_service", "start_handler_endpoints"]
 
@@ -40,7 +44,7 @@ class LoopbackServer:
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name="tfservo-loopback"
         )
-        self._grpc = None
+        self._grpc: GrpcServer | None = None
         self._previous = (service.rest_base, service.grpc_port)
 
     def start(self) -> LoopbackServer:

@@ -10,7 +10,6 @@ import sys
 import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
-
 from usermodel import SignatureModel, rows_from_instances
 
 name, path, port = sys.argv[1], sys.argv[2], int(sys.argv[3])

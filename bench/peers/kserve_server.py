@@ -9,7 +9,6 @@ import sys
 from typing import Dict
 
 import kserve
-
 from usermodel import SignatureModel, rows_from_instances
 
 

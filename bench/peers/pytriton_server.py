@@ -14,7 +14,6 @@ import numpy as np
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
-
 from usermodel import SignatureModel, decode_jpegs
 
 name, path = sys.argv[1], sys.argv[2]

@@ -27,6 +27,16 @@ from tfservo.runtime.signatures import Runner
 if TYPE_CHECKING:
     from tfservo.tfserving.servables import ServableVersion
 
+__all__ = [
+    "Batcher",
+    "BatchHook",
+    "BatchingRunnerFactory",
+    "BatchScheduler",
+    "Callback",
+    "make_runner_factory",
+    "ModelBatchHook",
+]
+
 log = logging.getLogger("tfservo.batching")
 
 # (rows, padded rows, seconds) of each batch one Batcher ran.
@@ -229,7 +239,9 @@ class Batcher:
             results.append(task.outputs)
         if len(results) == 1:
             return results[0]  # type: ignore[return-value]
-        return {k: np.concatenate([r[k] for r in results], axis=0) for k in results[0]}  # type: ignore[index]
+        first = results[0]
+        assert first is not None
+        return {k: np.concatenate([r[k] for r in results], axis=0) for k in first}  # type: ignore[index]
 
     run = __call__
 

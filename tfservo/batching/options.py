@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["ENABLE_VAR", "BatchingOptions"]
+
 
 def _cores() -> int:
     return os.cpu_count() or 1

@@ -29,6 +29,8 @@ from apache_beam.transforms import core
 
 from tfservo.beam.failures import ElementErrors, ElementFailure
 
+__all__ = ["RUN_INFERENCE_DEAD_LETTER_TAG", "dead_letter_tag", "with_dead_letters"]
+
 # RunInference applies ParDo.with_exception_handling() without naming tags, so its dead letters
 # go under ParDo's default tag; read from the wrapper itself where it is on this thread's stack.
 RUN_INFERENCE_DEAD_LETTER_TAG = "bad"

@@ -17,6 +17,8 @@ from tfservo.errors import InvalidArgument
 from tfservo.runtime.signatures import SignatureDef
 from tfservo.tfserving.examples import build_examples
 
+__all__ = ["serialize_examples", "split_outputs", "stack_inputs"]
+
 
 def stack_inputs(batch: Sequence[Any], signature: SignatureDef) -> dict[str, np.ndarray]:
     """The batch as the signature's input arrays, element i at index i of axis 0."""

@@ -28,6 +28,8 @@ from tfservo.errors import (
     Unimplemented,
 )
 
+__all__ = ["describe_element", "ElementErrors", "ElementFailure", "error_from_response", "is_transient"]
+
 _SHOWN = 200  # characters of an element quoted in a message
 _TRANSIENT = (Code.UNAVAILABLE, Code.RESOURCE_EXHAUSTED, Code.DEADLINE_EXCEEDED)
 
@@ -62,7 +64,7 @@ class ElementErrors(ServingError):
 
 
 def _rebuild(cls: type, message: str, code: Code) -> ServingError:
-    error = ServingError.__new__(cls)
+    error: Any = ServingError.__new__(cls)
     ServingError.__init__(error, message, code)
     error.failures, error.batch_size = [], 0
     return error

@@ -32,6 +32,8 @@ from tfservo.beam.metrics import HandlerMetrics
 from tfservo.beam.target import INVOKE, Target, check_options
 from tfservo.errors import InvalidArgument
 
+__all__ = ["BundleModelHandler", "ServingModelHandler"]
+
 
 class ServingModelHandler(ModelHandler[Any, Any, Any]):
     """Batches elements for one signature (or /invocations), runs them, splits results per element.
@@ -173,7 +175,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         for i, element in enumerate(batch):
             try:
                 bodies.append((i, _request_body(element)))
-            except Exception as exc:  # noqa: BLE001 - reported per element
+            except Exception as exc:
                 outputs[i] = ElementFailure(i, element, exc)
         answers = model.invoke_many([body for _, body in bodies]) if bodies else []
         for (i, _), answer in zip(bodies, answers):
@@ -287,5 +289,5 @@ def _num_bytes(element: Any) -> int:
         return sum(_num_bytes(v) for v in element.values())
     try:
         return len(pickle.dumps(element))
-    except Exception:  # noqa: BLE001 - a size estimate only
+    except Exception:
         return 0

@@ -27,6 +27,8 @@ from tfservo.runtime.signatures import DEFAULT_SIGNATURE
 from tfservo.sagemaker.custom_attributes import parse_custom_attributes
 from tfservo.sagemaker.service import ModelService, build_service
 
+__all__ = ["LoadedBundle", "Selection"]
+
 log = logging.getLogger("tfservo.beam")
 
 
@@ -77,19 +79,19 @@ class LoadedBundle(LoadedTarget):
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the signature on a batch of inputs."""
         t = self._target
-        assert t.signature is not None
+        assert t.signature is not None and t.model_name is not None
         return self.service.api.predict(t.model_name, t.version, None, t.signature.name, inputs).outputs
 
     def classify(self, examples: Sequence[bytes]) -> list[list[tuple[str, float]]]:
         """Classify serialized tf.train.Examples: per example its (label, score) pairs."""
         t = self._target
-        assert t.signature is not None
+        assert t.signature is not None and t.model_name is not None
         return self.service.api.classify(t.model_name, t.version, None, t.signature.name, examples).results
 
     def regress(self, examples: Sequence[bytes]) -> list[float]:
         """Regress serialized tf.train.Examples: one value per example."""
         t = self._target
-        assert t.signature is not None
+        assert t.signature is not None and t.model_name is not None
         return self.service.api.regress(t.model_name, t.version, None, t.signature.name, examples).results
 
     def invoke(self, body: bytes) -> bytes:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from apache_beam.metrics.metric import Metrics
 
+__all__ = ["NAMESPACE", "count_retry", "HandlerMetrics"]
+
 NAMESPACE = "tfservo"
 
 

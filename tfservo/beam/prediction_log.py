@@ -18,6 +18,8 @@ import numpy as np
 from tfservo.beam.target import Target
 from tfservo.tfserving.tensor_proto import write_tensor_proto
 
+__all__ = ["classify_logs", "predict_logs", "regress_logs"]
+
 
 def _template(kind: str, target: Target) -> bytes:
     """A serialized PredictionLog with only the model_spec of request and response filled in.

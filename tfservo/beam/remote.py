@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -32,7 +31,8 @@ from tfservo.beam.local import Selection
 from tfservo.beam.metrics import count_retry
 from tfservo.beam.target import INVOKE, LoadedTarget, Target, check_method, choose_method, merged_attributes
 from tfservo.errors import Code, InvalidArgument, ServingError, Unavailable
-from tfservo.runtime.signatures import DEFAULT_SIGNATURE, SignatureDef, TensorSpec
+from tfservo.retry import Backoff
+from tfservo.runtime.signatures import DEFAULT_SIGNATURE, SignatureDef, signature_from_proto
 from tfservo.sagemaker.custom_attributes import HEADER as CUSTOM_ATTRIBUTES_HEADER
 from tfservo.sagemaker.custom_attributes import parse_custom_attributes
 from tfservo.tfserving import json_codec
@@ -45,44 +45,40 @@ _GRPC_MAX_MESSAGE = 512 * 2**20
 
 
 class RetryPolicy:
-    """Exponential back-off with jitter: attempt n waits min(max, initial·2ⁿ)·U(0.5, 1) seconds."""
+    """Back-off for an overloaded or restarting endpoint: RESOURCE_EXHAUSTED / UNAVAILABLE answers
+    are retried (tfservo.retry.Backoff), honouring the endpoint's Retry-After."""
 
     def __init__(
         self, max_retries: int = 5, initial_backoff_secs: float = 0.5, max_backoff_secs: float = 30.0
     ) -> None:
-        if max_retries < 0 or initial_backoff_secs < 0 or max_backoff_secs < initial_backoff_secs:
-            raise ValueError(
-                "need max_retries >= 0 and 0 <= initial_backoff_secs <= max_backoff_secs, got "
-                f"{max_retries}, {initial_backoff_secs}, {max_backoff_secs}"
-            )
-        self.max_retries = max_retries
-        self.initial = initial_backoff_secs
-        self.max = max_backoff_secs
+        try:
+            self.backoff = Backoff(max_retries, initial_backoff_secs, max_backoff_secs)
+        except ValueError as exc:
+            raise ValueError(f"RetryPolicy(max_retries, initial_backoff_secs, max_backoff_secs): {exc}") from None
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
         """fn(), retried while it raises RESOURCE_EXHAUSTED / UNAVAILABLE."""
         started = time.monotonic()
-        for attempt in range(self.max_retries + 1):
-            try:
-                return fn()
-            except ServingError as exc:
-                if exc.code not in _RETRIED:
-                    raise
-                if attempt == self.max_retries:
-                    raise type(exc)(
-                        f"{exc.message} (gave up after {attempt + 1} attempts in "
-                        f"{time.monotonic() - started:.1f} s: the endpoint is overloaded or down; "
-                        "scale it, lower the pipeline's parallelism or raise max_retries)",
-                        exc.code,
-                    ) from None
-                wait = min(self.max, self.initial * 2**attempt) * random.uniform(0.5, 1.0)
-                retry_after = getattr(exc, "retry_after", None)
-                if retry_after is not None:
-                    wait = min(self.max, max(wait, retry_after))
-                log.warning("%s: %s; retrying in %.2f s", what, exc.message, wait)
-                count_retry()
-                time.sleep(wait)
-        raise AssertionError("unreachable")
+
+        def note(exc: BaseException, retry: int, wait: float) -> None:
+            log.warning("%s: %s; retrying in %.2f s", what, getattr(exc, "message", exc), wait)
+            count_retry()
+
+        try:
+            return self.backoff.call(fn, retriable=_overloaded, on_retry=note)
+        except ServingError as exc:
+            if exc.code not in _RETRIED:
+                raise
+            raise type(exc)(
+                f"{exc.message} (gave up after {self.backoff.retries + 1} attempts in "
+                f"{time.monotonic() - started:.1f} s: the endpoint is overloaded or down; "
+                "scale it, lower the pipeline's parallelism or raise max_retries)",
+                exc.code,
+            ) from None
+
+
+def _overloaded(exc: BaseException) -> bool:
+    return isinstance(exc, ServingError) and exc.code in _RETRIED
 
 
 class RemoteBundleModelHandler(ServingModelHandler):
@@ -242,11 +238,12 @@ class RestEndpoint(_Endpoint):
 
         signatures = {}
         for key, value in defs.items():
-            signatures[key] = _signature(key, json_format.ParseDict(value, meta_graph_pb2.SignatureDef()))
+            signatures[key] = signature_from_proto(key, json_format.ParseDict(value, meta_graph_pb2.SignatureDef()))
         return seen, signatures
 
     def _post(self, verb: str, body: bytes) -> Any:
         t = self._target
+        assert t.model_name is not None
         path = f"{self._model_path(t.model_name, self.selection.version)}:{verb}"
         return json_codec.parse_json(
             self.retry.call(f"{verb} {t.model_id}", lambda: self._send("POST", path, body, _JSON))
@@ -307,7 +304,7 @@ class RestEndpoint(_Endpoint):
         for body in bodies:
             try:
                 out.append(self.invoke(body))
-            except Exception as exc:  # noqa: BLE001 - reported per element by the handler
+            except Exception as exc:
                 if is_transient(exc):
                     raise
                 out.append(exc)
@@ -358,7 +355,7 @@ class GrpcEndpoint(_Endpoint):
         sig_map = get_model_metadata_pb2.SignatureDefMap()
         response.metadata["signature_def"].Unpack(sig_map)
         return response.model_spec.version.value, {
-            k: _signature(k, v) for k, v in sig_map.signature_def.items()
+            k: signature_from_proto(k, v) for k, v in sig_map.signature_def.items()
         }
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -402,24 +399,6 @@ class GrpcEndpoint(_Endpoint):
 _JSON = {"Content-Type": "application/json"}
 
 
-def _signature(name: str, proto: Any) -> SignatureDef:
-    """A SignatureDef proto (from metadata) as our dataclass."""
-    from tensorflow.core.framework import types_pb2
-
-    def spec(key: str, info: Any) -> TensorSpec:
-        shape = None
-        if info.HasField("tensor_shape") and not info.tensor_shape.unknown_rank:
-            shape = tuple(int(d.size) for d in info.tensor_shape.dim)
-        return TensorSpec(key, info.name, types_pb2.DataType.Name(info.dtype), shape)
-
-    return SignatureDef(
-        name=name,
-        method_name=proto.method_name,
-        inputs={k: spec(k, v) for k, v in sorted(proto.inputs.items())},
-        outputs={k: spec(k, v) for k, v in sorted(proto.outputs.items())},
-    )
-
-
 def _predict_body(signature_name: str, inputs: Mapping[str, np.ndarray]) -> bytes:
     """A columnar TF Serving :predict request; bytes as {"b64": ...}; NaN/±Infinity kept."""
     values: dict[str, Any] = {}
@@ -452,7 +431,7 @@ def _example_json(serialized: bytes) -> dict[str, Any]:
     example = example_pb2.Example()
     try:
         example.ParseFromString(serialized)
-    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError
+    except Exception as exc:
         raise InvalidArgument(f"element is not a serialized tf.train.Example ({exc})") from None
     out: dict[str, Any] = {}
     for name, feature in example.features.feature.items():

@@ -15,9 +15,20 @@ from dataclasses import dataclass, field
 from tfservo.errors import InvalidArgument, ServingError
 from tfservo.runtime.signatures import CLASSIFY_METHOD, REGRESS_METHOD, SignatureDef
 from tfservo.sagemaker.custom_attributes import CustomAttributes
+from tfservo.tfserving.dataplane import METHODS
 from tfservo.tfserving.results import check_classify_signature, check_regress_signature
 
-METHODS = ("predict", "classify", "regress")
+__all__ = [
+    "INVOKE",
+    "OUTPUTS",
+    "check_method",
+    "check_options",
+    "choose_method",
+    "LoadedTarget",
+    "merged_attributes",
+    "Target",
+]
+
 INVOKE = "invoke"  # raw request bytes through the bundle's content conversion / inference.py
 OUTPUTS = ("prediction_result", "prediction_log")
 

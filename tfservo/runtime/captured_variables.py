@@ -23,6 +23,8 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_object_graph_pb2, tra
 
 from tfservo.errors import first_line
 
+__all__ = ["restore_captured_variables", "UnrestorableVariables"]
+
 _CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
 _PASS_THROUGH_OPS = {"Identity", "IdentityN"}
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -52,7 +54,7 @@ def restore_captured_variables(
         reader = tf.train.load_checkpoint(prefix)
         checkpoint_graph = trackable_object_graph_pb2.TrackableObjectGraph()
         checkpoint_graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
-    except Exception as exc:  # noqa: BLE001 - no checkpoint, or not an object-based one
+    except Exception as exc:
         raise UnrestorableVariables(
             f"variables {_names(missing)} are not restored by the saver_def and the checkpoint at "
             f"{prefix} cannot be read by object ({first_line(exc)})"

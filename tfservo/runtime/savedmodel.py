@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorflow as tf  # noqa: E402
-from tensorflow.core.framework import types_pb2  # noqa: E402
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2  # noqa: E402
+import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2
 
 from tfservo.errors import (
     Code,
@@ -37,8 +37,10 @@ from tfservo.errors import (
     first_line as _first_line,
 )
 from tfservo.runtime import QUIET_TENSORFLOW  # sets TF_CPP_MIN_LOG_LEVEL before TF loads
-from tfservo.runtime.captured_variables import UnrestorableVariables, restore_captured_variables  # noqa: E402
-from tfservo.runtime.signatures import SignatureDef, TensorSpec
+from tfservo.runtime.captured_variables import UnrestorableVariables, restore_captured_variables
+from tfservo.runtime.signatures import SignatureDef, TensorSpec, signature_from_proto, tensor_info_name
+
+__all__ = ["INIT_OP_SIGNATURE", "Feeds", "load_saved_model", "LoadedModel"]
 
 if QUIET_TENSORFLOW:
     from absl import logging as _absl_logging
@@ -94,7 +96,7 @@ def load_saved_model(
     try:
         with graph.as_default():
             meta_graph_def = tf.compat.v1.saved_model.loader.load(session, list(tags), path)
-    except Exception as graph_exc:  # noqa: BLE001 - any loader failure becomes ModelLoadError
+    except Exception as graph_exc:
         session.close()
         meta_graph_def = _read_meta_graph(path, tags)
         if not meta_graph_def.object_graph_def.nodes:
@@ -124,9 +126,9 @@ def _session_problem(
         proto = meta_graph_def.signature_def[name]
         for info in [*proto.inputs.values(), *proto.outputs.values()]:
             try:
-                session.graph.get_tensor_by_name(_tensor_info_name(info))
+                session.graph.get_tensor_by_name(tensor_info_name(info))
             except (KeyError, ValueError):
-                return f"signature '{name}' names tensor '{_tensor_info_name(info)}', which its graph lacks"
+                return f"signature '{name}' names tensor '{tensor_info_name(info)}', which its graph lacks"
     try:
         restored = restore_captured_variables(session, meta_graph_def, path, names)
     except (UnrestorableVariables, tf.errors.OpError) as exc:
@@ -145,7 +147,7 @@ def _fall_back_to_functions(path: str, tags: Sequence[str], strict_shapes: bool,
     """Load a TF2 model that cannot run in a Session with tf.saved_model.load; `reason` says why."""
     try:
         model = _load_with_functions(path, tags=tags, strict_shapes=strict_shapes)
-    except Exception as fn_exc:  # noqa: BLE001
+    except Exception as fn_exc:
         raise ModelLoadError(
             f"Failed to load SavedModel at {path}: as a graph: {reason}; "
             f"as TF2 functions: {_first_line(fn_exc)}. "
@@ -177,7 +179,7 @@ class LoadedModel:
     ) -> None:
         self.path = path
         self.signatures = {
-            name: _signature_from_proto(name, proto)
+            name: signature_from_proto(name, proto)
             for name, proto in sorted(meta_graph_def.signature_def.items())
             if name != INIT_OP_SIGNATURE
         }
@@ -248,7 +250,7 @@ class LoadedModel:
         if self._feature_types is None:
             try:
                 self._feature_types = _example_feature_types(self.meta_graph_def.graph_def)
-            except Exception:  # noqa: BLE001 - best effort: an odd graph just means "unknown"
+            except Exception:
                 self._feature_types = {}
         return dict(self._feature_types)
 
@@ -360,7 +362,7 @@ class _SessionBackend(_Backend):
         options.fetch.extend(sig.outputs[k].tensor_name for k in out_keys)
         # `_make_callable_from_options` is the C++ MakeCallable; the public make_callable with
         # a feed list falls back to the slow `Session.run` path.
-        callable_ = self.session._make_callable_from_options(options)  # noqa: SLF001
+        callable_ = self.session._make_callable_from_options(options)
         return lambda values: callable_(*values)
 
     def close(self) -> None:
@@ -430,7 +432,7 @@ def _read_meta_graph(path: str, tags: Sequence[str]) -> meta_graph_pb2.MetaGraph
             from google.protobuf import text_format
 
             text_format.Parse((root / "saved_model.pbtxt").read_text(), saved_model)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ModelLoadError(
             f"Cannot parse the SavedModel file in {path}: {_first_line(exc)}; "
             "the file is truncated or not a SavedModel",
@@ -445,30 +447,6 @@ def _read_meta_graph(path: str, tags: Sequence[str]) -> meta_graph_pb2.MetaGraph
         f"available tag sets: {available}. Load it with one of those tag sets",
         Code.NOT_FOUND,  # TF's "Could not find meta graph def matching supplied tags"
     ) from None
-
-
-def _signature_from_proto(name: str, proto: meta_graph_pb2.SignatureDef) -> SignatureDef:
-    def spec(key: str, info: meta_graph_pb2.TensorInfo) -> TensorSpec:
-        return TensorSpec(key, _tensor_info_name(info), types_pb2.DataType.Name(info.dtype), _shape_of(info))
-
-    return SignatureDef(
-        name=name,
-        method_name=proto.method_name,
-        inputs={k: spec(k, v) for k, v in sorted(proto.inputs.items())},
-        outputs={k: spec(k, v) for k, v in sorted(proto.outputs.items())},
-    )
-
-
-def _tensor_info_name(info: meta_graph_pb2.TensorInfo) -> str:
-    # Sparse/composite tensor infos have no plain name; TF Serving can't feed those either.
-    return info.name or info.coo_sparse.values_tensor_name
-
-
-def _shape_of(info: meta_graph_pb2.TensorInfo) -> tuple[int, ...] | None:
-    # An absent tensor_shape means "not recorded" (half_plus_three's x), not a scalar.
-    if not info.HasField("tensor_shape") or info.tensor_shape.unknown_rank:
-        return None
-    return tuple(int(d.size) for d in info.tensor_shape.dim)
 
 
 def _shape_fits(expected: tuple[int, ...] | None, got: tuple[int, ...]) -> bool:
@@ -580,7 +558,7 @@ def _example_feature_types(graph_def: Any) -> dict[str, str]:
     for nodes in [graph_def.node, *(f.node_def for f in graph_def.library.function)]:
         by_name = {n.name: n for n in nodes}
 
-        def keys(ref: str) -> list[str]:
+        def keys(ref: str, by_name: dict[str, Any] = by_name) -> list[str]:
             node = by_name.get(ref.lstrip("^").split(":")[0])
             while node is not None and node.op == "Identity" and node.input:
                 node = by_name.get(node.input[0].lstrip("^").split(":")[0])

@@ -21,16 +21,35 @@ import numpy as np
 import orjson
 
 from tfservo.errors import Code, InvalidArgument, ServingError
+from tfservo.media_types import CSV, JSON, JSONLINES, JSONS
 from tfservo.tfserving import json_codec
 from tfservo.tfserving.dataplane import Answer
 from tfservo.tfserving.json_arrays import NumericTensor, numeric_values
 from tfservo.tfserving.rows import answer_rows
 
-JSON = "application/json"
-JSONLINES = "application/jsonlines"
-JSONS = "application/jsons"
-CSV = "text/csv"
-JSON_TYPES = (JSON, JSONLINES, JSONS)
+__all__ = [
+    "CONVERTIBLE_TYPES",
+    "RECORD_TYPES",
+    "REQUEST_TYPES",
+    "TFS_REQUEST_KEYS",
+    "TFS_RESPONSE_KEYS",
+    "csv_instances",
+    "csv_records",
+    "encode_answer",
+    "from_tfs_response",
+    "MediaType",
+    "merge_instances",
+    "negotiate",
+    "NotAcceptable",
+    "numeric_csv",
+    "parse_accept",
+    "parse_content_type",
+    "parse_media_types",
+    "response_records",
+    "to_tfs_request",
+    "UnsupportedMediaType",
+]
+
 REQUEST_TYPES = (JSON, JSONLINES, JSONS, CSV)
 RECORD_TYPES = (JSONLINES, JSONS, CSV)  # one instance per record: bodies can be joined and split
 CONVERTIBLE_TYPES = (JSON, JSONLINES, JSONS, CSV)
@@ -384,7 +403,7 @@ def _quoted_record(text: str, pos: int, line: int) -> tuple[list[tuple[str, bool
             value = quoted.group(1)
             line += value.count("\n")
             fields.append((value.replace('""', '"'), True))
-            pos = _BLANKS.match(text, quoted.end()).end()
+            pos = _match(_BLANKS, text, quoted.end()).end()
             if pos < len(text) and text[pos] not in ",\n":
                 raise InvalidArgument(
                     f"Line {line} of the text/csv request body has {text[pos]!r} after the "
@@ -392,7 +411,7 @@ def _quoted_record(text: str, pos: int, line: int) -> tuple[list[tuple[str, bool
                     'write a quote inside a quoted field as ""'
                 )
         else:
-            unquoted = _UNQUOTED.match(text, pos)
+            unquoted = _match(_UNQUOTED, text, pos)
             fields.append((unquoted.group(), False))
             pos = unquoted.end()
         if pos >= len(text):
@@ -401,6 +420,13 @@ def _quoted_record(text: str, pos: int, line: int) -> tuple[list[tuple[str, bool
         pos += 1
         if separator == "\n":
             return fields, pos, line + 1
+
+
+def _match(pattern: re.Pattern[str], text: str, pos: int) -> re.Match[str]:
+    """A match of a pattern that matches everywhere (it may match nothing)."""
+    found = pattern.match(text, pos)
+    assert found is not None
+    return found
 
 
 # -- responses --------------------------------------------------------------------------------

@@ -13,9 +13,11 @@ import re
 from dataclasses import dataclass, field
 
 from tfservo.errors import InvalidArgument
+from tfservo.tfserving.dataplane import METHODS
+
+__all__ = ["HEADER", "CustomAttributes", "parse_custom_attributes"]
 
 HEADER = "X-Amzn-SageMaker-Custom-Attributes"
-METHODS = ("predict", "classify", "regress")
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ITEM_SEPARATOR = re.compile(r"[,;]")
 

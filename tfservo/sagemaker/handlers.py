@@ -32,10 +32,22 @@ import urllib3
 from requests.structures import CaseInsensitiveDict
 
 from tfservo.errors import BundleError, HandlerError
+from tfservo.media_types import JSON
+
+__all__ = [
+    "DEFAULT_CONTENT_TYPE",
+    "Context",
+    "Handlers",
+    "install_requirements",
+    "load_handlers",
+    "make_requests_response",
+    "TfsCall",
+    "unload_handlers",
+]
 
 log = logging.getLogger("tfservo.handlers")
 
-DEFAULT_CONTENT_TYPE = "application/json"
+DEFAULT_CONTENT_TYPE = JSON
 _MARKER = ".tfservo-requirements"
 
 
@@ -459,7 +471,7 @@ def make_requests_response(
     """
     request = requests.PreparedRequest()
     request.method, request.url = "POST", url
-    request.headers = CaseInsensitiveDict({"Content-Type": "application/json"})
+    request.headers = CaseInsensitiveDict({"Content-Type": JSON})
     try:
         reason = http.HTTPStatus(status).phrase
     except ValueError:
@@ -474,7 +486,7 @@ def make_requests_response(
     )
     response = _ADAPTER.build_response(request, raw)
     response.elapsed = datetime.timedelta(0)
-    response.content  # read now: the answer is complete, and reads again come from memory
+    _ = response.content  # read now: the answer is complete, and reads again come from memory
     return response
 
 

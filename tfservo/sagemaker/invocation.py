@@ -16,13 +16,17 @@ from urllib.parse import urlsplit
 import orjson
 
 from tfservo.errors import InvalidArgument, ServingError
+from tfservo.media_types import JSON
 from tfservo.sagemaker import content_types
 from tfservo.sagemaker.custom_attributes import CustomAttributes, parse_custom_attributes
 from tfservo.sagemaker.handlers import Context, Handlers, make_requests_response
 from tfservo.tfserving.api import TFServingAPI
 from tfservo.tfserving.dataplane import Answer, answer_rows_slice
 from tfservo.tfserving.json_arrays import NumericTensor
+from tfservo.tfserving.request_labels import note_method, note_model
 from tfservo.tfserving.status import http_status
+
+__all__ = ["error_result", "InvocationResult", "Invoker"]
 
 log = logging.getLogger("tfservo.invocations")
 
@@ -66,7 +70,7 @@ class InvocationResult:
 def error_result(exc: ServingError) -> InvocationResult:
     """A ServingError as the protocol's error shape: {"error": "..."} with the mapped status."""
     status = getattr(exc, "http_status", None) or http_status(exc.code)
-    return InvocationResult(status, orjson.dumps({"error": exc.message}), "application/json")
+    return InvocationResult(status, orjson.dumps({"error": exc.message}), JSON)
 
 
 class Invoker:
@@ -200,8 +204,11 @@ class Invoker:
             )
         version = int(attrs.model_version) if attrs.model_version else None
         method = attrs.method or "predict"
+        note_method(method)
         handlers = self.handlers_for(name)
         if handlers is not None:
+            if self.api.manager.has_model(name):  # the handler reaches it over HTTP, if at all
+                note_model(name)
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
         tfs_request = content_types.to_tfs_request(body, content_type or "")
         answer_type = content_types.negotiate(content_types.parse_accept(accept), content_types.CONVERTIBLE_TYPES)
@@ -228,23 +235,24 @@ class Invoker:
             grpc_uri=self.grpc_uri(),
             channel=self.grpc_channel(),
             custom_attributes=attrs.raw,
-            request_content_type=content_type or "application/json",
-            accept_header=accept or "application/json",
+            request_content_type=content_type or JSON,
+            accept_header=accept or JSON,
             content_length=len(body),
         )
         out, out_type = handlers.call(io.BytesIO(body), context, self._tfs_call)
-        return InvocationResult(200, out, out_type or "application/json")
+        return InvocationResult(200, out, out_type or JSON)
 
     def _tfs_call(self, request_body: bytes | str | dict[str, Any], context: Context):
         """In-process TF Serving REST call for input_handler/output_handler flows (a dict: arrays)."""
         version = int(context.model_version) if context.model_version else None
         data = request_body.encode() if isinstance(request_body, str) else request_body
         try:
+            assert context.method is not None and context.model_name is not None  # Invoker set both
             status, body = 200, self.api.rest(context.method, context.model_name, version, None, data)
         except ServingError as exc:
             res = error_result(exc)
             status, body = res.status, res.body
-        return make_requests_response(status, body, "application/json", context.rest_uri)
+        return make_requests_response(status, body, JSON, context.rest_uri)
 
     def rest_uri(self, name: str, version: int | None, method: str) -> str:
         """The live TF Serving REST URL a handler can POST to."""

@@ -33,6 +33,8 @@ from tfservo.errors import (
 from tfservo.sagemaker.service import ModelService
 from tfservo.tfserving.servables import State
 
+__all__ = ["available_memory_bytes", "InsufficientMemory", "MultiModelEndpoint", "parse_load_request"]
+
 log = logging.getLogger("tfservo.multi_model")
 
 
@@ -92,8 +94,8 @@ class MultiModelEndpoint:
             versions = _numeric_versions(path)
             if not versions:
                 raise NotFound(f"Could not find valid base path {url} for servable {name}")
-            code_dir = os.path.join(path, CODE_DIR_NAME)
-            code_dir = code_dir if os.path.isdir(code_dir) else None
+            code_path = os.path.join(path, CODE_DIR_NAME)
+            code_dir = code_path if os.path.isdir(code_path) else None
             self._check_links(name, url, [*versions.values(), *([code_dir] if code_dir else [])])
             self._check_memory(name, versions)
             self._load(name, url, ModelSource(name, path, versions, code_dir))

@@ -8,6 +8,7 @@ become {"error": ...} with TF Serving's status codes, never an HTML page.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,6 +28,8 @@ from tfservo.tfserving.api import METHODS
 
 if TYPE_CHECKING:
     from tfservo.sagemaker.multi_model import MultiModelEndpoint
+
+__all__ = ["build_app", "ServingApp"]
 
 log = logging.getLogger("tfservo.http")
 
@@ -48,7 +51,7 @@ class ServingApp:
             if handler is not None:
                 try:
                     await handler(scope, receive, send)
-                except Exception as exc:  # noqa: BLE001 - answered as Starlette's handler would
+                except Exception as exc:
                     log.exception("unhandled error on POST %s", scope["path"])
                     await internal_error(exc)(scope, receive, send)
                 return
@@ -76,7 +79,7 @@ def build_app(
     *,
     max_request_bytes: int = 100 * 2**20,
     multi_model: MultiModelEndpoint | None = None,
-    execution_parameters: dict[str, object] | None = None,
+    execution_parameters: Mapping[str, object] | None = None,
 ) -> ServingApp:
     """The ASGI app serving `service`.
 
@@ -162,7 +165,7 @@ def build_app(
         routes += multi_model_routes(multi_model, invoke=endpoint)
     starlette = Starlette(
         routes=routes,
-        exception_handlers={HTTPException: not_found, Exception: server_error},
+        exception_handlers={HTTPException: not_found, Exception: server_error},  # type: ignore[dict-item]
     )
     return ServingApp(hot, starlette, endpoint)
 

@@ -17,6 +17,8 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+__all__ = ["INLINE_BODY_BYTES", "INLINE_SECONDS", "CallPlacement"]
+
 T = TypeVar("T")
 
 # A request runs inline when its kind's estimated cost is under this, and its body under the size.

@@ -10,6 +10,8 @@ from tfservo.server.metrics import Metrics
 from tfservo.tfserving.grpc_service import GrpcServer
 from tfservo.tfserving.request_labels import plain_scope
 
+__all__ = ["start_grpc"]
+
 log = logging.getLogger("tfservo.server")
 
 

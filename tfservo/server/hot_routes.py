@@ -16,14 +16,28 @@ from collections.abc import Awaitable, Callable
 from starlette.types import Receive, Scope, Send
 
 from tfservo.errors import InvalidArgument, NotFound, ServingError
+from tfservo.media_types import JSON
 from tfservo.sagemaker.invocation import InvocationResult, error_result
 from tfservo.sagemaker.service import ModelService
 from tfservo.server.call_placement import INLINE_BODY_BYTES, CallPlacement
 from tfservo.tfserving.api import METHODS
 
+__all__ = [
+    "CUSTOM_ATTRIBUTES",
+    "ROUTE_KEY",
+    "TFS_PATH",
+    "ClientDisconnected",
+    "HotRoutes",
+    "parse_version",
+    "PayloadTooLarge",
+    "read_body",
+    "request_header",
+    "send_response",
+    "send_result",
+]
+
 log = logging.getLogger("tfservo.http")
 
-JSON = "application/json"
 ROUTE_KEY = "tfservo.route"  # scope key: the route template a hot route answered (for metrics)
 CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 

@@ -26,13 +26,22 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfservo.errors import FailedPrecondition
-from tfservo.server.hot_routes import CUSTOM_ATTRIBUTES, ROUTE_KEY, TFS_PATH, request_header
+from tfservo.server.hot_routes import ROUTE_KEY, TFS_PATH
 from tfservo.tfserving.api import METHODS
 from tfservo.tfserving.request_labels import RequestLabels, tracking
 from tfservo.tfserving.servables import ServableVersion, State
 
 if TYPE_CHECKING:
     from tfservo.sagemaker.service import ModelService
+
+__all__ = [
+    "BATCH_BUCKETS",
+    "LATENCY_BUCKETS",
+    "METRICS_PATH",
+    "MULTIPROC_ENV",
+    "mark_worker_dead",
+    "Metrics",
+]
 
 access_log = logging.getLogger("tfservo.access")
 
@@ -267,17 +276,10 @@ class _HttpMetrics:
         return partial
 
     def _invocation_labels(self, scope: Scope, labels: RequestLabels) -> None:
-        """tfs-method (default predict) and, for handlers that call back over HTTP, the model."""
-        from tfservo.sagemaker.custom_attributes import parse_custom_attributes
-
-        header = request_header(scope, CUSTOM_ATTRIBUTES)
-        try:
-            attrs = parse_custom_attributes(header)
-        except Exception:  # noqa: BLE001 - the request already got its 400; label what is known
-            attrs = None
-        labels.method = (attrs.method if attrs else None) or "predict"
+        """The invoker noted method and model; a request that failed before it gets the defaults."""
+        labels.method = labels.method or "predict"
         if not labels.model and self.service is not None:
-            name = (scope.get("path_params") or {}).get("name") or (attrs.model_name if attrs else None)
+            name = (scope.get("path_params") or {}).get("name")
             self._known_model(labels, name or self.service.default_model())
 
     def _known_model(self, labels: RequestLabels, name: str | None) -> None:

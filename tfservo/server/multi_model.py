@@ -18,6 +18,8 @@ from tfservo.sagemaker.multi_model import MultiModelEndpoint, parse_load_request
 from tfservo.server.hot_routes import read_body
 from tfservo.server.responses import error_response, json_response
 
+__all__ = ["multi_model_routes"]
+
 _LOAD_BODY_LIMIT = 1 << 20  # a load request is a small JSON document
 
 

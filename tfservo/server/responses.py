@@ -6,11 +6,10 @@ import orjson
 from starlette.responses import Response
 
 from tfservo.errors import ServingError
+from tfservo.media_types import JSON
 from tfservo.sagemaker.invocation import error_result
 
-__all__ = ["JSON", "error_response", "internal_error", "json_response"]
-
-JSON = "application/json"
+__all__ = ["error_response", "internal_error", "json_response"]
 
 
 def json_response(doc: object, status: int = 200) -> Response:

@@ -20,6 +20,8 @@ from tfservo.server.workers import Supervisor, WorkerLink
 if TYPE_CHECKING:
     from tfservo.sagemaker.service import ModelService
 
+__all__ = ["bind_socket", "serve", "serve_process", "start_worker", "uvicorn_config"]
+
 # The service, app and gRPC modules import TensorFlow (TF Serving's protos do); they are
 # imported where a process serves, so that the supervisor of --workers N never loads it.
 

@@ -23,6 +23,8 @@ from typing import Any
 import orjson
 import uvicorn
 
+__all__ = ["Drain", "GracefulServer"]
+
 log = logging.getLogger("tfservo.server")
 
 # Paths that keep answering while draining: what handlers call back, and the scrape endpoint.

@@ -29,6 +29,8 @@ from tfservo.config import Settings
 from tfservo.errors import ServingError
 from tfservo.server.metrics import MULTIPROC_ENV, mark_worker_dead
 
+__all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
+
 log = logging.getLogger("tfservo.server")
 
 _SPAWN = multiprocessing.get_context("spawn")  # no fork after TensorFlow has started threads
@@ -182,7 +184,7 @@ class Supervisor:
     def _exited(self, worker: _Worker) -> None:
         self.workers.remove(worker)
         worker.conn.close()
-        pid, how = worker.process.pid, _describe(worker.process.exitcode)
+        pid, how = worker.process.pid or 0, _describe(worker.process.exitcode)
         mark_worker_dead(pid)  # drop its live gauges from every worker's /metrics
         if not worker.ready:
             if not self.stopping:
@@ -210,6 +212,8 @@ class Supervisor:
 
     def _signal_all(self, sig: int) -> None:
         for worker in self.workers:
+            if worker.process.pid is None:
+                continue
             try:
                 os.kill(worker.process.pid, sig)
             except ProcessLookupError:

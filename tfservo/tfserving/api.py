@@ -52,7 +52,8 @@ class TFServingAPI:
         """Run a decoded call on `sv` (held by the caller's handle, or loading: warmup)."""
         if isinstance(call, PredictCall):
             name = call.signature_name or DEFAULT_SIGNATURE
-            sv.signature(name)
+            if call.signature is None:
+                sv.signature(name)  # a clear error naming the model before running anything
             outputs = sv.run(name, call.inputs, call.output_keys)
             return Prediction(sv.model_name, sv.version, name, outputs, call.row_format)
         sig, outputs = self._run_examples(sv, call)
@@ -126,8 +127,7 @@ class TFServingAPI:
             raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
         doc = _request_doc(body)
         if method == "predict":
-            req = json_codec.decode_predict_request(doc, sv.signature)
-            return PredictCall(req.signature_name, req.inputs, req.row_format)
+            return json_codec.decode_predict_request(doc, sv.signature)
         ex = json_codec.decode_classify_regress_request(doc, method)
         examples = build_examples(ex.examples, ex.context, sv.loaded.example_feature_types())
         return ExamplesCall(method, ex.signature_name, examples)
@@ -184,7 +184,7 @@ class TFServingAPI:
             prediction = Prediction(sv.model_name, sv.version, call.signature_name or DEFAULT_SIGNATURE, outputs, call.row_format)
             try:
                 answer = json_codec.encode_answer(prediction)
-            except Exception as exc:  # noqa: BLE001 - handed to the caller like any other error
+            except Exception as exc:
                 done(None, exc)
                 return
             done(answer, None)

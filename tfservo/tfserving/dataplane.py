@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
+
+from tfservo.runtime.signatures import SignatureDef
 
 __all__ = [
     "METHODS",
@@ -37,6 +38,7 @@ class PredictCall:
     inputs: dict[str, np.ndarray]
     row_format: bool = True  # answer in rows ({"predictions": ...}) or columns ({"outputs": ...})
     output_keys: tuple[str, ...] | None = None  # None: every output
+    signature: SignatureDef | None = None  # when the decoder already looked it up
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +81,8 @@ class Regression:
     results: list[float]
 
 
-Call = Union[PredictCall, ExamplesCall]
-Answer = Union[Prediction, Classification, Regression]
+Call = PredictCall | ExamplesCall
+Answer = Prediction | Classification | Regression
 
 
 def answer_rows_slice(answer: Answer, start: int, stop: int, total: int) -> Answer | None:

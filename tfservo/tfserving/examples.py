@@ -13,6 +13,7 @@ from typing import Any
 
 from tfservo.errors import InvalidArgument, ServingError
 from tfservo.tfserving.json_codec import decode_b64, is_b64, json_type, render_value
+from tfservo.tfserving.wire import field, varint
 
 __all__ = ["build_examples"]
 
@@ -57,7 +58,7 @@ def _example(value: Any, where: str, types: Mapping[str, str]) -> bytes:
         entries = b"".join(_entry(name, content, types.get(name)) for name, content in value.items())
     except ServingError as err:
         raise InvalidArgument(f"Failed to process {where}. Error: {err.message}") from None
-    return _field(_EXAMPLE_FEATURES, entries) if entries else b""
+    return field(_EXAMPLE_FEATURES, entries) if entries else b""
 
 
 def _entry(name: str, content: Any, declared: str | None) -> bytes:
@@ -66,7 +67,7 @@ def _entry(name: str, content: Any, declared: str | None) -> bytes:
     except UnicodeEncodeError:
         raise InvalidArgument(f"Feature name {render_value(name)} is not valid Unicode text") from None
     feature = _feature(name, content if isinstance(content, list) else [content], declared)
-    return _field(_FEATURES_ENTRY, _field(_ENTRY_KEY, key) + _field(_ENTRY_VALUE, feature))
+    return field(_FEATURES_ENTRY, field(_ENTRY_KEY, key) + field(_ENTRY_VALUE, feature))
 
 
 def _feature(name: str, values: list[Any], declared: str | None) -> bytes:
@@ -86,12 +87,12 @@ def _feature(name: str, values: list[Any], declared: str | None) -> bytes:
     if kind is None:
         return b""  # an empty list: a Feature with no kind, as TF Serving sends it
     if kind == "bytes":
-        body = b"".join(_field(_LIST_VALUE, item) for item in items)
+        body = b"".join(field(_LIST_VALUE, item) for item in items)
     elif kind == "float":
-        body = _field(_LIST_VALUE, struct.pack(f"<{len(items)}f", *items))
+        body = field(_LIST_VALUE, struct.pack(f"<{len(items)}f", *items))
     else:
-        body = _field(_LIST_VALUE, b"".join(_varint(item & _UINT64_MASK) for item in items))
-    return _field(_KIND_TAG[kind], body)
+        body = field(_LIST_VALUE, b"".join(varint(item & _UINT64_MASK) for item in items))
+    return field(_KIND_TAG[kind], body)
 
 
 def _feature_value(name: str, value: Any, declared: str | None) -> tuple[str, Any]:
@@ -132,16 +133,3 @@ def _feature_value(name: str, value: Any, declared: str | None) -> tuple[str, An
         f"Feature: {name} has element with unexpected JSON type: {json_type(value)}; feature values "
         "are numbers, strings, booleans, {\"b64\": \"...\"} objects, or a flat list of those"
     )
-
-
-def _field(tag: bytes, payload: bytes) -> bytes:
-    return tag + _varint(len(payload)) + payload
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)

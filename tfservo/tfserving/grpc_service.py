@@ -39,6 +39,17 @@ from tfservo.tfserving.servables import ServableVersion
 from tfservo.tfserving.tensor_proto import to_ndarray, write_tensor_proto
 from tfservo.tfserving.warmup import serialized_examples  # Input → tf.Examples, shared with warmup replay
 
+__all__ = [
+    "MODEL_SERVICE",
+    "PREDICTION_SERVICE",
+    "SIGNATURE_DEF_FIELD",
+    "grpc_status",
+    "GrpcServer",
+    "ModelServicer",
+    "PredictionServicer",
+    "ReloadConfig",
+]
+
 log = logging.getLogger("tfservo.grpc")
 
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"

@@ -15,6 +15,7 @@ array's first elements.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,7 +132,7 @@ def _read_value(value: Any, body: bytes, key: str) -> tuple[Any, bytes] | None:
         item = value[name]
         if not hasattr(item, "as_buffer"):
             return None
-        tensor = _tensor(item, lambda name=name: _from_json(body)[key][name])
+        tensor = _tensor(item, functools.partial(_item_json, body, key, name))
         if tensor is None:
             return None
         tensors[name] = tensor
@@ -173,6 +174,10 @@ def _dense(shape: tuple[int, ...]) -> bytes:
 
 def _has_structure(text: str) -> bool:
     return any(c in text for c in "[],{}\"")
+
+
+def _item_json(body: bytes, key: str, name: str) -> Any:
+    return _from_json(body)[key][name]
 
 
 def _from_json(body: bytes) -> Any:

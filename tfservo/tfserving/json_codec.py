@@ -23,7 +23,7 @@ import orjson
 
 from tfservo.errors import InvalidArgument, ServingError, Unimplemented
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE, SignatureDef
-from tfservo.tfserving.dataplane import Answer, Classification, Prediction
+from tfservo.tfserving.dataplane import Answer, Classification, PredictCall, Prediction
 from tfservo.tfserving.json_arrays import NumericTensor, parse_numeric_request
 
 __all__ = [
@@ -60,13 +60,8 @@ _NULL = re.compile(rb"null")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-@dataclass(frozen=True)
-class PredictRequest:
-    """A decoded `:predict` body: which signature, its input arrays, and the format to answer in."""
-
-    signature_name: str
-    inputs: dict[str, np.ndarray]
-    row_format: bool
+# A decoded `:predict` body: which signature, its input arrays, and the format to answer in.
+PredictRequest = PredictCall
 
 
 @dataclass(frozen=True)
@@ -312,9 +307,9 @@ def decode_predict_request(doc: Any, signature_of: Callable[[str], SignatureDef]
             raise _format_error(doc, "Excepting 'instances' to be an list/array")
         if len(instances) == 0:
             raise _format_error(doc, "No values in 'instances' array; send at least one instance")
-        return PredictRequest(signature_name, _decode_instances(instances, signature), True)
+        return PredictCall(signature_name, _decode_instances(instances, signature), True, None, signature)
     if has_inputs:
-        return PredictRequest(signature_name, _decode_inputs(doc["inputs"], signature), False)
+        return PredictCall(signature_name, _decode_inputs(doc["inputs"], signature), False, None, signature)
     raise InvalidArgument(
         "Missing 'inputs' or 'instances' key; send {\"instances\": [...]} (row format) or "
         "{\"inputs\": ...} (columnar format)"
@@ -337,7 +332,7 @@ def _is_named_object(value: Any) -> bool:
     return isinstance(value, dict) and not is_b64(value)
 
 
-def _decode_instances(instances: list[Any], signature: SignatureDef) -> dict[str, np.ndarray]:
+def _decode_instances(instances: list[Any] | np.ndarray | NumericTensor, signature: SignatureDef) -> dict[str, np.ndarray]:
     """Row format: every instance gives one batch row of each input."""
     names = sorted(signature.inputs)
     if isinstance(instances, NumericTensor) or not _is_named_object(instances[0]):
@@ -380,7 +375,7 @@ def _decode_instances(instances: list[Any], signature: SignatureDef) -> dict[str
     }
 
 
-def _rows_to_array(rows: list[Any], tf_dtype: str, name: str, *, keyed: bool) -> np.ndarray:
+def _rows_to_array(rows: list[Any] | np.ndarray | NumericTensor, tf_dtype: str, name: str, *, keyed: bool) -> np.ndarray:
     """Batch the instances' values of one input into one array (first dimension = instance)."""
     dt = _dtype(tf_dtype, name)
     if isinstance(rows, NumericTensor):
@@ -390,6 +385,7 @@ def _rows_to_array(rows: list[Any], tf_dtype: str, name: str, *, keyed: bool) ->
         rows = rows.as_json()  # not plainly convertible: the general path judges it, and says why
     if isinstance(rows, np.ndarray):
         return _from_ndarray(rows, dt, name)
+    assert isinstance(rows, list)
     shape = _dense_shape(rows, name)
     fast = _fast_array(rows, shape, dt)
     if fast is not None:
@@ -493,6 +489,7 @@ def _fast_array(value: Any, shape: list[int], dt: _DType) -> np.ndarray | None:
         types = set(map(type, leaves))
         if not types <= allowed:
             return None
+        arr: np.ndarray
         if dt.family != "float":
             arr = np.array(value, dtype=dt.np_type)
         else:

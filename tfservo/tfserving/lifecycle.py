@@ -22,6 +22,8 @@ from tfservo.errors import InvalidArgument, NotFound
 from tfservo.tfserving.model_config import VersionPolicy
 from tfservo.tfserving.servables import ModelManager, ServedModel, State
 
+__all__ = ["ModelLifecycle", "WatchedModel"]
+
 log = logging.getLogger("tfservo.lifecycle")
 
 

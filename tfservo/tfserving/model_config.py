@@ -16,6 +16,14 @@ from typing import Any
 from tfservo.bundle import is_model_name
 from tfservo.errors import InvalidArgument
 
+__all__ = [
+    "CONFIG_DOCS",
+    "ModelConfig",
+    "parse_model_server_config",
+    "read_model_config_file",
+    "VersionPolicy",
+]
+
 CONFIG_DOCS = "https://www.tensorflow.org/tfx/serving/serving_config#model_server_configuration"
 
 

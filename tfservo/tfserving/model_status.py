@@ -14,6 +14,8 @@ from tfservo.errors import NotFound
 from tfservo.tfserving.request_labels import note_version
 from tfservo.tfserving.servables import ModelManager, ServableVersion
 
+__all__ = ["model_status", "version_statuses"]
+
 
 def model_status(manager: ModelManager, name: str, version: int | None, label: str | None) -> dict[str, Any]:
     """The status document (GetModelStatusResponse as JSON) of the versions a request names."""

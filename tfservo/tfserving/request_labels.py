@@ -13,6 +13,17 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+__all__ = [
+    "current",
+    "note_method",
+    "note_model",
+    "note_version",
+    "plain_scope",
+    "RequestLabels",
+    "RequestScope",
+    "tracking",
+]
+
 
 @dataclass
 class RequestLabels:
@@ -56,6 +67,13 @@ def note_model(name: str) -> None:
     labels = _current.get()
     if labels is not None and labels.model != name:
         labels.model, labels.version = name, ""
+
+
+def note_method(method: str) -> None:
+    """The request asks for `method` (predict, classify, regress)."""
+    labels = _current.get()
+    if labels is not None:
+        labels.method = method
 
 
 def note_version(name: str, version: int) -> None:

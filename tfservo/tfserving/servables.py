@@ -264,7 +264,7 @@ class ModelManager:
             return True
         try:
             self.warmup(sv)
-        except Exception as exc:  # noqa: BLE001 - any warmup failure fails this version only
+        except Exception as exc:
             if isinstance(exc, ServingError):
                 code, message = exc.code, exc.message
             else:
@@ -338,6 +338,10 @@ class ModelManager:
         with self._lock:
             return sorted(self._models)
 
+    def has_model(self, name: str) -> bool:
+        with self._lock:
+            return name in self._models
+
     def models(self) -> Iterable[ServedModel]:
         with self._lock:
             return [self._models[n] for n in sorted(self._models)]
@@ -373,11 +377,11 @@ class ModelManager:
                     note_version(name, sv.version)
                     return sv
             raise NotFound(_no_version_message(served))
-        sv = served.versions.get(version)
-        if sv is None or sv.state is not State.AVAILABLE or (take and not sv._take()):
+        found = served.versions.get(version)
+        if found is None or found.state is not State.AVAILABLE or (take and not found._take()):
             raise NotFound(f"Servable not found for request: Specific({name}, {version})")
-        note_version(name, sv.version)
-        return sv
+        note_version(name, found.version)
+        return found
 
 
 def _no_version_message(served: ServedModel) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from tfservo.errors import Code
 
+__all__ = ["http_status"]
+
 # From tensorflow_serving/model_servers/http_server.cc (ToHTTPStatusCode).
 _HTTP_STATUS: dict[Code, int] = {
     Code.OK: 200,

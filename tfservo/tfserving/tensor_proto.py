@@ -11,26 +11,39 @@ DT_STRING tensors are numpy `object` arrays of `bytes`. Malformed tensors → In
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from tfservo.errors import Internal, InvalidArgument
+from tfservo.tfserving.wire import WIRE_LEN, key, read_varint
+from tfservo.tfserving.wire import field as field_bytes
+
+__all__ = [
+    "MAX_FILL_BYTES",
+    "dtype_name",
+    "TensorProto",
+    "to_ndarray",
+    "to_tensor_proto",
+    "write_tensor_proto",
+]
 
 try:  # ships with TensorFlow; numpy itself has no bfloat16
     from ml_dtypes import bfloat16 as _BFLOAT16
 except ImportError:  # pragma: no cover
     _BFLOAT16 = None
 
-TensorProto = tensor_pb2.TensorProto
+if TYPE_CHECKING:
+    TensorProto = Any  # the generated proto class is untyped
+else:
+    TensorProto = tensor_pb2.TensorProto
 
 # One tensor a request may make by filling a shape from a single value; bigger ones must be sent.
 MAX_FILL_BYTES = 256 * 2**20
 # Below this many values the plain protobuf path is as fast as reading the wire bytes.
 _FAST_MIN_VALUES = 64
 
-_WIRE_LEN = 2
 # TensorProto field numbers of the fixed-width packed value fields.
 _FLOAT_VAL, _DOUBLE_VAL, _SCOMPLEX_VAL, _DCOMPLEX_VAL = 5, 6, 9, 12
 
@@ -173,16 +186,16 @@ def _packed_bytes(proto: TensorProto, field_number: int) -> bytes | None:
     chunks: list[bytes] = []
     pos, end = 0, len(data)
     while pos < end:
-        key, pos = _varint(data, pos)
+        key, pos = read_varint(data, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            _, pos = _varint(data, pos)
+            _, pos = read_varint(data, pos)
         elif wire == 1:
             if number == field_number:
                 return None
             pos += 8
-        elif wire == _WIRE_LEN:
-            size, pos = _varint(data, pos)
+        elif wire == WIRE_LEN:
+            size, pos = read_varint(data, pos)
             if number == field_number:
                 chunks.append(data[pos : pos + size])
             pos += size
@@ -193,17 +206,6 @@ def _packed_bytes(proto: TensorProto, field_number: int) -> bytes | None:
         else:
             return None
     return b"".join(chunks)
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
 
 
 # -- numpy → proto -----------------------------------------------------------------------------
@@ -227,7 +229,7 @@ def write_tensor_proto(value: Any, out: TensorProto, name: str = "tensor") -> Te
             flat = flat.astype("<c16" if part == "<f8" else "<c8", copy=False).view(part)
         payload = flat.astype(part, copy=False).tobytes()
         if payload:
-            out.MergeFromString(_key(_PACKED_FIELD[field]) + _varint_bytes(len(payload)) + payload)
+            out.MergeFromString(field_bytes(key(_PACKED_FIELD[field]), payload))
     elif field == "half_val":
         out.half_val.extend(arr.reshape(-1).view(np.uint16).tolist())
     else:
@@ -261,19 +263,3 @@ def _write_strings(arr: np.ndarray, out: TensorProto, name: str) -> TensorProto:
             )
     out.string_val.extend(values)
     return out
-
-
-def _key(field_number: int) -> bytes:
-    return _varint_bytes(field_number << 3 | _WIRE_LEN)
-
-
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)

@@ -22,6 +22,8 @@ from tfservo.tfserving.api import TFServingAPI
 from tfservo.tfserving.dataplane import ExamplesCall, PredictCall
 from tfservo.tfserving.servables import ServableVersion
 
+__all__ = ["MAX_RECORDS", "WARMUP_FILE", "DataLoss", "replay_warmup", "serialized_examples", "warmup_path"]
+
 log = logging.getLogger("tfservo.warmup")
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")

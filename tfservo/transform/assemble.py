@@ -12,7 +12,10 @@ from typing import Any
 
 import orjson
 
+from tfservo.media_types import CSV, JSON, JSON_LINES_TYPES, essence
 from tfservo.sagemaker.content_types import TFS_RESPONSE_KEYS, csv_records, response_records
+
+__all__ = ["assemble_piece", "csv_line", "RecordOutput", "split_response", "SplitError"]
 
 _MISSING = object()
 _SPECIAL = re.compile(r'["\r\n]')
@@ -37,13 +40,13 @@ class RecordOutput:
 
 def split_response(body: bytes, content_type: str | None, count: int) -> list[RecordOutput]:
     """`count` outputs from one response body; SplitError when it does not hold `count` answers."""
-    essence = (content_type or "").split(";", 1)[0].strip().lower()
-    if essence in ("application/jsonlines", "application/jsons", "application/x-jsonlines"):
+    kind = essence(content_type)
+    if kind in JSON_LINES_TYPES:
         lines = [line for line in body.split(b"\n") if line.strip()]
         return _expect(count, [_json_line(line) for line in lines], body, "JSON lines")
-    if essence == "text/csv":
+    if kind == CSV:
         return _expect(count, _csv_rows(body), body, "CSV rows")
-    if essence == "application/json" or essence.endswith("+json"):
+    if kind == JSON or kind.endswith("+json"):
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:

@@ -48,6 +48,23 @@ from tfservo.transform.state import (
     write_report,
 )
 
+__all__ = [
+    "METRICS",
+    "OUTCOMES_PREFIX",
+    "RUNNERS",
+    "Answer",
+    "beam_pipeline_flags",
+    "beam_runner_name",
+    "BeamSettings",
+    "known_beam_runners",
+    "release_services",
+    "Request",
+    "run_beam_transform",
+    "split_object",
+    "Tail",
+    "worker_service",
+]
+
 log = logging.getLogger("tfservo.transform")
 
 RUNNERS = ("local", "beam")
@@ -264,7 +281,7 @@ def _dofns():
 
         def finish_bundle(self) -> Iterator[WindowedValue]:
             while self.pending:
-                yield WindowedValue(self._answer(self.pending.popleft().result()), MIN_TIMESTAMP, [GlobalWindow()])
+                yield WindowedValue(self._answer(self.pending.popleft().result()), MIN_TIMESTAMP, (GlobalWindow(),))
 
         def _call(self, rel: str, part: Request) -> tuple[str, int, BatchResult, float, int]:
             caller = BatchCaller(self.invoker, self.job, _processing(self.job, part.record_format), part.content_type)

@@ -19,6 +19,15 @@ from tfservo.transform.job import TransformJob
 from tfservo.transform.progress import Progress
 from tfservo.transform.sources import InputObject
 
+__all__ = [
+    "IN_PROCESS_RUNNERS",
+    "live_progress",
+    "log_counters",
+    "object_done",
+    "request_done",
+    "workers_in_process",
+]
+
 log = logging.getLogger("tfservo.transform")
 
 IN_PROCESS_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
@@ -118,7 +127,7 @@ def _counters_line(result: Any, namespace: str) -> str | None:
 
     try:
         metrics = result.metrics().query(MetricsFilter().with_namespace(namespace))
-    except Exception as exc:  # noqa: BLE001 - a runner without metrics support
+    except Exception as exc:
         log.debug("no Beam metrics from %s: %s", type(result).__name__, exc)
         return None
     totals: dict[str, int] = {}

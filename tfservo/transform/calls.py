@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from tfservo.media_types import CSV, JSON_TYPES, essence
 from tfservo.sagemaker.invocation import Invoker
 from tfservo.tfserving.rows import answer_rows
 from tfservo.transform.assemble import RecordOutput, SplitError, assemble_piece, split_response
@@ -22,6 +23,8 @@ from tfservo.transform.job import TransformJob
 from tfservo.transform.joiner import DataProcessing, FilterError
 from tfservo.transform.records import Item, RecordBatch, excerpt, payload, separator, where
 from tfservo.transform.state import DeadLetter, RecordFailure
+
+__all__ = ["BatchCaller", "BatchResult"]
 
 log = logging.getLogger("tfservo.transform")
 
@@ -71,7 +74,7 @@ class BatchCaller:
         body = separator(self.job.split_type).join(batch.payloads[i] for i in sent)  # type: ignore[misc]
         try:
             result = self.invoker.call(body, self.content_type, self.job.accept, self.job.custom_attributes)
-        except Exception:  # noqa: BLE001 - the per-record path reports it
+        except Exception:
             return None
         if not result.ok or result.answer is None:
             return None
@@ -156,7 +159,7 @@ class BatchCaller:
                     break
         return answers
 
-    def _try(self, sent: list[Item]) -> dict[int, RecordOutput | bytes]:
+    def _try(self, sent: list[Item]) -> dict[int, RecordOutput | bytes | str]:
         body = payload(sent, self.job.split_type)
         try:
             result = self.invoker.invoke(body, self.content_type, self.job.accept, self.job.custom_attributes)
@@ -176,7 +179,7 @@ class BatchCaller:
             if len(sent) == 1:
                 return {id(sent[0]): assemble_piece(result.body, self.job.assemble_with)}
             # one body for the whole request: it belongs to the batch, carried by its first record
-            out: dict[int, RecordOutput | bytes] = {id(item): b"" for item in sent}
+            out: dict[int, RecordOutput | bytes | str] = {id(item): b"" for item in sent}
             out[id(sent[0])] = assemble_piece(result.body, self.job.assemble_with)
             return out
         try:
@@ -188,10 +191,10 @@ class BatchCaller:
 
 def _record_kind(content_type: str) -> str | None:
     """How split_response reads an answer of this type per record: "json", "csv", or None."""
-    essence = content_type.split(";", 1)[0].strip().lower()
-    if essence == "text/csv":
+    kind = essence(content_type)
+    if kind == CSV:
         return "csv"
-    if essence in ("application/json", "application/jsonlines", "application/jsons"):
+    if kind in JSON_TYPES:
         return "json"
     return None
 

@@ -49,6 +49,16 @@ from tfservo.transform.state import (
     write_report,
 )
 
+__all__ = [
+    "WRITERS",
+    "check_output_outside_input",
+    "failure_from",
+    "list_job_inputs",
+    "object_format",
+    "request_batches",
+    "TransformEngine",
+]
+
 log = logging.getLogger("tfservo.transform")
 
 WRITERS = 4
@@ -303,9 +313,10 @@ def object_format(job: TransformJob, obj: InputObject) -> tuple[str, str | None]
             f"but {obj.url} has content type {content_type} (from its name); "
             "set --content-type text/csv or application/jsonlines"
         )
-    if job.split_type == "None" and job.compression_type == "None" and (obj.size or 0) > job.max_payload_bytes:
+    size = obj.size or 0
+    if job.split_type == "None" and job.compression_type == "None" and size > job.max_payload_bytes:
         raise RecordError(
-            f"{obj.url} is {obj.size / 2**20:.3g} MB, over --max-payload {job.max_payload_mb:g} MB, and "
+            f"{obj.url} is {size / 2**20:.3g} MB, over --max-payload {job.max_payload_mb:g} MB, and "
             "--split-type None sends each object whole; use --split-type Line/RecordIO/TFRecord "
             "or raise --max-payload"
         )

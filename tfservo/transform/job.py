@@ -11,7 +11,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tfservo.errors import InvalidArgument
+from tfservo.media_types import CSV, JSON_TYPES, essence
 from tfservo.transform.jsonpath import JsonPath, JsonPathError, parse_jsonpath
+
+__all__ = [
+    "ASSEMBLE_WITH",
+    "BATCH_STRATEGIES",
+    "COMPRESSION_TYPES",
+    "DATA_TYPES",
+    "JOIN_SOURCES",
+    "ON_RECORD_ERROR",
+    "SPLIT_TYPES",
+    "JobError",
+    "parse_env",
+    "record_format",
+    "TransformJob",
+]
 
 SPLIT_TYPES = ("None", "Line", "RecordIO", "TFRecord")
 BATCH_STRATEGIES = ("MultiRecord", "SingleRecord")
@@ -21,8 +36,6 @@ COMPRESSION_TYPES = ("None", "Gzip")
 DATA_TYPES = ("S3Prefix", "ManifestFile")
 ON_RECORD_ERROR = ("fail", "skip")
 
-CSV_TYPES = ("text/csv",)
-JSON_TYPES = ("application/json", "application/jsonlines", "application/jsons", "application/x-jsonlines")
 
 
 class JobError(InvalidArgument):
@@ -165,10 +178,10 @@ def record_format(content_type: str | None) -> str | None:
     """'csv' or 'json' for content types whose records filters and join understand, else None."""
     if not content_type:
         return None
-    essence = content_type.split(";", 1)[0].strip().lower()
-    if essence in CSV_TYPES:
+    kind = essence(content_type)
+    if kind == CSV:
         return "csv"
-    if essence in JSON_TYPES:
+    if kind in JSON_TYPES:
         return "json"
     return None
 

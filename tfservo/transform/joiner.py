@@ -18,6 +18,16 @@ from tfservo.sagemaker.content_types import csv_records
 from tfservo.transform.assemble import RecordOutput, csv_line
 from tfservo.transform.jsonpath import JsonPath, JsonPathError
 
+__all__ = [
+    "DataProcessing",
+    "Fields",
+    "FilterError",
+    "output_fields",
+    "output_value",
+    "parse_csv",
+    "parse_json",
+]
+
 Fields = list[tuple[str, bool]]  # (text, was quoted)
 
 

@@ -11,7 +11,9 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
+
+__all__ = ["JsonPath", "JsonPathError", "parse_jsonpath"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
 _INT = re.compile(r"-?\d+")
@@ -50,7 +52,7 @@ class _Index:
 
 @dataclass(frozen=True)
 class _Union:
-    items: tuple[Union[int, slice], ...]
+    items: tuple[int | slice, ...]
     many = True
 
     def apply(self, value: Any, text: str) -> Any:
@@ -77,7 +79,7 @@ class _Wildcard:
         raise JsonPathError(f"{text}: '*' needs an object or array, found {_kind(value)}")
 
 
-_Step = Union[_Key, _Keys, _Index, _Union, _Wildcard]
+_Step = _Key | _Keys | _Index | _Union | _Wildcard
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ def parse_jsonpath(text: str) -> JsonPath:
     source = text.strip()
     if not source.startswith("$"):
         raise JsonPathError(f"{text!r} is not a JSONPath: it must start with $ (e.g. $, $[1:], $.features)")
-    pos, steps = 1, []
+    pos = 1
+    steps: list[_Step] = []
     while pos < len(source):
         char = source[pos]
         if char == ".":
@@ -192,7 +195,7 @@ def parse_jsonpath(text: str) -> JsonPath:
             pos += 1
         else:
             raise _syntax(text, pos, "'.' or '['")
-    for i, step in enumerate(steps[:-1]):
+    for step in steps[:-1]:
         if isinstance(step, _Keys):
             raise JsonPathError(f"{text!r}: a list of names ['a','b'] must be the last step")
     return JsonPath(text, tuple(steps))

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import TextIO
 
+__all__ = ["Progress"]
+
 log = logging.getLogger("tfservo.transform")
 
 

@@ -14,6 +14,25 @@ from typing import BinaryIO
 
 from tfservo.errors import InvalidArgument
 
+__all__ = [
+    "CHUNK_BYTES",
+    "CHUNK_RECORDS",
+    "RECORDIO_MAGIC",
+    "excerpt",
+    "Item",
+    "iter_record_chunks",
+    "iter_records",
+    "pack",
+    "pack_batches",
+    "payload",
+    "Record",
+    "RecordBatch",
+    "RecordChunk",
+    "RecordError",
+    "separator",
+    "where",
+]
+
 RECORDIO_MAGIC = 0xCED7230A
 _RECORDIO_HEAD = struct.Struct("<II")
 _TFRECORD_HEAD = struct.Struct("<QI")
@@ -133,7 +152,9 @@ def _tfrecords(stream: BinaryIO, name: str) -> Iterator[Record]:
 def _recordio(stream: BinaryIO, name: str) -> Iterator[Record]:
     offset, index = 0, 0
     while True:
-        start, parts, frames = offset, [], []
+        start = offset
+        parts: list[bytes] = []
+        frames: list[bytes] = []
         while True:
             head = _read_exact(stream, 8)
             if not head and not frames:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import errno
 import io
 import logging
-import random
-import time
 from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
+
+from tfservo.retry import Backoff
+
+__all__ = ["ATTEMPTS", "BASE_DELAY_S", "MAX_DELAY_S", "is_transient", "retry", "RetryingReader"]
 
 log = logging.getLogger("tfservo.transform")
 
@@ -45,17 +47,13 @@ def is_transient(exc: BaseException) -> bool:
 
 def retry(fn: Callable[[], T], what: str, *, attempts: int = ATTEMPTS, base_delay: float = BASE_DELAY_S) -> T:
     """fn(), again after 0.5, 1, 2, 4 s (with jitter) while it fails transiently."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except Exception as exc:
-            if attempt == attempts or not is_transient(exc):
-                raise
-            delay = min(MAX_DELAY_S, base_delay * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-            log.warning("%s failed (%s: %s); retry %d of %d in %.1fs",
-                        what, type(exc).__name__, exc, attempt, attempts - 1, delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+
+    def note(exc: BaseException, retry: int, wait: float) -> None:
+        log.warning("%s failed (%s: %s); retry %d of %d in %.1fs",
+                    what, type(exc).__name__, exc, retry + 1, attempts - 1, wait)
+
+    backoff = Backoff(retries=attempts - 1, base_delay=base_delay, max_delay=MAX_DELAY_S)
+    return backoff.call(fn, retriable=is_transient, on_retry=note)
 
 
 class RetryingReader(io.RawIOBase):

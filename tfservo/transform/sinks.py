@@ -20,6 +20,8 @@ from typing import Any
 from tfservo.transform.retry import retry
 from tfservo.transform.sources import display_url, is_local, url_to_fs
 
+__all__ = ["SPOOL_BYTES", "ObjectWriter", "OutputStore"]
+
 log = logging.getLogger("tfservo.transform")
 
 SPOOL_BYTES = 16 * 2**20

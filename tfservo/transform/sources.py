@@ -16,16 +16,29 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from tfservo.media_types import CSV, JSON, JSONLINES
 from tfservo.transform.job import JobError, TransformJob
 from tfservo.transform.retry import RetryingReader, retry
+
+__all__ = [
+    "SMALL_OBJECT_BYTES",
+    "display_url",
+    "guess_content_type",
+    "gzip_error",
+    "InputObject",
+    "is_local",
+    "list_inputs",
+    "OpenedInput",
+    "url_to_fs",
+]
 
 SMALL_OBJECT_BYTES = 8 * 2**20  # read whole with one GET; larger objects are streamed
 
 _TYPES = {
-    ".csv": "text/csv",
-    ".json": "application/json",
-    ".jsonl": "application/jsonlines",
-    ".jsonlines": "application/jsonlines",
+    ".csv": CSV,
+    ".json": JSON,
+    ".jsonl": JSONLINES,
+    ".jsonlines": JSONLINES,
     ".jsons": "application/jsons",
     ".jpg": "image/jpeg",
     ".jpeg": "image/jpeg",
@@ -102,7 +115,7 @@ def _prefix(fs: Any, root: str, url: str) -> list[InputObject]:
         base, keep = root, lambda path: True
     else:  # an S3-style key prefix: everything whose name starts with it
         base = posixpath.dirname(root)
-        keep = lambda path: path.startswith(root)  # noqa: E731
+        keep = lambda path: path.startswith(root)
         if not base or not retry(lambda: fs.isdir(base), f"looking up {url}"):
             raise JobError(f"input {url} does not exist; give a folder, a file or an S3 prefix")
     found = retry(lambda: fs.find(base, detail=True), f"listing {url}")

@@ -25,6 +25,24 @@ from tfservo.transform.job import JobError, TransformJob
 from tfservo.transform.sinks import OutputStore
 from tfservo.transform.sources import InputObject, display_url, is_local, url_to_fs
 
+__all__ = [
+    "DEAD_LETTER_SUFFIX",
+    "JOB_NAME",
+    "REPORT_NAME",
+    "bundle_versions",
+    "check_settings",
+    "dead_letter_name",
+    "DeadLetter",
+    "job_description",
+    "ObjectOutcome",
+    "open_output",
+    "pending_objects",
+    "RecordFailure",
+    "setting_changes",
+    "TransformSummary",
+    "write_report",
+]
+
 log = logging.getLogger("tfservo.transform")
 
 REPORT_NAME = "_tfservo_failures.json"
