@@ -244,7 +244,7 @@ def test_only_bad_elements_of_a_batch_reach_the_dead_letter_output() -> None:
         | "eight" >> beam.Create(elements)
         | "batch of 8"
         >> RunInference(
-            BundleModelHandler(HALF_PLUS_TWO, min_batch_size=8, max_batch_size=8)
+            BundleModelHandler(HALF_PLUS_TWO, min_batch_size=8, max_batch_size=8, per_element_failures=True)
         ).with_exception_handling()
     )
     good = main | "8 out" >> beam.Map(lambda r: (float(r.example[0]), float(r.inference["y"][0]), r.model_id))
@@ -271,7 +271,7 @@ def test_only_bad_elements_of_a_batch_reach_the_dead_letter_output() -> None:
         | "prebatched" >> beam.Create([[f32(1.0), "abc", f32(3.0), f32(5.0)]])
         | "timeout"
         >> RunInference(
-            MaybeKeyedModelHandler(BundleModelHandler(HALF_PLUS_TWO))
+            MaybeKeyedModelHandler(BundleModelHandler(HALF_PLUS_TWO, per_element_failures=True))
             .with_no_batching()
             .with_postprocess_fn(lambda r: float(r.inference["y"][0]))
         ).with_exception_handling(timeout=120)
@@ -291,7 +291,7 @@ def test_only_bad_elements_of_a_batch_reach_the_dead_letter_output() -> None:
         | "keyed" >> beam.Create([("a", f32(1.0)), ("b", "abc"), ("c", f32(3.0))])
         | "keyed batch"
         >> RunInference(
-            KeyedModelHandler(BundleModelHandler(HALF_PLUS_TWO, min_batch_size=3))
+            KeyedModelHandler(BundleModelHandler(HALF_PLUS_TWO, min_batch_size=3, per_element_failures=True))
         ).with_exception_handling()
     )
     assert_that(main, equal_to([]), label="keyed main")
@@ -309,6 +309,36 @@ def test_only_bad_elements_of_a_batch_reach_the_dead_letter_output() -> None:
     assert [(d.count, d.max) for d in eight] == [(1, 8)]  # one batch of 8 was run
     failed = result.metrics().query(MetricsFilter().with_namespace("tfservo").with_name("failed_inferences"))
     assert sum(m.committed for m in failed["counters"]) == 3
+
+
+def test_without_the_opt_in_a_failed_batch_is_dead_lettered_whole_naming_the_bad_element() -> None:
+    p = beam.Pipeline()
+    main, dlq = (
+        p
+        | beam.Create([f32(1.0), "abc", f32(3.0), f32(5.0)])
+        | RunInference(BundleModelHandler(HALF_PLUS_TWO, min_batch_size=4, max_batch_size=4)).with_exception_handling()
+    )
+    assert_that(main, equal_to([]), label="no results")
+    assert_that(
+        dlq.failed_inferences | beam.MapTuple(lambda batch, error: (len(batch), "element 1 ('abc')" in error[1])),
+        equal_to([(4, True)]),
+        label="whole batch",
+    )
+    p.run().wait_until_finish()
+
+
+def test_per_element_dead_letters_are_pinned_to_the_tested_beam() -> None:
+    from tfservo.beam import dead_letters
+
+    assert dead_letters.supported(beam.__version__), "requirements.lock pins the Beam these tests check"
+    assert not dead_letters.supported("2.78.0") and not dead_letters.supported("3.0.0")
+
+
+def test_unknown_keyword_arguments_are_refused_by_name() -> None:
+    with pytest.raises(TypeError, match=r"signature \(did you mean signature_name\?\)"):
+        BundleModelHandler(HALF_PLUS_TWO, signature="regress_x_to_y")
+    with pytest.raises(TypeError, match="max_batch_sise"):
+        BundleModelHandler(HALF_PLUS_TWO, max_batch_sise=8)
 
 
 def test_without_exception_handling_a_bad_element_fails_the_pipeline_naming_it() -> None:

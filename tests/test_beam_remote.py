@@ -147,7 +147,9 @@ def test_only_bad_elements_of_a_remote_batch_reach_the_dead_letter_output(server
     elements[5] = "abc"
     p = beam.Pipeline()
     for protocol, endpoint in (("rest", server.url), ("grpc", f"grpc://{server.grpc_target}")):
-        handler = RemoteBundleModelHandler(endpoint, model_name=MODEL, min_batch_size=8, max_batch_size=8)
+        handler = RemoteBundleModelHandler(
+            endpoint, model_name=MODEL, min_batch_size=8, max_batch_size=8, per_element_failures=True
+        )
         main, dlq = (
             p
             | f"{protocol} eight" >> beam.Create(elements)

@@ -11,18 +11,24 @@ tagged ones go to the dead-letter output and the rest to the main output. That i
   result with its key, which would put a tagged value in the main output).
 
 Beam gives a ModelHandler no way to ask either, so `dead_letter_tag` reads both off the call
-stack, recognising Beam's functions by their code objects. Anything it does not recognise (a
-wrapper of the user's, KeyedModelHandler, another Beam version) answers None, and the caller
-raises for the whole batch as before.
+stack, recognising Beam's functions by their code objects. That leans on Beam's internals, so
+it is an explicit opt-in (`per_element_failures=True` on the handlers), and it only works on
+the Beam versions it was tested with (TESTED_BEAM, the version requirements.lock pins; the
+test suite runs it there). Anything else — no opt-in, another Beam version (one warning), a
+wrapper of the user's, KeyedModelHandler — answers None, and the caller raises for the whole
+batch: Beam's documented contract, where the whole batch goes to `failed_inferences` and the
+error names the elements at fault.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import traceback
 from types import CodeType, FrameType
 from typing import Any
 
+import apache_beam
 from apache_beam.ml.inference import base
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms import core
@@ -30,6 +36,18 @@ from apache_beam.transforms import core
 from tfservo.beam.failures import ElementErrors, ElementFailure
 
 __all__ = ["RUN_INFERENCE_DEAD_LETTER_TAG", "dead_letter_tag", "with_dead_letters"]
+
+log = logging.getLogger("tfservo.beam")
+
+# The Beam releases whose RunInference internals this module was tested against.
+TESTED_BEAM = ("2.77.",)
+_warned: set[str] = set()
+
+
+def supported(beam_version: str) -> bool:
+    """Whether per-element dead letters were tested with this Beam version."""
+    return beam_version.startswith(TESTED_BEAM)
+
 
 # RunInference applies ParDo.with_exception_handling() without naming tags, so its dead letters
 # go under ParDo's default tag; read from the wrapper itself where it is on this thread's stack.
@@ -81,6 +99,16 @@ _UNDER_WRAPPER = frozenset(
 def dead_letter_tag(handler: Any) -> str | None:
     """The tag under which `handler.run_inference` (the caller) may return per-element failures,
     or None when they must be raised instead (see the module's docstring)."""
+    if not getattr(handler, "per_element_failures", False):
+        return None
+    if not supported(apache_beam.__version__):
+        if apache_beam.__version__ not in _warned:
+            _warned.add(apache_beam.__version__)
+            log.warning(
+                "per_element_failures=True was tested with apache-beam %s, not %s: failed batches go "
+                "to failed_inferences whole", " or ".join(v + "x" for v in TESTED_BEAM), apache_beam.__version__,
+            )
+        return None
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code is not _RUN_INFERENCE:
         if not _passes_results_on(frame, handler):

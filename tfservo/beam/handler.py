@@ -59,6 +59,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         large_model: bool = False,
         model_copies: int | None = None,
         share_model_across_processes: bool = False,
+        per_element_failures: bool = False,
         **kwargs: Any,
     ) -> None:
         unknown = sorted(set(kwargs) - _BEAM_OPTIONS)
@@ -85,6 +86,8 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         )
         self._output = output
         self._metrics: HandlerMetrics | None = None
+        # Opt-in: only the bad elements of a failed batch go to failed_inferences (dead_letters.py).
+        self.per_element_failures = per_element_failures
 
     # -- Beam's ModelHandler interface ------------------------------------------------------
 
