@@ -8,8 +8,6 @@ import click
 
 from tfservo.logs import quiet_tensorflow, setup_logging
 
-quiet_tensorflow()
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="tfservo")
@@ -230,5 +228,11 @@ from tfservo.cli_transform import transform  # noqa: E402  (kept in its own modu
 main.add_command(transform)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The `tfservo` console script: TensorFlow's noise off before anything imports it, then the CLI."""
+    quiet_tensorflow()
     main()
+
+
+if __name__ == "__main__":
+    run()

@@ -54,12 +54,25 @@ def _filter_native_stderr() -> None:
     threading.Thread(target=pump, name="tfservo-stderr-filter", daemon=True).start()
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a line is logged (a CLI run inside a test runner
+    swaps it, and closes its own when done)."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def setup_logging(level: str = "info") -> None:
     """Plain one-line logs to stderr."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[_StderrHandler()],
         force=True,
     )
     logging.getLogger("tensorflow").setLevel(logging.ERROR)  # deprecation notices from the TF1 loader
