@@ -154,7 +154,7 @@ def main() -> None:
         "title": f"Batch transform: insurance-style CSV job, {records:,} records in 4 objects",
         "rows": rows,
         "notes": [
-            "Flags: " + " ".join(FLAGS[:-4]) + " (MultiRecord, 6 MB requests, 2 concurrent requests).",
+            "Flags: " + " ".join(FLAGS[:-3]) + " (MultiRecord, 6 MB requests, 2 concurrent requests).",
             "'× model only' divides by this checkout's model-only rate (the one to compare a job with).",
             f"records/s is the job's own figure (its summary line: model load excluded), best of {repeats} "
             "interleaved runs; 'command wall s' includes process start and model load.",
