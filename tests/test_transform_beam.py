@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from server_process import run_cli
-from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, write  # noqa: F401
+from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, state, write  # noqa: F401
 
 from tfservo.cli_transform import transform as transform_command
 from tfservo.transform.beam_engine import OUTCOMES_PREFIX, BeamSettings, run_beam_transform
@@ -22,21 +22,23 @@ from tfservo.transform.state import REPORT_NAME, TransformSummary
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    """Every file under root (the failure report aside: it holds times and paths) → its bytes."""
+    """Every file under root and its state location (the failure report aside: it holds times
+    and paths) → its bytes."""
     return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
+        prefix + str(p.relative_to(base)): p.read_bytes()
+        for prefix, base in (("", root), ("state:", state(root)))
+        for p in sorted(base.rglob("*"))
         if p.is_file() and p.name != REPORT_NAME
     }
 
 
 def report(root: Path) -> dict | None:
-    path = root / REPORT_NAME
+    path = state(root) / REPORT_NAME
     if not path.exists():
         return None
     doc = json.loads(path.read_bytes())
     for dead in doc["dead_letters"]:
-        dead["file"] = os.path.relpath(dead["file"], root)
+        dead["file"] = os.path.relpath(dead["file"], state(root))
     return {"failed_objects": doc["failed_objects"], "dead_letters": doc["dead_letters"]}
 
 
@@ -98,7 +100,7 @@ def test_json_lines_with_skipped_records_and_dead_letters(hp3, tmp_path):
         join_source="Input", on_record_error="skip", placeholder="SKIPPED", max_payload_mb=0.0002,
     )
     assert beam.ok and [(o.obj.rel, o.dead_letters) for o in beam.dead_lettered] == [("data.jsonl", 2)]
-    assert (tmp_path / "beam" / "data.jsonl.deadletter.jsonl").exists()
+    assert (state(tmp_path / "beam") / "deadletters" / "data.jsonl.deadletter.jsonl").exists()
 
 
 def test_a_large_object_in_many_requests_with_bodies_concatenated(hp3, tmp_path):

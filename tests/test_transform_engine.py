@@ -17,7 +17,7 @@ import orjson
 import pytest
 from conftest import REPO, SMC, TFS
 from s3_server import s3_client, upload_dir
-from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, lines, write  # noqa: F401
+from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, lines, state, write  # noqa: F401
 
 from tfservo.transform import sources
 from tfservo.transform.engine import TransformEngine
@@ -39,10 +39,17 @@ class Spy:
         self.calls: list[tuple[int, str]] = []
         self._lock = threading.Lock()
 
+    def _note(self, body):
+        with self._lock:  # each Line record goes with its own line ending, as SageMaker sends it
+            self.calls.append((body.count(b"\n"), threading.current_thread().name))
+
     def invoke(self, body, content_type, accept=None, custom_attributes=None, model_name=None):
-        with self._lock:
-            self.calls.append((body.count(b"\n") + 1, threading.current_thread().name))
+        self._note(body)
         return self.invoker.invoke(body, content_type, accept, custom_attributes, model_name)
+
+    def call(self, body, content_type, accept=None, custom_attributes=None, model_name=None):
+        self._note(body)
+        return self.invoker.call(body, content_type, accept, custom_attributes, model_name)
 
 
 # -- CSV and JSON lines -------------------------------------------------------------------------
@@ -57,18 +64,18 @@ def test_insurance_pattern_gives_id_prediction_lines(hp3, tmp_path):
     assert lines(tmp_path / "out" / "quotes.csv.out") == [f"{q},{v / 2 + 3}" for q, v in quotes]
     # the container's batch.csv: "1.0, 2.0, 5.0" → id 1.0, prediction for the last column 5.0
     assert lines(tmp_path / "out" / "batch.csv.out") == ["1.0,5.5"] * 10
-    assert not (tmp_path / "out" / REPORT_NAME).exists()
+    assert not (state(tmp_path / "out") / REPORT_NAME).exists()
 
 
 def test_container_batch_csv_one_prediction_row_per_line(hp3, tmp_path):
     shutil.copy(SMC / "data" / "batch.csv", tmp_path / "batch.csv")
-    flags = dict(split_type="Line", assemble_with="Line")
+    flags = dict(split_type="Line", assemble_with="Line", content_type="text/csv")
     transform(hp3, tmp_path / "batch.csv", tmp_path / "csv", accept="text/csv", **flags)
     assert lines(tmp_path / "csv" / "batch.csv.out") == ["3.5,4.0,5.5"] * 10
     transform(hp3, tmp_path / "batch.csv", tmp_path / "json", **flags)
     assert lines(tmp_path / "json" / "batch.csv.out") == ["[3.5,4.0,5.5]"] * 10
     # without splitting the object is one request and the .out is the answer as it came
-    transform(hp3, tmp_path / "batch.csv", tmp_path / "whole")
+    transform(hp3, tmp_path / "batch.csv", tmp_path / "whole", content_type="text/csv")
     assert json.loads((tmp_path / "whole" / "batch.csv.out").read_bytes()) == {"predictions": [[3.5, 4.0, 5.5]] * 10}
 
 
@@ -156,17 +163,19 @@ def test_a_bad_record_fails_only_its_object_then_skip_mode_dead_letters_it(hp3, 
     assert summary.failed[0].obj.rel == "bad.csv"
     assert failure.where == "line 3" and failure.record == "b3,oops"
     assert "400" in failure.error and "oops" in failure.error
-    assert sorted(p.name for p in out.iterdir()) == [REPORT_NAME, JOB_NAME, "good.csv.out"]
-    report = json.loads((out / REPORT_NAME).read_bytes())
+    assert sorted(p.name for p in out.iterdir()) == ["good.csv.out"]  # OUTPUT holds only .out files
+    assert sorted(p.name for p in state(out).iterdir()) == [REPORT_NAME, JOB_NAME]
+    report = json.loads((state(out) / REPORT_NAME).read_bytes())
     assert report["failed_objects"][0]["object"] == "bad.csv" and report["failed_objects"][0]["where"] == "line 3"
 
     # the same output folder: good.csv is resumed (skipped), bad.csv goes through with a placeholder
     summary = transform(hp3, tmp_path / "in", out, **INSURANCE, on_record_error="skip", placeholder="ERROR")
     assert summary.ok and summary.skipped == 1 and summary.done == 1
     assert lines(out / "bad.csv.out") == ["b1,3.5", "b2,4.0", "ERROR", "b4,5.0"]
-    (dead,) = [json.loads(line) for line in lines(out / "bad.csv.deadletter.jsonl")]
+    (dead,) = [json.loads(line) for line in lines(state(out) / "deadletters" / "bad.csv.deadletter.jsonl")]
     assert dead["where"] == "line 3" and dead["data"] == "b3,oops" and "oops" in dead["error"]
-    report = json.loads((out / REPORT_NAME).read_bytes())
+    assert sorted(p.name for p in out.iterdir()) == ["bad.csv.out", "good.csv.out"]
+    report = json.loads((state(out) / REPORT_NAME).read_bytes())
     assert report["failed_objects"] == [] and report["dead_letters"][0]["records"] == 1
 
 
@@ -291,21 +300,24 @@ def test_jpeg_and_png_images_through_a_b64_handler(image_example, tmp_path):
     example, service = image_example
     names = example.write_images(str(tmp_path / "images"))
     write(tmp_path / "images" / "dogs" / "broken.jpg", b"\xff\xd8 this is not a picture")
-    job = TransformJob("unused", str(tmp_path / "images"), str(tmp_path / "out"), max_concurrent_transforms=2)
+    job = TransformJob(
+        "unused", str(tmp_path / "images"), str(tmp_path / "out"), max_concurrent_transforms=2,
+        content_type="application/x-image",
+    )
     summary = run_transform(job, service=service, progress="none")
     assert summary.done == len(names)
     (failed,) = summary.failed
     assert failed.obj.rel == "dogs/broken.jpg" and failed.failure.where == "the object"
-    assert "500" in failed.failure.error and "could not read this image/jpeg image" in failed.failure.error
+    assert "500" in failed.failure.error and "could not read this application/x-image image" in failed.failure.error
     for name, rgb in example.IMAGES:
         (prediction,) = orjson.loads((tmp_path / "out" / f"{name}.out").read_bytes())["predictions"]
         assert prediction["mean_rgb"] == pytest.approx(list(rgb), abs=1.5), name
     # keep going past the broken one: an empty placeholder .out and a dead letter with its bytes
-    job = TransformJob(job.model, job.input, job.output, on_record_error="skip")
+    job = TransformJob(job.model, job.input, job.output, on_record_error="skip", content_type="application/x-image")
     summary = run_transform(job, service=service, progress="none")
     assert summary.ok and summary.skipped == len(names) and summary.done == 1
     assert (tmp_path / "out" / "dogs" / "broken.jpg.out").read_bytes() == b""
-    (dead,) = [json.loads(x) for x in lines(tmp_path / "out" / "dogs" / "broken.jpg.deadletter.jsonl")]
+    (dead,) = [json.loads(x) for x in lines(state(tmp_path / "out") / "deadletters" / "dogs" / "broken.jpg.deadletter.jsonl")]
     assert dead["where"] == "the object" and "data_base64" in dead
 
 
@@ -328,10 +340,12 @@ def test_s3_in_and_out_through_a_real_s3_api(hp3, tmp_path, s3_endpoint, s3_buck
         return client.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
 
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket, Prefix="jobs/out/")["Contents"])
-    assert keys == ["jobs/out/" + REPORT_NAME, "jobs/out/" + JOB_NAME, "jobs/out/deep/q2.csv.out", "jobs/out/q1.csv.out"]
+    assert keys == ["jobs/out/deep/q2.csv.out", "jobs/out/q1.csv.out"]  # only .out files under the prefix
+    state_keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket, Prefix="jobs/out.tfservo-state/")["Contents"])
+    assert state_keys == ["jobs/out.tfservo-state/" + REPORT_NAME, "jobs/out.tfservo-state/" + JOB_NAME]
     assert get("jobs/out/q1.csv.out") == b"a,3.5\nb,4.0\n"
     assert get("jobs/out/deep/q2.csv.out") == b"c,4.5\n"
-    assert json.loads(get("jobs/out/" + REPORT_NAME))["failed_objects"][0]["object"] == "deep/bad.csv"
+    assert json.loads(get("jobs/out.tfservo-state/" + REPORT_NAME))["failed_objects"][0]["object"] == "deep/bad.csv"
     # rerun: the two done objects are skipped, the bad one fails again
     summary = transform(hp3, source, dest, **INSURANCE)
     assert (summary.skipped, summary.done, len(summary.failed)) == (2, 0, 1)

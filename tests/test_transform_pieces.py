@@ -128,10 +128,11 @@ def _items(*payloads: bytes | None) -> list[Item]:
 
 def test_multirecord_packs_up_to_the_payload_limit_singlerecord_one_each():
     items = _items(b"aaaa", b"bbbb", None, b"cccc", b"dddd")
-    batches = list(pack(items, split_type="Line", batch_strategy="MultiRecord", max_bytes=9, name="x"))
+    batches = list(pack(items, split_type="Line", batch_strategy="MultiRecord", max_bytes=10, name="x"))
     assert [[i.record.index for i in b] for b in batches] == [[1, 2, 3], [4, 5]]
-    assert [payload(b, "Line") for b in batches] == [b"aaaa\nbbbb", b"cccc\ndddd"]
-    singles = list(pack(items, split_type="Line", batch_strategy="SingleRecord", max_bytes=9, name="x"))
+    # each record keeps its own line ending, as SageMaker frames MultiRecord requests
+    assert [payload(b, "Line") for b in batches] == [b"aaaa\nbbbb\n", b"cccc\ndddd"]
+    singles = list(pack(items, split_type="Line", batch_strategy="SingleRecord", max_bytes=10, name="x"))
     assert [[i.record.index for i in b] for b in singles] == [[1], [2, 3], [4], [5]]
 
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 from s3_server import s3_client, upload_dir
-from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, lines, write  # noqa: F401
+from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, lines, state, write  # noqa: F401
 
 from tfservo.cli_transform import transform as transform_command
 from tfservo.transform.beam_engine import run_beam_transform
@@ -39,7 +39,7 @@ def done_job(hp3, tmp_path):
 
 def test_the_description_records_the_bundle_its_versions_and_the_flags(done_job):
     _, out = done_job
-    doc = orjson.loads((out / JOB_NAME).read_bytes())
+    doc = orjson.loads((state(out) / JOB_NAME).read_bytes())
     assert doc["model"] == str(HALF_PLUS_THREE.resolve()) and doc["versions"] == {"half_plus_three": [123, 124]}
     assert doc["flags"]["--content-type"] == "text/csv" and doc["flags"]["--output-filter"] == "$[0,-1]"
     assert "--max-payload" not in doc["flags"]  # one line per record: how requests are packed cannot show
@@ -64,7 +64,7 @@ def test_changed_flags_stop_the_run_before_it_touches_output(done_job, runner):
     with pytest.raises(JobError) as caught:
         run_transform(changed) if runner == "local" else run_beam_transform(changed)  # no model loaded first
     message = caught.value.message
-    assert f"OUTPUT {out} holds outputs made with other settings ({out / JOB_NAME})" in message
+    assert f"OUTPUT {out} holds outputs made with other settings ({state(out) / JOB_NAME})" in message
     assert '--accept was unset, now "text/csv"; --output-filter was "$[0,-1]", now "$[-1]"' in message
     assert "add --overwrite to redo every object with these settings, or write to another OUTPUT" in message
     assert "--content-type" not in message
@@ -119,10 +119,10 @@ def test_overwrite_with_changed_flags_leaves_no_output_of_the_old_ones(hp3, done
     summary = run_transform(job(source, out, **{**INSURANCE, "output_filter": "$[-1]"}, overwrite=True),
                             service=hp3, progress="none")
     assert summary.done == 1 and [o.obj.rel for o in summary.failed] == ["deep/b.csv"]
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == ["_tfservo_failures.json",
-                                                                                      JOB_NAME, "a.csv.out"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == ["a.csv.out"]
+    assert sorted(p.name for p in state(out).iterdir()) == [REPORT_NAME, JOB_NAME]
     assert lines(out / "a.csv.out") == ["3.5"]
-    assert orjson.loads((out / JOB_NAME).read_bytes())["flags"]["--output-filter"] == "$[-1]"
+    assert orjson.loads((state(out) / JOB_NAME).read_bytes())["flags"]["--output-filter"] == "$[-1]"
     # now the new settings resume
     summary = run_transform(job(source, out, **{**INSURANCE, "output_filter": "$[-1]"}), service=hp3, progress="none")
     assert (summary.skipped, len(summary.failed)) == (1, 1)
@@ -130,8 +130,8 @@ def test_overwrite_with_changed_flags_leaves_no_output_of_the_old_ones(hp3, done
 
 def test_unreadable_description_is_a_clear_error(hp3, done_job):
     source, out = done_job
-    write(out / JOB_NAME, "{not json")
-    with pytest.raises(JobError, match=f"{out / JOB_NAME} is not valid JSON .* Use --overwrite"):
+    write(state(out) / JOB_NAME, "{not json")
+    with pytest.raises(JobError, match=f"{state(out) / JOB_NAME} is not valid JSON .* Use --overwrite"):
         run_transform(job(source, out, **INSURANCE), service=hp3)
     assert run_transform(job(source, out, **INSURANCE, overwrite=True), service=hp3, progress="none").done == 2
 
@@ -174,5 +174,5 @@ def test_unfinished_uploads_of_the_jobs_outputs_are_aborted_and_no_others(hp3, t
                             service=hp3, progress="none")
     assert [o.obj.rel for o in summary.failed] == ["deep/q2.csv"]
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket, Prefix="jobs/out/")["Contents"])
-    assert keys == ["jobs/out/" + REPORT_NAME, "jobs/out/" + JOB_NAME, "jobs/out/q1.csv.out"]
+    assert keys == ["jobs/out/q1.csv.out"]
     assert get("jobs/out/q1.csv.out") == b"3.5\n4.0\n"

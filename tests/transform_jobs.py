@@ -40,6 +40,11 @@ def write(path: Path, text: str | bytes) -> Path:
     return path
 
 
+def state(out: Path) -> Path:
+    """The job's state location beside OUTPUT (description, failure report, dead letters)."""
+    return Path(str(out) + ".tfservo-state")
+
+
 def lines(path: Path) -> list[str]:
     """A text file's lines, without the last newline."""
     return path.read_text().split("\n")[:-1]

@@ -25,8 +25,8 @@ class _AnyCase(click.Choice):
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
 @click.option("--content-type", default=None,
-              help="Content type of each request [default: from each object's extension, e.g. "
-              ".csv → text/csv, .jsonl → application/jsonlines, .jpg → image/jpeg].")
+              help="Content type of every request, e.g. text/csv, application/jsonlines, application/x-image "
+              "[default: application/json, as SageMaker sends for a job without a ContentType].")
 @click.option("--accept", default=None, help="Accept of each request [default: application/json].")
 @click.option("--split-type", type=_AnyCase(["None", "Line", "RecordIO", "TFRecord"]),
               default="None", show_default=True,
@@ -62,6 +62,9 @@ class _AnyCase(click.Choice):
               "put it in <name>.deadletter.jsonl and go on.")
 @click.option("--placeholder", default="", metavar="TEXT",
               help="Output line written for a skipped record [default: an empty line].")
+@click.option("--state-dir", default=None, metavar="URL",
+              help="Where the job's description (for resume), failure report and dead letters go, so that "
+              "OUTPUT holds only .out files [default: <OUTPUT>.tfservo-state, beside OUTPUT].")
 @click.option("--overwrite", is_flag=True, default=False,
               help="Redo every object; by default objects whose .out exists are skipped (resume).")
 @click.option("--progress", type=click.Choice(["auto", "bar", "log", "none"]), default="auto", show_default=True,
@@ -86,8 +89,9 @@ def transform(model, input_url, output_url, env_pairs, progress, log_level, runn
     (s3://bucket/prefix/; S3-compatible stores via AWS_ENDPOINT_URL). Each input object
     gives OUTPUT/<its relative path>.out, which appears only when the whole object
     succeeded; rerunning the same command skips objects already done. Exits 1 when an
-    object failed, after listing each with the record and error (also in
-    OUTPUT/_tfservo_failures.json).
+    object failed, after listing each with the record and error (also in the failure report,
+    failures.json in the state location, which is <OUTPUT>.tfservo-state unless --state-dir).
+    OUTPUT holds only .out files.
     """
     from tfservo.errors import ServingError
     from tfservo.transform.job import JobError, TransformJob, parse_env

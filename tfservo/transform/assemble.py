@@ -62,6 +62,12 @@ def split_response(body: bytes, content_type: str | None, count: int) -> list[Re
     )
 
 
+def whole_response(body: bytes) -> RecordOutput:
+    """A whole object's answer as its one record's output (--split-type None): the answer as it
+    is, so an output filter such as `$.predictions[0]` applies to the answer, as in SageMaker."""
+    return _raw(body)
+
+
 def _split_json(doc: Any, count: int) -> list[RecordOutput]:
     keyed = isinstance(doc, dict) and any(key in doc for key in TFS_RESPONSE_KEYS)
     if keyed:

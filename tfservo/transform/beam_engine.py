@@ -68,7 +68,7 @@ __all__ = [
 log = logging.getLogger("tfservo.transform")
 
 RUNNERS = ("local", "beam")
-OUTCOMES_PREFIX = ".tfservo-beam-"  # OUTPUT/.tfservo-beam-<run id>/: one outcome per object, removed at the end
+OUTCOMES_PREFIX = "beam-run-"  # <state>/beam-run-<run id>/: one outcome per object, removed at the end
 METRICS = "tfservo.transform"
 
 
@@ -312,7 +312,7 @@ def _dofns():
             self.outcomes = outcomes
 
         def setup(self) -> None:
-            self.store = OutputStore(self.job.output)
+            self.store, self.state = OutputStore(self.job.output), OutputStore(self.job.state_url)
             self.done = Metrics.counter(METRICS, "objects_done")
             self.failed = Metrics.counter(METRICS, "objects_failed")
 
@@ -326,7 +326,7 @@ def _dofns():
             outcome = self._write(tails[0], answers)
             (self.done if outcome.status == "done" else self.failed).inc()
             beam_progress.object_done(self.outcomes, tails[0].obj, outcome.status != "done")
-            self.store.put(_outcome_name(self.outcomes, rel), _outcome_json(outcome))
+            self.state.put(_outcome_name(self.outcomes, rel), _outcome_json(outcome))
             yield rel
 
         def _write(self, tail: Tail, answers: list[Answer]) -> ObjectOutcome:
@@ -349,9 +349,9 @@ def _dofns():
                     writer.write(answer.body)
                 name = dead_letter_name(obj)
                 if dead:
-                    store.put(name, b"".join(d.to_json(obj) for d in dead))
+                    self.state.put(name, b"".join(d.to_json(obj) for d in dead))
                 elif name in self.stale:
-                    store.remove(name)
+                    self.state.remove(name)
                 writer.commit()
             except Exception as exc:
                 if writer is not None:
@@ -421,9 +421,9 @@ def run_beam_transform(
     if not log.isEnabledFor(logging.DEBUG):  # Beam's INFO lines drown the job's own (--log-level debug shows them)
         logging.getLogger("apache_beam").setLevel(logging.WARNING)
     objects = list_job_inputs(job)
-    store = OutputStore(job.output)
-    check_settings(store, job, job_description(job))  # changed flags stop the job before the bundle is read
-    existing, todo, done = open_output(store, job, objects, bundle_versions([open_bundle(job.model)]))
+    store, state = OutputStore(job.output), OutputStore(job.state_url)
+    check_settings(state, job, job_description(job))  # changed flags stop the job before the bundle is read
+    existing, todo, done = open_output(store, state, job, objects, bundle_versions([open_bundle(job.model)]))
     summary = TransformSummary(objects=len(objects), skipped=len(done))
     if todo:
         folder = f"{OUTCOMES_PREFIX}{uuid.uuid4().hex[:12]}"
@@ -445,14 +445,14 @@ def run_beam_transform(
                     | "write" >> beam.ParDo(WriteObject(job, stale, folder))
                 )
             beam_progress.log_counters(pipeline.result, METRICS, progress)
-            outcomes = [_read_outcome(store, folder, obj) for obj in todo]
+            outcomes = [_read_outcome(state, folder, obj) for obj in todo]
         finally:
             release_services()
-            _remove_folder(store, folder)
+            _remove_folder(state, folder)
         for outcome in outcomes:
             summary.add(outcome)
     summary.seconds = time.monotonic() - started
-    summary.report = write_report(store, job, summary)
+    summary.report = write_report(state, job, summary)
     return summary
 
 

@@ -18,10 +18,10 @@ import orjson
 from tfservo.media_types import CSV, JSON_TYPES, essence
 from tfservo.sagemaker.invocation import Invoker
 from tfservo.tfserving.rows import answer_rows
-from tfservo.transform.assemble import RecordOutput, SplitError, assemble_piece, split_response
+from tfservo.transform.assemble import RecordOutput, SplitError, assemble_piece, split_response, whole_response
 from tfservo.transform.job import TransformJob
 from tfservo.transform.joiner import DataProcessing, FilterError
-from tfservo.transform.records import Item, RecordBatch, excerpt, payload, separator, where
+from tfservo.transform.records import Item, RecordBatch, excerpt, payload, where
 from tfservo.transform.state import DeadLetter, RecordFailure
 
 __all__ = ["BatchCaller", "BatchResult"]
@@ -59,7 +59,7 @@ class BatchCaller:
 
     def run(self, batch: RecordBatch) -> BatchResult:
         """Transform one batch; never raises for bad records or model errors."""
-        if self.per_record and not batch.errors:
+        if self.per_record and not batch.errors and self.job.split_type != "None":
             fast = self._fast(batch)
             if fast is not None:
                 return fast
@@ -71,7 +71,7 @@ class BatchCaller:
         sent = batch.sent()
         if not sent:
             return None
-        body = separator(self.job.split_type).join(batch.payloads[i] for i in sent)  # type: ignore[misc]
+        body = batch.body()
         try:
             result = self.invoker.call(body, self.content_type, self.job.accept, self.job.custom_attributes)
         except Exception:
@@ -168,7 +168,8 @@ class BatchCaller:
             raise _RecordFailed(f"the invocation raised {type(exc).__name__}: {exc}") from None
         if not result.ok:
             raise _RecordFailed(f"the model answered {result.status}: {_error_text(result.body)}")
-        rows = answer_rows(result.answer) if self.per_record and result.answer is not None else None
+        whole = self.job.split_type == "None"  # the record is the object: its output is the whole answer
+        rows = answer_rows(result.answer) if self.per_record and not whole and result.answer is not None else None
         kind = _record_kind(result.content_type)
         if rows is not None and kind is not None and len(rows) == len(sent):
             lines = rows.json if kind == "json" else rows.csv
@@ -182,6 +183,8 @@ class BatchCaller:
             out: dict[int, RecordOutput | bytes | str] = {id(item): b"" for item in sent}
             out[id(sent[0])] = assemble_piece(result.body, self.job.assemble_with)
             return out
+        if whole:
+            return {id(sent[0]): whole_response(result.body)}
         try:
             outputs = split_response(result.body, result.content_type, len(sent))
         except SplitError as exc:

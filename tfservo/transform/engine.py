@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from tfservo.errors import ServingError
+from tfservo.media_types import JSON, X_IMAGE
 from tfservo.sagemaker.invocation import Invoker
 from tfservo.transform.calls import BatchCaller, BatchResult
 from tfservo.transform.job import JobError, TransformJob, record_format
@@ -88,10 +89,10 @@ class TransformEngine:
         """Transform every object not done yet (listing INPUT unless `objects` are given)."""
         started = time.monotonic()
         job = self.job
-        store = OutputStore(job.output)
+        store, self.state = OutputStore(job.output), OutputStore(job.state_url)
         if objects is None:
             objects = list_job_inputs(job)
-        self.existing, todo, done = open_output(store, job, objects, self.versions)
+        self.existing, todo, done = open_output(store, self.state, job, objects, self.versions)
         sizes = [o.size for o in todo]
         total_bytes = sum(sizes) if sizes and all(s is not None for s in sizes) else None  # type: ignore[arg-type]
         progress = Progress(len(todo), total_bytes, mode=self.progress_mode, interval=self.progress_interval)
@@ -103,7 +104,7 @@ class TransformEngine:
         for outcome in outcomes:
             summary.add(outcome)
         summary.seconds = time.monotonic() - started
-        summary.report = write_report(store, job, summary)
+        summary.report = write_report(self.state, job, summary)
         return summary
 
     def _run(self, todo: list[InputObject], store: OutputStore, progress: Progress) -> list[ObjectOutcome]:
@@ -282,9 +283,9 @@ class _ObjectRun:
             assert self.writer is not None
             name = dead_letter_name(obj)
             if self.dead:
-                store.put(name, b"".join(d.to_json(obj) for d in self.dead))
+                engine.state.put(name, b"".join(d.to_json(obj) for d in self.dead))
             elif name in engine.existing:
-                store.remove(name)
+                engine.state.remove(name)
             self.writer.commit()
             self.outcome = ObjectOutcome(obj, "done", self.records, None, len(self.dead))
         except Exception as exc:
@@ -305,12 +306,12 @@ class _ObjectRun:
 def object_format(job: TransformJob, obj: InputObject) -> tuple[str, str | None]:
     """(content type, record format) of one object; JobError/RecordError when the job cannot
     transform it (filters on a non-CSV/JSON object, a whole object over --max-payload)."""
-    content_type = job.content_type or guess_content_type(obj.rel, job.compression_type)
+    content_type = job.content_type or JSON  # SageMaker sends this when the job names no ContentType
     fmt = record_format(content_type)
-    if job.uses_data_processing and fmt is None:
+    if job.reads_records and fmt is None:
         raise JobError(
-            f"--input-filter, --output-filter and --join-source need CSV or JSON records, "
-            f"but {obj.url} has content type {content_type} (from its name); "
+            f"--input-filter and --join-source need CSV or JSON records, "
+            f"but {obj.url} is sent as {content_type}; "
             "set --content-type text/csv or application/jsonlines"
         )
     size = obj.size or 0
@@ -378,6 +379,22 @@ def failure_from(exc: BaseException, obj: InputObject) -> RecordFailure:
     return RecordFailure("the object", f"internal error reading {obj.url}: {type(exc).__name__}: {exc}")
 
 
+def content_type_hint(job: TransformJob, objects: list[InputObject]) -> str | None:
+    """Without --content-type every object is sent as application/json, as SageMaker does for a
+    job without a ContentType; when objects look like images, say once which type image
+    handlers expect (they check for application/x-image and would refuse every object)."""
+    if job.content_type is not None:
+        return None
+    images = [o for o in objects if guess_content_type(o.rel, job.compression_type).startswith("image/")]
+    if not images:
+        return None
+    return (
+        f"{len(images)} of {len(objects)} input objects are images (e.g. {images[0].rel}); without "
+        f"--content-type they are sent as {JSON}, as SageMaker sends objects of a job that names no "
+        f"ContentType. SageMaker image handlers expect --content-type {X_IMAGE}"
+    )
+
+
 def list_job_inputs(job: TransformJob) -> list[InputObject]:
     """The job's input objects, after checking that OUTPUT is a folder outside INPUT."""
     out_fs, out_root = url_to_fs(job.output)
@@ -385,9 +402,13 @@ def list_job_inputs(job: TransformJob) -> list[InputObject]:
         raise JobError(f"OUTPUT {job.output} is a file; give a folder (it is made if missing)")
     check_output_outside_input(job)
     try:
-        return list_inputs(job)
+        objects = list_inputs(job)
     except OSError as exc:
         raise JobError(f"cannot list INPUT {job.input}: {type(exc).__name__}: {exc}") from None
+    hint = content_type_hint(job, objects)
+    if hint:
+        log.warning(hint)
+    return objects
 
 
 def check_output_outside_input(job: TransformJob) -> None:

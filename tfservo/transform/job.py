@@ -66,10 +66,17 @@ class TransformJob:
     on_record_error: str = "fail"
     placeholder: str = ""
     overwrite: bool = False
+    state_dir: str | None = None  # None: beside OUTPUT (see state_url)
 
     @property
     def max_payload_bytes(self) -> int:
         return int(self.max_payload_mb * 2**20)
+
+    @property
+    def state_url(self) -> str:
+        """Where the job's description, failure report and dead letters go: --state-dir, else
+        `<OUTPUT>.tfservo-state` beside OUTPUT, so that OUTPUT holds only .out files."""
+        return self.state_dir or default_state_dir(self.output)
 
     @property
     def concurrency(self) -> int:
@@ -91,6 +98,11 @@ class TransformJob:
     @property
     def output_filter_path(self) -> JsonPath | None:
         return _path(self.output_filter)
+
+    @property
+    def reads_records(self) -> bool:
+        """Whether the job looks inside input records (--input-filter, --join-source Input)."""
+        return self.input_filter_path is not None or self.join_source == "Input"
 
     @property
     def uses_data_processing(self) -> bool:
@@ -152,26 +164,47 @@ class TransformJob:
                 except JsonPathError as exc:
                     raise JobError(f"{flag}: {exc}") from None
         if self.uses_data_processing:
-            if self.split_type in ("RecordIO", "TFRecord"):
-                raise JobError(
-                    "--input-filter, --output-filter and --join-source work on CSV and JSON records; "
-                    f"they cannot be used with --split-type {self.split_type} (use Line or None)"
-                )
             needs_lines = self.join_source == "Input" or self.output_filter_path is not None
             if needs_lines and self.split_type == "Line" and self.assemble_with != "Line":
                 raise JobError(
                     "--join-source Input and --output-filter give one output line per input line: "
                     "add --assemble-with Line"
                 )
+        if self.reads_records:  # the output filter works on the answer, whatever the input is
+            if self.split_type in ("RecordIO", "TFRecord"):
+                raise JobError(
+                    "--input-filter and --join-source work on CSV and JSON records; they cannot be "
+                    f"used with --split-type {self.split_type} (use Line or None)"
+                )
             if self.content_type and record_format(self.content_type) is None:
                 raise JobError(
-                    f"--input-filter, --output-filter and --join-source need CSV or JSON records, "
-                    f"but --content-type is {self.content_type}; use text/csv, application/json "
-                    "or application/jsonlines"
+                    f"--input-filter and --join-source need CSV or JSON records, but --content-type "
+                    f"is {self.content_type}; use text/csv, application/json or application/jsonlines "
+                    "(--output-filter alone works with any input: it filters the answer)"
                 )
         for key in self.env:
             if not key or "=" in key:
                 raise JobError(f"--env {key!r}: expected KEY=VALUE")
+        if self.state_dir is None:
+            default_state_dir(self.output)  # a bucket's root has no place beside it
+
+
+STATE_SUFFIX = ".tfservo-state"
+
+
+def default_state_dir(output: str) -> str:
+    """`<OUTPUT>.tfservo-state`: beside OUTPUT, not inside it; JobError for a bucket's root."""
+    stripped = output.rstrip("/")
+    scheme, sep, rest = stripped.partition("://")
+    if sep and "/" not in rest:
+        raise JobError(
+            f"OUTPUT {output} is a bucket's root: tfservo keeps the job's state (description, failure "
+            "report, dead letters) beside OUTPUT so that OUTPUT holds only .out files, and a bucket's "
+            "root has nothing beside it; pass --state-dir (e.g. s3://bucket/transform-state/)"
+        )
+    if not stripped:
+        raise JobError(f"OUTPUT {output!r} is not a folder or prefix; pass --state-dir")
+    return stripped + STATE_SUFFIX
 
 
 def record_format(content_type: str | None) -> str | None:

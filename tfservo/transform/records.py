@@ -1,7 +1,8 @@
 """Splitting an object into records (Line, RecordIO, TFRecord, None) and packing them into requests.
 
-RecordIO and TFRecord records keep their framing in the request body, as SageMaker sends
-them: a request of k records is itself a valid RecordIO / TFRecord stream of k records.
+Records keep their framing in the request body, as SageMaker sends them: a Line record with
+its own line ending (`\n`, or `\r\n`, none for a last line without one), RecordIO and TFRecord
+records whole, so a request of k records is itself a valid stream of k records.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ __all__ = [
     "RecordBatch",
     "RecordChunk",
     "RecordError",
-    "separator",
     "where",
 ]
 
@@ -52,9 +52,14 @@ class Record:
     """One record of an object: its content, its bytes as framed in the object, where it was."""
 
     index: int  # 1-based; for Line, the line number (blank lines count)
-    data: bytes  # content: a line without its newline, a TFRecord/RecordIO payload
-    framed: bytes  # as it goes into a request body (== data for Line and None)
+    data: bytes  # content: a line without its line ending, a TFRecord/RecordIO payload
+    framed: bytes  # as framed in the object: a line with its ending, a whole RecordIO/TFRecord record
     offset: int  # byte offset in the (decompressed) object
+
+    @property
+    def ending(self) -> bytes:
+        """What follows a Line record's content in the object (and in a request): b"\\n", b"\\r\\n" or b""."""
+        return self.framed[len(self.data) :] if self.framed is not self.data else b""
 
     @property
     def blank(self) -> bool:
@@ -96,14 +101,14 @@ def iter_records(stream: BinaryIO, split_type: str, name: str) -> Iterator[Recor
 
 def _lines(stream: BinaryIO) -> Iterator[Record]:
     offset = 0
-    for number, line in enumerate(stream, 1):
-        size = len(line)
+    for number, framed in enumerate(stream, 1):
+        line = framed
         if line.endswith(b"\n"):
             line = line[:-1]
             if line.endswith(b"\r"):
                 line = line[:-1]
-        yield Record(number, line, line, offset)
-        offset += size
+        yield Record(number, line, framed, offset)
+        offset += len(framed)
 
 
 def _read_exact(stream: BinaryIO, size: int) -> bytes:
@@ -238,6 +243,7 @@ class RecordBatch:
     framed: list[bytes] | None = None  # RecordIO/TFRecord: each record with its framing
     offsets: list[int] | None = None  # RecordIO/TFRecord: each record's byte offset
     nbytes: int = 0  # bytes of the (decompressed) object the records span, for progress
+    endings: dict[int, bytes] | None = None  # Line: the line endings that are not b"\n", by position
 
     def __len__(self) -> int:
         return len(self.data)
@@ -245,8 +251,23 @@ class RecordBatch:
     def record(self, i: int) -> Record:
         """Record i as a Record (for messages and dead letters)."""
         data = self.data[i]
-        framed = self.framed[i] if self.framed is not None else data
+        if self.framed is not None:
+            framed = self.framed[i]
+        elif self.endings is not None:
+            framed = data + self.endings.get(i, b"\n")
+        else:
+            framed = data
         return Record(self.first + i, data, framed, self.offsets[i] if self.offsets is not None else 0)
+
+    def body(self) -> bytes:
+        """The request body: each sent record's payload, with its own line ending for Line."""
+        sent = [p for p in self.payloads if p is not None]
+        if self.endings is None:
+            return b"".join(sent)
+        if not self.endings:
+            return b"\n".join(sent) + b"\n" if sent else b""
+        ends = self.endings
+        return b"".join(p + ends.get(i, b"\n") for i, p in enumerate(self.payloads) if p is not None)
 
     def sent(self) -> list[int]:
         """Positions of the records that are sent."""
@@ -258,12 +279,15 @@ class RecordBatch:
 
     def wire(self) -> tuple:
         """Plain tuples of bytes, ints and strings (what Beam's coder writes natively)."""
-        return (self.first, self.data, self.payloads, self.errors, self.framed, self.offsets, self.nbytes)
+        return (self.first, self.data, self.payloads, self.errors, self.framed, self.offsets, self.nbytes, self.endings)
 
     @staticmethod
     def unwire(wire: tuple) -> RecordBatch:
-        first, data, payloads, errors, framed, offsets, nbytes = wire
-        return RecordBatch(first, list(data), list(payloads), dict(errors), framed, offsets, nbytes)
+        first, data, payloads, errors, framed, offsets, nbytes, endings = wire
+        return RecordBatch(
+            first, list(data), list(payloads), dict(errors), framed, offsets, nbytes,
+            None if endings is None else dict(endings),
+        )
 
 
 @dataclass(slots=True)
@@ -275,6 +299,7 @@ class RecordChunk:
     framed: list[bytes] | None = None
     offsets: list[int] | None = None
     nbytes: int = 0
+    endings: dict[int, bytes] | None = None  # Line: endings that are not b"\n", by position
 
 
 def iter_record_chunks(stream: BinaryIO, split_type: str, name: str) -> Iterator[RecordChunk]:
@@ -311,13 +336,15 @@ def _line_chunks(stream: BinaryIO) -> Iterator[RecordChunk]:
         text = b"".join([*pending, block[: cut + 1]]) if pending else block[: cut + 1]
         pending = [block[cut + 1 :]] if cut + 1 < len(block) else []
         lines = text[:-1].split(b"\n")
-        if b"\r" in text:
-            lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
-        yield RecordChunk(index, lines, nbytes=len(text))
+        endings: dict[int, bytes] = {}
+        if b"\r\n" in text:
+            endings = {i: b"\r\n" for i, line in enumerate(lines) if line.endswith(b"\r")}
+            lines = [line[:-1] if i in endings else line for i, line in enumerate(lines)]
+        yield RecordChunk(index, lines, nbytes=len(text), endings=endings)
         index += len(lines)
     if pending:
-        last = b"".join(pending)  # no newline after the last line: kept as it is
-        yield RecordChunk(index, [last], nbytes=len(last))
+        last = b"".join(pending)  # no line ending after the last line: kept as it is
+        yield RecordChunk(index, [last], nbytes=len(last), endings={0: b""})
 
 
 def pack(
@@ -334,12 +361,17 @@ def pack(
 
     A record bigger than `max_bytes` on its own raises RecordError naming it.
     """
-    packer = _Packer(split_type, batch_strategy, max_bytes, name, limit_mb)
+    packer = _Packer(batch_strategy, max_bytes)
+    line = split_type == "Line"
     batch: list[Item] = []
     for item in items:
-        if packer.closes(item.payload, item.record):
-            yield batch
-            batch = []
+        if item.payload is not None:
+            size = len(item.payload) + (len(item.record.ending) if line else 0)
+            if size > max_bytes:
+                raise _too_big(item.record, size, split_type, max_bytes, name, limit_mb)
+            if packer.closes(size):
+                yield batch
+                batch = []
         batch.append(item)
     if batch:
         yield batch
@@ -356,17 +388,24 @@ def pack_batches(
 ) -> Iterator[RecordBatch]:
     """`pack` for record chunks with their payloads and filter errors: the same requests,
     as RecordBatches, whichever chunks the records were read in."""
-    packer = _Packer(split_type, batch_strategy, max_bytes, name, limit_mb)
+    packer = _Packer(batch_strategy, max_bytes)
+    line = split_type == "Line"
     current: RecordBatch | None = None
     for chunk, payloads, errors in chunks:
+        endings = chunk.endings or {}
         start = 0
         for i, payload_ in enumerate(payloads):
-            if payload_ is not None and packer.closes(payload_, None, chunk.first + i, chunk, i):
-                current = _extend(current, chunk, payloads, errors, start, i)
+            if payload_ is None:
+                continue
+            size = len(payload_) + (len(endings.get(i, b"\n")) if line else 0)
+            if size > max_bytes:
+                raise _too_big(_chunk_record(chunk, i), size, split_type, max_bytes, name, limit_mb)
+            if packer.closes(size):
+                current = _extend(current, chunk, payloads, errors, start, i, line)
                 assert current is not None
                 yield current
                 current, start = None, i
-        current = _extend(current, chunk, payloads, errors, start, len(payloads))
+        current = _extend(current, chunk, payloads, errors, start, len(payloads), line)
     if current is not None and current.data:
         yield current
 
@@ -378,6 +417,7 @@ def _extend(
     errors: dict[int, str],
     start: int,
     end: int,
+    line: bool,
 ) -> RecordBatch | None:
     """`batch` with the chunk's records start..end appended (a new batch if None)."""
     if start >= end:
@@ -386,6 +426,7 @@ def _extend(
         batch = RecordBatch(
             chunk.first + start, [], [], {},
             [] if chunk.framed is not None else None, [] if chunk.offsets else None,
+            endings={} if line else None,
         )
     base = len(batch.data)
     batch.data.extend(chunk.data[start:end])
@@ -393,6 +434,10 @@ def _extend(
     for i, error in errors.items():
         if start <= i < end:
             batch.errors[base + i - start] = error
+    if batch.endings is not None and chunk.endings:
+        for i, ending in chunk.endings.items():
+            if start <= i < end:
+                batch.endings[base + i - start] = ending
     if batch.framed is not None and chunk.framed is not None:
         batch.framed.extend(chunk.framed[start:end])
     if batch.offsets is not None and chunk.offsets:
@@ -406,61 +451,45 @@ def _extend(
     return batch
 
 
+def _chunk_record(chunk: RecordChunk, i: int) -> Record:
+    offset = chunk.offsets[i] if chunk.offsets else 0
+    framed = chunk.framed[i] if chunk.framed is not None else chunk.data[i]
+    return Record(chunk.first + i, chunk.data[i], framed, offset)
+
+
+def _too_big(record: Record, size: int, split_type: str, max_bytes: int, name: str, limit_mb: float | None) -> RecordError:
+    at = where(record, split_type)
+    limit = f"{limit_mb:g} MB ({max_bytes} bytes)" if limit_mb else _mb(max_bytes)
+    return RecordError(
+        f"{name}: {at} is {_mb(size)}, over --max-payload {limit}; raise --max-payload or make the record smaller",
+        at,
+    )
+
+
 class _Packer:
     """Where requests end: the one packing rule of `pack` and `pack_batches`."""
 
-    def __init__(self, split_type: str, batch_strategy: str, max_bytes: int, name: str, limit_mb: float | None) -> None:
-        self.split_type = split_type
+    def __init__(self, batch_strategy: str, max_bytes: int) -> None:
         self.single = batch_strategy == "SingleRecord"
         self.max_bytes = max_bytes
-        self.name = name
-        self.limit_mb = limit_mb
-        self.sep = len(separator(split_type))
         self.size = 0
         self.sent = 0
 
-    def closes(
-        self,
-        payload_: bytes | None,
-        record: Record | None,
-        index: int = 0,
-        chunk: RecordChunk | None = None,
-        position: int = 0,
-    ) -> bool:
-        """Whether the request so far ends before this record; counts it into the next one."""
-        if payload_ is None:
-            return False
-        length = len(payload_)
-        if length > self.max_bytes:
-            if record is None:
-                assert chunk is not None
-                offset = chunk.offsets[position] if chunk.offsets else 0
-                framed = chunk.framed[position] if chunk.framed is not None else chunk.data[position]
-                record = Record(index, chunk.data[position], framed, offset)
-            at = where(record, self.split_type)
-            limit = f"{self.limit_mb:g} MB ({self.max_bytes} bytes)" if self.limit_mb else _mb(self.max_bytes)
-            raise RecordError(
-                f"{self.name}: {at} is {_mb(length)}, over --max-payload {limit}; "
-                "raise --max-payload or make the record smaller",
-                at,
-            )
-        extra = length + (self.sep if self.sent else 0)
-        closes = bool(self.sent) and (self.single or self.size + extra > self.max_bytes)
+    def closes(self, size: int) -> bool:
+        """Whether the request so far ends before a record of `size` bytes; counts it into the next."""
+        closes = bool(self.sent) and (self.single or self.size + size > self.max_bytes)
         if closes:
-            self.size, self.sent, extra = 0, 0, length
-        self.size += extra
+            self.size, self.sent = 0, 0
+        self.size += size
         self.sent += 1
         return closes
 
 
-def separator(split_type: str) -> bytes:
-    """What goes between records in a request body."""
-    return b"\n" if split_type == "Line" else b""
-
-
 def payload(batch: list[Item], split_type: str) -> bytes:
-    """The request body for the sent items of a batch."""
-    return separator(split_type).join(item.payload for item in batch if item.payload is not None)
+    """The request body for the sent items of a batch (Line records with their own endings)."""
+    if split_type != "Line":
+        return b"".join(item.payload for item in batch if item.payload is not None)
+    return b"".join(item.payload + item.record.ending for item in batch if item.payload is not None)
 
 
 def _mb(size: int) -> str:

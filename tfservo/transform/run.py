@@ -48,7 +48,7 @@ def run_transform(
     job = job.validated()
     # before loading the model: a wrong path or changed flags fail in a second
     objects = list_job_inputs(job)
-    check_settings(OutputStore(job.output), job, job_description(job))
+    check_settings(OutputStore(job.state_url), job, job_description(job))
     own = service is None
     if service is None:
         apply_env(job.env)

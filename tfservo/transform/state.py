@@ -1,11 +1,14 @@
-"""Job state kept in OUTPUT: which objects are done (resume), the job's description, the
-failure report, dead letters.
+"""A job's state: which objects are done (resume), its description, the failure report, dead
+letters.
 
-An object is done when its .out exists (sinks only ever publish complete ones), so a rerun
-of the same command skips it. `_tfservo_job.json` records what decides the outputs' bytes
-(the bundle, its versions, the flags that shape them): a rerun with other settings stops
-instead of keeping outputs they would not give. Records skipped with --on-record-error skip
-go to `<name>.deadletter.jsonl` beside the .out, written before it.
+OUTPUT holds only `.out` files, as a SageMaker output prefix does; everything else goes to the
+job's state location (`--state-dir`, default `<OUTPUT>.tfservo-state` beside it). An object
+is done when its .out exists (sinks only ever publish complete ones), so a rerun of the same
+command skips it. `job.json` records what decides the outputs' bytes (the bundle, its
+versions, the flags that shape them): a rerun with other settings stops instead of keeping
+outputs they would not give. Records skipped with --on-record-error skip go to
+`deadletters/<name>.deadletter.jsonl`, written before the .out. State that an earlier tfservo
+left inside OUTPUT (`_tfservo_job.json`, …) is read once and moved out.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from tfservo.transform.sinks import OutputStore
 from tfservo.transform.sources import InputObject, display_url, is_local, url_to_fs
 
 __all__ = [
+    "DEAD_LETTERS",
     "DEAD_LETTER_SUFFIX",
     "JOB_NAME",
     "REPORT_NAME",
@@ -45,9 +49,12 @@ __all__ = [
 
 log = logging.getLogger("tfservo.transform")
 
-REPORT_NAME = "_tfservo_failures.json"
-JOB_NAME = "_tfservo_job.json"
+REPORT_NAME = "failures.json"
+JOB_NAME = "job.json"
+DEAD_LETTERS = "deadletters/"
 DEAD_LETTER_SUFFIX = ".deadletter.jsonl"
+# Where tfservo before the state location kept these, inside OUTPUT.
+LEGACY_JOB_NAME, LEGACY_REPORT_NAME = "_tfservo_job.json", "_tfservo_failures.json"
 
 
 @dataclass(frozen=True)
@@ -142,12 +149,13 @@ def pending_objects(
 
 
 def dead_letter_name(obj: InputObject) -> str:
-    return obj.rel + DEAD_LETTER_SUFFIX
+    """The object's dead letters, in the state location."""
+    return DEAD_LETTERS + obj.rel + DEAD_LETTER_SUFFIX
 
 
 def write_report(store: OutputStore, job: TransformJob, summary: TransformSummary) -> str | None:
-    """Write the failure report into OUTPUT when anything failed or was dead-lettered, else
-    remove a stale one; returns where it is."""
+    """Write the failure report into the state location (`store`) when anything failed or was
+    dead-lettered, else remove a stale one; returns where it is."""
     if not summary.failed and not summary.dead_lettered:
         store.remove(REPORT_NAME)
         return None
@@ -211,28 +219,36 @@ def setting_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[s
 
 
 def check_settings(
-    store: OutputStore, job: TransformJob, current: dict[str, Any]
+    state: OutputStore, job: TransformJob, current: dict[str, Any]
 ) -> tuple[dict[str, Any] | None, list[str]]:
     """(the recorded description or None, what `current` changes); JobError when the outputs
-    in OUTPUT were made with other settings and --overwrite is not given."""
+    in OUTPUT were made with other settings and --overwrite is not given. A description an
+    earlier tfservo left inside OUTPUT counts too."""
+    source, name = state, JOB_NAME
     try:
-        recorded = orjson.loads(store.get(JOB_NAME))
-        problem = None if isinstance(recorded, dict) else "is not a JSON object"
+        raw = state.get(JOB_NAME)
     except FileNotFoundError:
-        return None, []
+        source, name = OutputStore(job.output), LEGACY_JOB_NAME
+        try:
+            raw = source.get(LEGACY_JOB_NAME)
+        except FileNotFoundError:
+            return None, []
+    try:
+        recorded = orjson.loads(raw)
+        problem = None if isinstance(recorded, dict) else "is not a JSON object"
     except orjson.JSONDecodeError as exc:
         problem = f"is not valid JSON ({exc})"
     if problem is not None:
         if job.overwrite:
             return None, []
         raise JobError(
-            f"{store.display(JOB_NAME)} {problem}; it records the settings the outputs in {job.output} "
+            f"{source.display(name)} {problem}; it records the settings the outputs in {job.output} "
             "were made with. Use --overwrite to redo every object, or another OUTPUT"
         )
     changes = setting_changes(recorded, current)
     if changes and not job.overwrite:
         raise JobError(
-            f"OUTPUT {job.output} holds outputs made with other settings ({store.display(JOB_NAME)}): "
+            f"OUTPUT {job.output} holds outputs made with other settings ({source.display(name)}): "
             f"{'; '.join(changes)}. Resuming would keep them: add --overwrite to redo every object "
             "with these settings, or write to another OUTPUT"
         )
@@ -240,38 +256,49 @@ def check_settings(
 
 
 def open_output(
-    store: OutputStore, job: TransformJob, objects: list[InputObject], versions: dict[str, list[int]] | None
+    store: OutputStore,
+    state: OutputStore,
+    job: TransformJob,
+    objects: list[InputObject],
+    versions: dict[str, list[int]] | None,
 ) -> tuple[set[str], list[InputObject], list[InputObject]]:
-    """Make OUTPUT ready for a run, before anything is written to it: check and record the
-    job's description, abort a killed run's uploads, remove its partial files. Returns (names
-    in OUTPUT, objects to do, objects already done); both engines start here."""
+    """Make OUTPUT (`store`) and the state location (`state`) ready for a run, before anything
+    is written: check and record the job's description, abort a killed run's uploads, remove
+    its partial files, move state an earlier tfservo left in OUTPUT. Returns (names in the
+    state location, objects to do, objects already done); every engine starts here."""
     current = job_description(job, versions)
-    recorded, changes = check_settings(store, job, current)
-    outputs = {name for o in objects for name in (o.out_name, dead_letter_name(o))}
-    try:
-        store.abort_uploads(outputs | {REPORT_NAME, JOB_NAME})
-    except OSError as exc:
-        log.warning(
-            "could not look for unfinished uploads of interrupted runs under %s (%s: %s); any there "
-            "cost storage until aborted (aws s3api list-multipart-uploads)",
-            job.output, type(exc).__name__, exc,
-        )
+    recorded, changes = check_settings(state, job, current)
+    outputs = {o.out_name for o in objects}
+    letters = {dead_letter_name(o) for o in objects}
+    for where, names in ((store, outputs), (state, letters | {REPORT_NAME, JOB_NAME})):
+        try:
+            where.abort_uploads(names)
+        except OSError as exc:
+            log.warning(
+                "could not look for unfinished uploads of interrupted runs under %s (%s: %s); any "
+                "there cost storage until aborted (aws s3api list-multipart-uploads)",
+                where.url, type(exc).__name__, exc,
+            )
     try:
         existing = store.existing()
+        in_state = state.existing()
     except OSError as exc:
-        raise JobError(f"cannot list OUTPUT {job.output}: {type(exc).__name__}: {exc}") from None
+        raise JobError(f"cannot list OUTPUT {job.output} or its state {job.state_url}: {type(exc).__name__}: {exc}") from None
+    in_state |= _move_legacy_state(store, state, objects, existing)
     earlier = outputs & existing if job.overwrite and (recorded is None or changes) else set()
     if earlier:  # made with other (or unknown) settings: none may outlive this run
         log.info("--overwrite with settings other than those in %s (or none recorded): removing the %d "
-                 "earlier outputs of these objects first", store.display(JOB_NAME), len(earlier))
+                 "earlier outputs of these objects first", state.display(JOB_NAME), len(earlier))
         store.remove_all(earlier)
+        state.remove_all(letters & in_state)
         existing -= earlier
+        in_state -= letters
     # versions not known here (an engine given only an invoker) stay as recorded
     described = {**recorded, **current} if recorded and not changes else current
-    if described != recorded:  # new, changed, or changed in a way that may resume (fail → skip)
-        store.put(JOB_NAME, orjson.dumps(described, option=orjson.OPT_INDENT_2) + b"\n")
-        existing.add(JOB_NAME)
-    cleaned = store.clean_partials()
+    if described != recorded or JOB_NAME not in in_state:  # new, changed, or moved out of OUTPUT
+        state.put(JOB_NAME, orjson.dumps(described, option=orjson.OPT_INDENT_2) + b"\n")
+        in_state.add(JOB_NAME)
+    cleaned = store.clean_partials() + state.clean_partials()
     if cleaned:
         log.info("removed %d partial outputs left by an interrupted run", cleaned)
     todo, done = pending_objects(objects, existing, job.overwrite)
@@ -280,7 +307,29 @@ def open_output(
             "resuming: %d of %d objects already have their .out in %s and are skipped "
             "(--overwrite redoes them)", len(done), len(objects), job.output,
         )
-    return existing, todo, done
+    return in_state, todo, done
+
+
+def _move_legacy_state(
+    store: OutputStore, state: OutputStore, objects: list[InputObject], existing: set[str]
+) -> set[str]:
+    """State an earlier tfservo kept inside OUTPUT, moved to the state location (dead letters)
+    or dropped (description, report: rewritten by this run); returns the names it moved."""
+    moved: set[str] = set()
+    for obj in objects:
+        old = obj.rel + DEAD_LETTER_SUFFIX
+        if old in existing:
+            state.put(dead_letter_name(obj), store.get(old))
+            store.remove(old)
+            existing.discard(old)
+            moved.add(dead_letter_name(obj))
+    for old in (LEGACY_JOB_NAME, LEGACY_REPORT_NAME):
+        if old in existing:
+            store.remove(old)
+            existing.discard(old)
+    if moved:
+        log.info("moved %d dead-letter files from OUTPUT to %s", len(moved), state.display(DEAD_LETTERS))
+    return moved
 
 
 def _shown(value: Any) -> str:
