@@ -174,3 +174,22 @@ def test_container_csv_batch_file_as_sagemaker_frames_it(tmp_path):
     assert run_transform(job, progress="none").ok
     assert lines(tmp_path / "out" / "batch.csv.out") == ["3.5,4.0,5.5"] * 10
     assert json.loads((state(tmp_path / "out") / JOB_NAME).read_bytes())["flags"]["--split-type"] == "Line"
+
+
+def test_each_bundles_code_applies_to_its_own_models(image_bundle, tmp_path):
+    """`serve A B` where only B has code/inference.py: A's models answer by content conversion."""
+    from tfservo.config import resolve_settings
+    from tfservo.sagemaker.service import build_service
+
+    plain = tmp_path / "plain" / "half_plus_two"
+    shutil.copytree(SMC / "resources" / "mme" / "half_plus_two", plain)
+    service = build_service(resolve_settings(paths=[str(plain), str(image_bundle)], multi_model=False))
+    try:
+        names = service.manager.model_names()
+        assert names == ["half_plus_two", "model"]
+        a = service.invoker.invoke(b"1.0\n2.0\n", "text/csv", custom_attributes="tfs-model-name=half_plus_two")
+        assert a.status == 200 and json.loads(a.body) == {"predictions": [2.5, 3.0]}
+        b = service.invoker.invoke(b"\xff" * 10, "application/x-image", custom_attributes="tfs-model-name=model")
+        assert b.status == 200 and json.loads(b.body) == {"predictions": [8.0]}  # through B's handler
+    finally:
+        service.close()

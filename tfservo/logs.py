@@ -8,11 +8,16 @@ import re
 import sys
 import threading
 
-__all__ = ["quiet_tensorflow", "setup_logging"]
+__all__ = ["quiet_libraries", "quiet_tensorflow", "setup_logging"]
 
 # TF 2.21 writes glog-style lines ("I0000 00:00:… file.cc:12] …", "WARNING: All log messages
-# before absl::InitializeLog()") straight to fd 2 and ignores TF_CPP_MIN_LOG_LEVEL.
-_TF_NOISE = re.compile(rb"^([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\]|WARNING: All log messages before absl)")
+# before absl::InitializeLog()") straight to fd 2 and ignores TF_CPP_MIN_LOG_LEVEL. Beam's
+# worker subprocesses (multi_processing) log in Python's default format ("INFO:__main__:…")
+# on the fd 2 they inherit (their errors still pass).
+_TF_NOISE = re.compile(
+    rb"^([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\]|WARNING: All log messages before absl"
+    rb"|(DEBUG|INFO|WARNING):(__main__|root|apache_beam[\w.]*):)"
+)
 _filter_started = False
 
 
@@ -23,6 +28,32 @@ def quiet_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     _filter_native_stderr()
+
+
+# Libraries whose INFO and WARNING lines are not for operators (TF's deprecation notices on
+# every load, Beam's worker chatter and optional-dependency notes); errors still show.
+_NOISY_LOGGERS = ("tensorflow", "absl", "apache_beam", "h5py")
+_NOISY_PATHS = tuple(f"{os.sep}{name}{os.sep}" for name in ("tensorflow", "apache_beam", "absl", "keras"))
+
+
+def _not_library_noise(record: logging.LogRecord) -> bool:
+    """A root-logger filter: drop what those libraries log straight on the root logger."""
+    return record.levelno >= logging.ERROR or not any(part in record.pathname for part in _NOISY_PATHS)
+
+
+def quiet_libraries(level: str = "info") -> None:
+    """TensorFlow's and Beam's noise off in this process (C++ lines on fd 2 included), unless
+    TFSERVO_TF_LOGS=1 or the log level is debug; their errors still show."""
+    if os.environ.get("TFSERVO_TF_LOGS") == "1" or level.lower() == "debug":
+        return
+    quiet_tensorflow()
+    for name in _NOISY_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET or logger.level < logging.ERROR:
+            logger.setLevel(logging.ERROR)
+    root = logging.getLogger()
+    if _not_library_noise not in root.filters:
+        root.addFilter(_not_library_noise)
 
 
 def _filter_native_stderr() -> None:
@@ -75,6 +106,6 @@ def setup_logging(level: str = "info") -> None:
         handlers=[_StderrHandler()],
         force=True,
     )
-    logging.getLogger("tensorflow").setLevel(logging.ERROR)  # deprecation notices from the TF1 loader
-    for noisy in ("absl", "h5py", "botocore", "s3fs", "fsspec", "aiobotocore", "urllib3"):
+    quiet_libraries(level)
+    for noisy in ("botocore", "s3fs", "fsspec", "aiobotocore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

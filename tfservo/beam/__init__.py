@@ -3,10 +3,18 @@
 `BundleModelHandler` loads a bundle in each worker; `RemoteBundleModelHandler` calls a running
 tfservo or TF Serving endpoint over REST or gRPC. Both work with Beam's RunInference,
 KeyedModelHandler, MaybeKeyedModelHandler and `with_exception_handling()`.
+
+Importing it turns TensorFlow's and Beam's INFO/WARNING noise off in this process (their
+errors still show; TFSERVO_TF_LOGS=1 keeps everything): import it before apache_beam to keep
+Beam's own import notes quiet too.
 """
 
-from tfservo.beam.failures import ElementErrors, ElementFailure
-from tfservo.beam.handler import BundleModelHandler, ServingModelHandler
+from tfservo.logs import quiet_libraries
+
+quiet_libraries()
+
+from tfservo.beam.failures import ElementErrors, ElementFailure  # noqa: E402
+from tfservo.beam.handler import BundleModelHandler, ServingModelHandler  # noqa: E402
 
 __all__ = [
     "BundleModelHandler",

@@ -22,6 +22,7 @@ from tfservo.beam.failures import error_from_response
 from tfservo.beam.target import INVOKE, LoadedTarget, Target, check_method, choose_method, merged_attributes
 from tfservo.config import resolve_settings
 from tfservo.errors import BundleError, NotFound, ServingError
+from tfservo.logs import quiet_libraries
 from tfservo.loopback import LoopbackServer, start_handler_endpoints
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE
 from tfservo.sagemaker.custom_attributes import parse_custom_attributes
@@ -52,6 +53,7 @@ class LoadedBundle(LoadedTarget):
         self, bundle: str, selection: Selection, *, intra_op_threads: int = 0, inter_op_threads: int = 0
     ) -> None:
         t0 = time.perf_counter()
+        quiet_libraries()  # TensorFlow's load notices and C++ lines off (TFSERVO_TF_LOGS=1 keeps them)
         settings = resolve_settings(
             paths=[bundle],
             multi_model=False,

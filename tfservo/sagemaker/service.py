@@ -82,12 +82,15 @@ class ModelService:
     # -- building ----------------------------------------------------------------------------
 
     def add_bundle(self, path_or_url: str) -> Bundle:
-        """Open a bundle, prepare its code and load every model in it."""
+        """Open a bundle, prepare its code and load every model in it. The bundle's root code/
+        applies to its own models without a code/ of their own (not to other bundles' models)."""
         bundle = open_bundle(path_or_url)
+        shared = None
         if bundle.code_dir:
-            self.invoker.universal_handlers = self._prepare_code(bundle.code_dir, "universal")
+            label = "bundle_" + hashlib.sha256(bundle.code_dir.encode()).hexdigest()[:10]
+            shared = self._prepare_code(bundle.code_dir, label)
         for source in bundle.models.values():
-            self.add_model(source)
+            self.add_model(source, handlers=shared)
         self.bundles.append(bundle)
         return bundle
 
@@ -96,17 +99,20 @@ class ModelService:
         source: ModelSource,
         policy: VersionPolicy | None = None,
         labels: Mapping[str, int] | None = None,
+        *,
+        handlers: Handlers | None = None,
     ) -> None:
-        """Load one model's versions (all of them unless `policy` says otherwise) and its own code/."""
+        """Load one model's versions (all of them unless `policy` says otherwise) and its own
+        code/ (else `handlers`, its bundle's root code/)."""
         if source.name in self.manager.model_names():
             raise BundleError(
                 f"Model name {source.name} appears twice (again in {source.base_path}); "
                 "rename one of the model dirs"
             )
         if source.code_dir:
-            handlers = self._prepare_code(source.code_dir, source.name)
-            if handlers is not None:
-                self.invoker.handlers[source.name] = handlers
+            handlers = self._prepare_code(source.code_dir, source.name) or handlers
+        if handlers is not None:
+            self.invoker.handlers[source.name] = handlers
         if labels is None:
             labels = self.settings.version_labels.get(source.name)
         try:
@@ -134,8 +140,8 @@ class ModelService:
 
     def _drop_handlers(self, name: str) -> None:
         handlers = self.invoker.handlers.pop(name, None)
-        if handlers is not None:
-            unload_handlers(handlers)
+        if handlers is not None and not any(h is handlers for h in self.invoker.handlers.values()):
+            unload_handlers(handlers)  # no other model of its bundle uses it
 
     def _prepare_code(self, code_dir: str, label: str) -> Handlers | None:
         target = os.path.join(

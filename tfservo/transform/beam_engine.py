@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from tfservo.bundle import open_bundle
+from tfservo.logs import quiet_libraries
 from tfservo.transform import beam_progress
 from tfservo.transform.calls import BatchCaller, BatchResult
 from tfservo.transform.engine import failure_from, list_job_inputs, object_format, request_batches
@@ -218,6 +219,7 @@ def worker_service(job: TransformJob) -> Any:
     from tfservo.loopback import start_handler_endpoints
     from tfservo.transform.run import apply_env, load_service
 
+    quiet_libraries()  # a worker in another process: TF's and Beam's noise off there too
     key = (job.model, tuple(sorted(job.env.items())))
     with _services_lock:
         if key not in _services:
@@ -418,8 +420,7 @@ def run_beam_transform(
     started = time.monotonic()
     job = job.validated()
     flags = (beam_settings or BeamSettings()).flags()
-    if not log.isEnabledFor(logging.DEBUG):  # Beam's INFO lines drown the job's own (--log-level debug shows them)
-        logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    quiet_libraries("debug" if log.isEnabledFor(logging.DEBUG) else "info")  # Beam's lines would drown the job's
     objects = list_job_inputs(job)
     store, state = OutputStore(job.output), OutputStore(job.state_url)
     check_settings(state, job, job_description(job))  # changed flags stop the job before the bundle is read

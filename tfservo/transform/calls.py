@@ -18,7 +18,13 @@ import orjson
 from tfservo.media_types import CSV, JSON_TYPES, essence
 from tfservo.sagemaker.invocation import Invoker
 from tfservo.tfserving.rows import answer_rows
-from tfservo.transform.assemble import RecordOutput, SplitError, assemble_piece, split_response, whole_response
+from tfservo.transform.assemble import (
+    RecordOutput,
+    SplitError,
+    assemble_piece,
+    split_response,
+    whole_response,
+)
 from tfservo.transform.job import TransformJob
 from tfservo.transform.joiner import DataProcessing, FilterError
 from tfservo.transform.records import Item, RecordBatch, excerpt, payload, where
