@@ -107,6 +107,14 @@ def main() -> None:
     default=None,
     help="Check model base paths for new or removed version dirs this often [default: 0, never].",
 )
+@click.option(
+    "--reload",
+    "reload_code",
+    is_flag=True,
+    default=False,
+    help="Import code/inference.py, code/lib and the bundle's helper modules again when they change, "
+    "without reloading the models (a handler that does not import is logged and the previous one kept).",
+)
 def serve(
     paths,
     host,
@@ -125,6 +133,7 @@ def serve(
     model_root,
     model_config_file,
     file_system_poll_wait_seconds,
+    reload_code,
 ):
     """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
 
@@ -154,6 +163,7 @@ def serve(
         model_config_file=model_config_file,
         file_system_poll_wait_seconds=file_system_poll_wait_seconds,
         multi_model=multi_model or None,
+        reload_code=reload_code,
     )
     setup_logging(settings.log_level)
     try:
@@ -186,31 +196,64 @@ def inspect(path: str) -> None:
 @click.option("--accept", "-a", default=None, help="Accept header [default: application/json].")
 @click.option("--custom-attributes", "-c", default=None, help="X-Amzn-SageMaker-Custom-Attributes, e.g. 'tfs-method=regress'.")
 @click.option("--model", "model_name", default=None, help="Model to invoke (as /models/NAME/invoke) [default: the default model].")
-def invoke(path: str, content_type: str, accept: str | None, custom_attributes: str | None, model_name: str | None) -> None:
+@click.option("--watch", is_flag=True, default=False,
+              help="Keep the model loaded and run the same request again whenever code/inference.py, code/lib "
+              "or a helper module changes (Ctrl-C to stop).")
+def invoke(
+    path: str, content_type: str, accept: str | None, custom_attributes: str | None, model_name: str | None,
+    watch: bool,
+) -> None:
     """Run one /invocations request in-process on PATH, body from stdin, answer on stdout.
 
-    The handler author's loop: no server to start, same conversions and inference.py calls.
+    The handler author's loop: no server to start, same conversions and inference.py calls;
+    with --watch, edit the handler and see the new answer without loading the model again.
     Exits 1 (error JSON on stdout) when the invocation answers with an error status.
     """
     from tfservo.config import resolve_settings
     from tfservo.errors import ServingError
     from tfservo.loopback import open_service
 
-    setup_logging("warning")
+    setup_logging("info" if watch else "warning")
     body = sys.stdin.buffer.read()
     settings = _settings(resolve_settings, paths=[path], multi_model=False)
     try:
         with open_service(settings) as service:
-            result = service.invoker.invoke(body, content_type, accept, custom_attributes, model_name)
+            def run() -> int:
+                result = service.invoker.invoke(body, content_type, accept, custom_attributes, model_name)
+                sys.stdout.buffer.write(result.body)
+                if not result.body.endswith(b"\n"):
+                    sys.stdout.buffer.write(b"\n")
+                sys.stdout.flush()
+                if not result.ok:
+                    click.echo(f"tfservo: invocation failed with status {result.status}", err=True)
+                return 0 if result.ok else 1
+
+            status = run()
+            if watch:
+                _watch_code(service, run)
     except ServingError as exc:
         raise click.ClickException(exc.message) from None
-    sys.stdout.buffer.write(result.body)
-    if not result.body.endswith(b"\n"):
-        sys.stdout.buffer.write(b"\n")
-    sys.stdout.flush()
-    if not result.ok:
-        click.echo(f"tfservo: invocation failed with status {result.status}", err=True)
-        sys.exit(1)
+    sys.exit(status)
+
+
+def _watch_code(service, run) -> None:
+    """Run `run` again after each reload of the service's handler code, until Ctrl-C."""
+    import threading
+
+    from tfservo.sagemaker.code_reload import CodeReloader
+
+    changed = threading.Event()
+    reloader = CodeReloader(service, on_reload=lambda dirs: changed.set()).start()
+    click.echo("tfservo: watching the handler code; edit it to run the request again (Ctrl-C stops)", err=True)
+    try:
+        while True:
+            if changed.wait(0.5):
+                changed.clear()
+                run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        reloader.stop()
 
 
 def _settings(resolve, **flags):  # -> tfservo.config.Settings

@@ -58,6 +58,7 @@ class Settings:
     model_config_file: str | None = None
     file_system_poll_wait_seconds: float = 0.0
     requirements_dir: str | None = None  # where code/requirements.txt installs go
+    reload_code: bool = False  # serve --reload: import changed handler code again
     # the serving front door (HTTP and gRPC listeners, worker processes)
     host: str = "127.0.0.1"
     port: int = 8080
@@ -96,6 +97,7 @@ def resolve_settings(
     model_config_file: str | None = None,
     file_system_poll_wait_seconds: float | None = None,
     default_model_name: str | None = None,
+    reload_code: bool = False,
     serve_default_path: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> Settings:
@@ -147,6 +149,7 @@ def resolve_settings(
         workers=workers,
         log_level=log_level or env.get("TFSERVO_LOG_LEVEL", "info"),
         execution_parameters=execution_parameters_from_env(env),
+        reload_code=reload_code,
     )
 
 

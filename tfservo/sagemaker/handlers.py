@@ -228,6 +228,36 @@ def unload_handlers(handlers: Handlers) -> None:
         _release_paths(handlers.path_entries)
 
 
+def reload_handlers(old: Handlers, module_name: str) -> Handlers:
+    """A fresh import of `old`'s inference.py, its code dir's helper modules and lib/ as
+    `module_name`. On success `old` is forgotten; on failure (a BundleError naming file and
+    line) everything stays as it was, so `old` keeps answering."""
+    code_dir = os.path.dirname(old.path)
+    # what load_handlers put on sys.path besides lib/ and the code dir: requirement targets
+    extra = tuple(e for e in old.path_entries if e not in (code_dir, os.path.join(code_dir, "lib")))
+    with _IMPORT_LOCK:
+        helpers = _HELPERS.pop(code_dir, {})
+        for name, module in helpers.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]  # imported again from the edited files
+        try:
+            new = load_handlers(code_dir, module_name=module_name, extra_paths=extra)
+            if new is None:
+                raise BundleError(f"{old.path} is gone; put inference.py back (the previous handler keeps answering)")
+        except BaseException:
+            for name, module in _HELPERS.pop(code_dir, {}).items():
+                if sys.modules.get(name) is module:
+                    del sys.modules[name]
+            _HELPERS[code_dir] = helpers
+            for name, module in helpers.items():
+                sys.modules.setdefault(name, module)
+            raise
+        if sys.modules.get(old.module.__name__) is old.module:
+            del sys.modules[old.module.__name__]
+        _release_paths(old.path_entries)
+    return new
+
+
 def _handler_functions(module: ModuleType, path: str) -> tuple[Any, Any, Any]:
     """(handler, input_handler, output_handler) of an imported inference.py, checked."""
     handler = _function(module, "handler", path)

@@ -12,12 +12,18 @@ import hashlib
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from tfservo.bundle import Bundle, ModelSource, open_bundle
 from tfservo.config import Settings
-from tfservo.errors import BundleError
-from tfservo.sagemaker.handlers import Handlers, install_requirements, load_handlers, unload_handlers
+from tfservo.errors import BundleError, ServingError
+from tfservo.sagemaker.handlers import (
+    Handlers,
+    install_requirements,
+    load_handlers,
+    reload_handlers,
+    unload_handlers,
+)
 from tfservo.sagemaker.invocation import Invoker
 from tfservo.sagemaker.model_config_reloader import ModelConfigReloader
 from tfservo.tfserving.api import TFServingAPI
@@ -65,6 +71,7 @@ class ModelService:
         self.model_config = ModelConfigReloader(self)
         self.bundles: list[Bundle] = []
         self.configured_models: list[str] = []
+        self._reloads = 0
         self.rest_base: str | None = None
         self.grpc_port: int | None = None
         self.invoker = Invoker(
@@ -137,6 +144,42 @@ class ModelService:
     def update_model(self, name: str, policy: VersionPolicy, labels: Mapping[str, int]) -> None:
         """Apply a new version policy and labels to a served model (a model config reload)."""
         self.lifecycle.update(name, policy, labels)
+
+    def code_dirs(self) -> list[str]:
+        """The code dirs whose inference.py this service runs."""
+        return sorted({os.path.dirname(h.path) for h in self._all_handlers()})
+
+    def reload_code(self, changed: Iterable[str] | None = None) -> list[str]:
+        """Import again the inference.py (and lib/, helper modules) of the code dirs under the
+        `changed` paths (all when None), without touching the loaded models. A handler that
+        fails to import is logged with its file and line and the previous one keeps answering.
+        Returns the code dirs reloaded."""
+        paths = None if changed is None else [os.path.abspath(p) for p in changed]
+        reloaded = []
+        for old in self._all_handlers():
+            code_dir = os.path.dirname(old.path)
+            if paths is not None and not any(p == code_dir or p.startswith(code_dir + os.sep) for p in paths):
+                continue
+            self._reloads += 1
+            try:
+                new = reload_handlers(old, f"{old.module.__name__.split('__r')[0]}__r{self._reloads}")
+            except ServingError as exc:
+                log.error("code in %s not reloaded, the previous handler keeps answering: %s", code_dir, exc.message)
+                continue
+            for name, handlers in list(self.invoker.handlers.items()):
+                if handlers is old:
+                    self.invoker.handlers[name] = new
+            if self.invoker.universal_handlers is old:
+                self.invoker.universal_handlers = new
+            reloaded.append(code_dir)
+            log.info("reloaded %s (models unchanged)", old.path)
+        return reloaded
+
+    def _all_handlers(self) -> list[Handlers]:
+        found: dict[int, Handlers] = {id(h): h for h in self.invoker.handlers.values()}
+        if self.invoker.universal_handlers is not None:
+            found[id(self.invoker.universal_handlers)] = self.invoker.universal_handlers
+        return list(found.values())
 
     def _drop_handlers(self, name: str) -> None:
         handlers = self.invoker.handlers.pop(name, None)

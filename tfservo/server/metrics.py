@@ -101,6 +101,9 @@ class Metrics:
             "tfservo_model_load_seconds", "Seconds the model version took to load",
             ["model", "version"], multiprocess_mode="liveall", registry=reg,
         )
+        self.model_loads = Counter(
+            "tfservo_model_loads", "Model versions loaded (a code reload loads none)", ["model", "version"], registry=reg,
+        )
         self.model_load_failures = Counter(
             "tfservo_model_load_failures", "Model versions that failed to load", ["model", "version"], registry=reg,
         )
@@ -128,6 +131,7 @@ class Metrics:
             self.model_state.labels(model, version, state.value).set(1 if sv.state is state else 0)
         if sv.state is State.AVAILABLE and sv.load_seconds is not None:
             self.model_load_seconds.labels(model, version).set(sv.load_seconds)
+            self.model_loads.labels(model, version).inc()
         if sv.state is State.END and sv.error and id(sv) not in self._failures_counted:
             # Unloading a failed version reports it again: count each version object once.
             self._failures_counted.add(id(sv))

@@ -103,6 +103,11 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     metrics, drain = Metrics(), Drain()
     service, app = start_worker(settings, port, metrics, drain)
     grpc_server = start_grpc(service, settings, metrics, reuse_port=link is not None)
+    reloader = None
+    if settings.reload_code:
+        from tfservo.sagemaker.code_reload import CodeReloader
+
+        reloader = CodeReloader(service).start()
 
     def stop_listeners() -> None:
         if link is not None:  # a handler in another worker may still call back into this one
@@ -125,6 +130,8 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     try:
         server.run(sockets=[sock])
     finally:
+        if reloader is not None:
+            reloader.stop()
         if grpc_server is not None:
             grpc_server.stop(_GRACE_SECONDS).wait(_GRACE_SECONDS + 5)
         service.close()
