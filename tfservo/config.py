@@ -150,6 +150,7 @@ def resolve_settings(
         log_level=log_level or env.get("TFSERVO_LOG_LEVEL", "info"),
         execution_parameters=execution_parameters_from_env(env),
         reload_code=reload_code,
+        requirements_dir=env.get("TFSERVO_REQUIREMENTS_DIR") or None,
     )
 
 
