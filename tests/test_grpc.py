@@ -400,3 +400,17 @@ def test_handler_context_channel_calls_this_servers_grpc_api(server, http):
     assert body["y"] == [2.5, 5.0]
     assert body["grpc_uri"] == server.grpc_target
     assert str(body["grpc_port"]) == server.grpc_target.rsplit(":", 1)[1]
+
+
+def test_bytes_that_are_not_the_request_message_are_invalid_argument(server) -> None:
+    """Not INTERNAL: a client's malformed message is the client's mistake (as in TF Serving)."""
+    import grpc
+
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        for method in ("/tensorflow.serving.PredictionService/Predict", "/tensorflow.serving.ModelService/GetModelStatus"):
+            call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+            for junk in (b"\xff\xff\xff\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x12\x05abc"):
+                with pytest.raises(grpc.RpcError) as caught:
+                    call(junk, timeout=10)
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, junk, caught.value)
+                assert "is not a valid tensorflow.serving." in caught.value.details()

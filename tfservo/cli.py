@@ -115,6 +115,14 @@ def main() -> None:
     help="Import code/inference.py, code/lib and the bundle's helper modules again when they change, "
     "without reloading the models (a handler that does not import is logged and the previous one kept).",
 )
+@click.option("--keep-alive-timeout", type=float, default=None,
+              help="Close an idle keep-alive connection after this many seconds [default: 5].")
+@click.option("--header-timeout", type=float, default=None,
+              help="A request's headers must arrive within this many seconds of the connection or the "
+              "previous answer, else 408 and the connection closes [default: 10].")
+@click.option("--max-connections", type=int, default=None,
+              help="Open connections per worker; past it a new one gets 503 and is closed "
+              "[default: the process's file limit less 128].")
 def serve(
     paths,
     host,
@@ -134,6 +142,9 @@ def serve(
     model_config_file,
     file_system_poll_wait_seconds,
     reload_code,
+    keep_alive_timeout,
+    header_timeout,
+    max_connections,
 ):
     """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
 
@@ -164,6 +175,9 @@ def serve(
         file_system_poll_wait_seconds=file_system_poll_wait_seconds,
         multi_model=multi_model or None,
         reload_code=reload_code,
+        keep_alive_timeout=keep_alive_timeout,
+        header_timeout=header_timeout,
+        max_connections=max_connections,
     )
     setup_logging(settings.log_level)
     try:

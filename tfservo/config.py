@@ -66,6 +66,9 @@ class Settings:
     max_request_mb: float = 100.0
     workers: int = 1
     log_level: str = "info"
+    keep_alive_timeout: float = 5.0  # idle keep-alive connections close after this
+    header_timeout: float = 10.0  # a request's headers must arrive within this
+    max_connections: int = 0  # open connections per worker; 0: from the file limit
     execution_parameters: Mapping[str, object] = field(default_factory=dict)
 
     @property
@@ -98,6 +101,9 @@ def resolve_settings(
     file_system_poll_wait_seconds: float | None = None,
     default_model_name: str | None = None,
     reload_code: bool = False,
+    keep_alive_timeout: float | None = None,
+    header_timeout: float | None = None,
+    max_connections: int | None = None,
     serve_default_path: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> Settings:
@@ -150,6 +156,9 @@ def resolve_settings(
         log_level=log_level or env.get("TFSERVO_LOG_LEVEL", "info"),
         execution_parameters=execution_parameters_from_env(env),
         reload_code=reload_code,
+        keep_alive_timeout=_positive("--keep-alive-timeout", keep_alive_timeout, 5.0),
+        header_timeout=_positive("--header-timeout", header_timeout, 10.0),
+        max_connections=int(_positive("--max-connections", max_connections, 0, allow_zero=True)),
         requirements_dir=env.get("TFSERVO_REQUIREMENTS_DIR") or None,
     )
 
@@ -244,6 +253,14 @@ def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw in _FALSE:
         return False
     raise ConfigError(f"environment variable {name}={raw!r} must be 'true' or 'false'")
+
+
+def _positive(flag: str, value: float | None, default: float, *, allow_zero: bool = False) -> float:
+    if value is None:
+        return default
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{flag} must be more than 0, got {value:g}")
+    return value
 
 
 def _flag_or_env(flag: int | None, env: Mapping[str, str], name: str, default: int) -> int:

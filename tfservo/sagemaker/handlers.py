@@ -118,9 +118,9 @@ class Handlers:
     def _run(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         try:
             return function(*args)
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:
             log.error("%s in %s raised %s", name, self.path, type(exc).__name__, exc_info=True)
-            error = HandlerError(str(exc))
+            error = HandlerError(str(exc) or type(exc).__name__)
             error.user_traceback = traceback.format_exc()  # type: ignore[attr-defined]
             raise error from exc
 

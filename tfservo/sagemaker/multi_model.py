@@ -37,6 +37,8 @@ __all__ = ["available_memory_bytes", "InsufficientMemory", "MultiModelEndpoint",
 
 log = logging.getLogger("tfservo.multi_model")
 
+_MAX_PATH, _MAX_NAME = 4096, 255  # what Linux allows a path and one of its names
+
 
 
 class InsufficientMemory(ResourceExhausted):
@@ -142,6 +144,13 @@ class MultiModelEndpoint:
 
     def _confine(self, name: str, url: str) -> str:
         """The real path of `url`, which must lie inside the model root (403 otherwise)."""
+        if "\x00" in url:
+            raise InvalidArgument(f"url for model {name} contains a NUL byte; give a path under {self.model_root}")
+        if len(url) > _MAX_PATH or any(len(part.encode()) > _MAX_NAME for part in url.split("/")):
+            raise InvalidArgument(
+                f"url for model {name} is too long ({len(url)} characters, or a part over {_MAX_NAME} bytes); "
+                f"give a path under {self.model_root}"
+            )
         path = url
         if "://" in url:
             scheme, rest = url.split("://", 1)
@@ -163,6 +172,11 @@ class MultiModelEndpoint:
             raise PermissionDenied(
                 f"url {url} for model {name} resolves to {real}, outside the model root "
                 f"{self.model_root}; put the model under the root (started with --model-root)"
+            )
+        if os.path.exists(real) and not os.path.isdir(real):
+            raise InvalidArgument(
+                f"url {url} for model {name} is a file; POST /models loads a model directory (numeric "
+                f"version dirs inside) under {self.model_root}: extract the archive there first"
             )
         return real
 

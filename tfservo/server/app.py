@@ -139,6 +139,13 @@ def build_app(
     async def exec_params(request: Request) -> Response:
         return json_response(execution_parameters or {})
 
+    async def list_models(request: Request) -> Response:
+        """GET /v1/models: every model with its versions and their states (TF Serving has none)."""
+        def models() -> dict[str, Any]:
+            return {"models": [{"name": name, **service.api.status(name, None, None)} for name in service.model_names()]}
+
+        return json_response(await in_thread(models))
+
     async def not_found(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404:
             msg = f"No route for {request.method} {request.url.path}; see /ping, /invocations, /v1/models/{{name}}"
@@ -157,6 +164,7 @@ def build_app(
         Route("/ping", ping, methods=["GET"]),
         Route("/invocations", endpoint, methods=["POST"]),
         Route("/execution-parameters", exec_params, methods=["GET"]),
+        Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{rest:path}", tfs_rest, methods=["GET", "POST"]),
     ]
     if multi_model is not None:
@@ -167,6 +175,7 @@ def build_app(
         routes=routes,
         exception_handlers={HTTPException: not_found, Exception: server_error},  # type: ignore[dict-item]
     )
+    starlette.router.redirect_slashes = False  # a redirect built from the client's Host header helps no one
     return ServingApp(hot, starlette, endpoint)
 
 

@@ -72,15 +72,24 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_config(app: Any, log_level: str, **kw: Any) -> uvicorn.Config:
-    """uvicorn's settings for a tfservo app (uvloop, httptools, no access log of its own)."""
+def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, **kw: Any) -> uvicorn.Config:
+    """uvicorn's settings for a tfservo app: uvloop, httptools through ServingProtocol (JSON
+    errors, header timeout, connection cap), no WebSockets, no access log of its own."""
+    from tfservo.server.protocol import default_max_connections, protocol_class
+
+    level = (log_level or settings.log_level).lower()
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=protocol_class(
+            header_timeout=settings.header_timeout,
+            max_connections=settings.max_connections or default_max_connections(),
+        ),
+        ws="none",
         lifespan="off",
         access_log=False,
-        log_level="warning" if log_level.lower() != "debug" else "debug",
+        log_level="warning" if level != "debug" else "debug",
+        timeout_keep_alive=max(1, round(settings.keep_alive_timeout)),
         timeout_graceful_shutdown=30,
         **kw,
     )
@@ -121,7 +130,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
             link.ready()
 
     server = GracefulServer(
-        uvicorn_config(app, settings.log_level),
+        uvicorn_config(app, settings),
         drain,
         on_stop=stop_listeners,
         grace_seconds=_GRACE_SECONDS,

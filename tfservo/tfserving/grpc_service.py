@@ -92,6 +92,44 @@ def grpc_status(code: Code | int) -> grpc.StatusCode:
         return grpc.StatusCode.UNKNOWN
 
 
+class UndecodableRequest:
+    """What a request's bytes became when they are not the message the method takes."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _tolerant(message_class: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises: grpc answers INTERNAL for a deserializer that
+    does, where a client's bad bytes are INVALID_ARGUMENT."""
+    name = message_class.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except Exception as exc:
+            return UndecodableRequest(f"The request is not a valid {name} ({exc}); send a serialized {name}")
+
+    return parse
+
+
+def _service_handler(service: str, servicer: Any, methods: dict[str, tuple[Any, Any]]) -> grpc.GenericRpcHandler:
+    """The unary methods of `service` on `servicer`, with tolerant request deserializers."""
+    return grpc.method_handlers_generic_handler(
+        service,
+        {
+            name: grpc.unary_unary_rpc_method_handler(
+                getattr(servicer, name),
+                request_deserializer=_tolerant(request),
+                response_serializer=response.SerializeToString,
+            )
+            for name, (request, response) in methods.items()
+        },
+    )
+
+
 class _Calls:
     """Runs one RPC inside a request scope and turns ServingErrors into gRPC statuses."""
 
@@ -99,9 +137,13 @@ class _Calls:
         self._service = service
         self._scope = scope
 
-    def run(self, rpc: str, method: str, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
+    def run(
+        self, rpc: str, method: str, context: grpc.ServicerContext, fn: Callable[[], Any], request: Any = None
+    ) -> Any:
         with self._scope(f"/{self._service}/{rpc}", method) as labels:
             try:
+                if isinstance(request, UndecodableRequest):
+                    raise InvalidArgument(request.message)
                 response = fn()
             except ServingError as exc:
                 code = grpc_status(exc.code)
@@ -123,21 +165,21 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self._calls = _Calls(PREDICTION_SERVICE, scope)
 
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
-        return self._calls.run("Predict", "predict", context, lambda: self.predict(request))
+        return self._calls.run("Predict", "predict", context, lambda: self.predict(request), request)
 
     def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext) -> Any:
-        return self._calls.run("Classify", "classify", context, lambda: self.classify(request))
+        return self._calls.run("Classify", "classify", context, lambda: self.classify(request), request)
 
     def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext) -> Any:
-        return self._calls.run("Regress", "regress", context, lambda: self.regress(request))
+        return self._calls.run("Regress", "regress", context, lambda: self.regress(request), request)
 
     def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext) -> Any:
-        return self._calls.run("MultiInference", "multi_inference", context, lambda: self.multi_inference(request))
+        return self._calls.run("MultiInference", "multi_inference", context, lambda: self.multi_inference(request), request)
 
     def GetModelMetadata(
         self, request: get_model_metadata_pb2.GetModelMetadataRequest, context: grpc.ServicerContext
     ) -> Any:
-        return self._calls.run("GetModelMetadata", "metadata", context, lambda: self.metadata(request))
+        return self._calls.run("GetModelMetadata", "metadata", context, lambda: self.metadata(request), request)
 
     # -- the calls, without gRPC -----------------------------------------------------------------
 
@@ -248,12 +290,12 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         self._reload_config = reload_config
 
     def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context: grpc.ServicerContext) -> Any:
-        return self._calls.run("GetModelStatus", "status", context, lambda: self.status(request))
+        return self._calls.run("GetModelStatus", "status", context, lambda: self.status(request), request)
 
     def HandleReloadConfigRequest(
         self, request: model_management_pb2.ReloadConfigRequest, context: grpc.ServicerContext
     ) -> Any:
-        return self._calls.run("HandleReloadConfigRequest", "reload_config", context, lambda: self.reload(request))
+        return self._calls.run("HandleReloadConfigRequest", "reload_config", context, lambda: self.reload(request), request)
 
     def status(self, request: get_model_status_pb2.GetModelStatusRequest) -> get_model_status_pb2.GetModelStatusResponse:
         name, version, label = _selection(request.model_spec)
@@ -299,12 +341,23 @@ class GrpcServer:
                 ("grpc.so_reuseport", 1 if reuse_port else 0),
             ],
         )
-        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionServicer(api, scope), self._server
-        )
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelServicer(api, scope, reload_config), self._server
-        )
+        self._server.add_generic_rpc_handlers((
+            _service_handler(PREDICTION_SERVICE, PredictionServicer(api, scope), {
+                "Predict": (predict_pb2.PredictRequest, predict_pb2.PredictResponse),
+                "Classify": (classification_pb2.ClassificationRequest, classification_pb2.ClassificationResponse),
+                "Regress": (regression_pb2.RegressionRequest, regression_pb2.RegressionResponse),
+                "MultiInference": (inference_pb2.MultiInferenceRequest, inference_pb2.MultiInferenceResponse),
+                "GetModelMetadata": (
+                    get_model_metadata_pb2.GetModelMetadataRequest, get_model_metadata_pb2.GetModelMetadataResponse,
+                ),
+            }),
+            _service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), {
+                "GetModelStatus": (get_model_status_pb2.GetModelStatusRequest, get_model_status_pb2.GetModelStatusResponse),
+                "HandleReloadConfigRequest": (
+                    model_management_pb2.ReloadConfigRequest, model_management_pb2.ReloadConfigResponse,
+                ),
+            }),
+        ))
         self.host = host
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:

@@ -25,7 +25,7 @@ import numpy as np
 
 __all__ = ["NumericTensor", "numeric_values", "parse_numeric_request"]
 
-_MAX_RANK = 254  # TensorShape's maximum number of dimensions
+_MAX_RANK = 64  # numpy arrays have at most 64 dimensions (TensorShape allows 254)
 _REQUEST_KEYS = ("instances", "inputs")
 _STRUCTURE = b"[],{}"
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in _STRUCTURE)

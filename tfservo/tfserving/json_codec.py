@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 MAX_DEPTH = 512  # deepest JSON nesting accepted, well inside Python's recursion limit
-_MAX_RANK = 254  # TensorShape's maximum number of dimensions
+_MAX_RANK = 64  # numpy arrays have at most 64 dimensions (TensorShape allows 254)
 _RENDER_LIMIT = 200  # characters of a JSON value quoted in an error message
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
@@ -224,7 +224,7 @@ def _parse_fallback(body: bytes, err: orjson.JSONDecodeError) -> Any:
 def _too_deep_error() -> InvalidArgument:
     return InvalidArgument(
         f"JSON Parse error: the document is nested more than {MAX_DEPTH} levels deep; "
-        "flatten the request (tensors have at most 254 dimensions)"
+        f"flatten the request (tensors have at most {_MAX_RANK} dimensions here)"
     )
 
 

@@ -41,6 +41,7 @@ else:
 
 # One tensor a request may make by filling a shape from a single value; bigger ones must be sent.
 MAX_FILL_BYTES = 256 * 2**20
+_MAX_RANK = 64  # numpy's limit
 # Below this many values the plain protobuf path is as fast as reading the wire bytes.
 _FAST_MIN_VALUES = 64
 
@@ -115,6 +116,8 @@ def _shape(proto: TensorProto, name: str) -> tuple[int, ...]:
     if proto.tensor_shape.unknown_rank:
         raise InvalidArgument(f"{name} has an unknown rank; set tensor_shape to the tensor's dimensions")
     shape = tuple(d.size for d in proto.tensor_shape.dim)
+    if len(shape) > _MAX_RANK:
+        raise InvalidArgument(f"{name} has {len(shape)} dimensions; tensors here have at most {_MAX_RANK}")
     if any(d < 0 for d in shape):
         raise InvalidArgument(
             f"{name} has shape {list(shape)} with an unknown (-1) dimension; send the actual dimensions"

@@ -1,0 +1,109 @@
+"""The HTTP protocol layer on a real server: malformed requests and upgrades answer JSON at
+once, slow and idle clients are cut off on time, and too many connections cannot lock others out."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+from conftest import TFS
+from server_process import ServerProcess
+
+MODEL = TFS / "saved_model_half_plus_two_cpu"
+
+
+@pytest.fixture(scope="module")
+def server():
+    args = [str(MODEL), "--header-timeout", "1", "--keep-alive-timeout", "1", "--max-connections", "40"]
+    with ServerProcess(args) as proc:
+        yield proc
+
+
+def raw(server: ServerProcess, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send bytes on a fresh connection, read until the server closes it."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+def status_and_json(answer: bytes) -> tuple[int, dict]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), answer
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /invocations HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\nContent-Length: 2\r\n\r\n{}",
+        b"\xef\xbb\xbfGET /ping HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /ping HTTP/9.9\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello on the plain port
+    ],
+    ids=["control-character", "byte-order-mark", "bad-version", "tls-on-plain"],
+)
+def test_malformed_http_answers_400_in_json(server, request_bytes) -> None:
+    status, doc = status_and_json(raw(server, request_bytes))
+    assert status == 400 and doc["error"].startswith("Malformed HTTP request")
+
+
+def test_an_upgrade_request_is_answered_at_once(server) -> None:
+    started = time.monotonic()
+    body = b'{"instances": [1.0]}'
+    answer = raw(server, b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                         b"Upgrade: websocket\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    status, doc = status_and_json(answer)
+    assert status == 400 and "upgrades" in doc["error"] and time.monotonic() - started < 2
+
+
+def test_idle_and_slow_clients_are_closed_on_time_while_others_are_served(server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    idle = [socket.create_connection((host, int(port))) for _ in range(10)]
+    slow = socket.create_connection((host, int(port)))
+    started = time.monotonic()
+    for byte in b"GET /ping HT":  # a byte every 0.2 s: the headers never complete in time
+        try:
+            slow.sendall(bytes([byte]))
+        except OSError:
+            break
+        with httpx.Client(base_url=server.url, timeout=5) as client:  # others keep their answers
+            assert client.get("/ping").status_code == 200
+        time.sleep(0.2)
+    for sock in [*idle, slow]:
+        sock.settimeout(5)
+        data = sock.recv(65536)
+        assert data.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in data
+        assert sock.recv(1) == b""  # closed
+        sock.close()
+    assert time.monotonic() - started < 6
+
+
+def test_connections_past_the_limit_are_refused_without_locking_others_out(server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    held = [socket.create_connection((host, int(port))) for _ in range(60)]
+    try:
+        refused = 0
+        for sock in held:
+            sock.settimeout(0.2)
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                continue
+            if data.startswith(b"HTTP/1.1 503"):
+                refused += 1
+                assert b"--max-connections" in data
+        assert refused >= 20
+    finally:
+        for sock in held:
+            sock.close()
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        assert client.get("/ping").status_code == 200
