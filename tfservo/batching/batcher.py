@@ -340,8 +340,9 @@ class Batcher:
                 if not block:
                     raise ResourceExhausted(
                         f"batch queue full for model {self._name} (signature '{signature}': "
-                        f"{waiting} batches waiting); retry later or raise "
-                        "SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES"
+                        f"{waiting} batches waiting, max_enqueued_batches {self._options.max_enqueued_batches}); "
+                        "retry later, or raise SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES (max_enqueued_batches in "
+                        "--batching-parameters-file), or serve with more --workers"
                     )
                 sched._space.wait()
 

@@ -6,6 +6,11 @@ kind were quick runs inline on the loop; everything else runs in a thread, so th
 never stall the loop. Work that may block on something else the loop must serve (batched calls
 waiting for their batch, handlers calling back over HTTP) must never be placed inline: the
 caller says so with `may_inline=False`.
+
+Work in threads is grouped (by model, as the caller names it): one group may hold at most
+`per_group` of the pool's threads, and the rest of its calls wait on the event loop, so a
+slow model or handler cannot starve the others. `on_queue(pool, change)` hears of every call
+that starts or stops waiting (the metrics' queue gauge).
 """
 
 from __future__ import annotations
@@ -28,24 +33,69 @@ _RISE = 0.05  # how fast an estimate follows slower calls; it follows faster one
 _MAX_KINDS = 4096  # kinds are keyed by names clients send; forget them all beyond this
 
 
+class _Group:
+    """The threads one group holds, and its calls waiting for one."""
+
+    __slots__ = ("semaphore", "users")
+
+    def __init__(self, limit: int) -> None:
+        self.semaphore = asyncio.Semaphore(limit)
+        self.users = 0
+
+
 class CallPlacement:
     """Runs request work inline when it is known to be quick, else in a thread pool of its own."""
 
-    def __init__(self, threads: int, name: str, *, inline: bool = True) -> None:
+    def __init__(self, threads: int, name: str, *, inline: bool = True, per_group: int | None = None) -> None:
         self.inline = inline
+        self.name = name
+        self.per_group = per_group or max(1, threads * 3 // 4)
+        self.on_queue: Callable[[str, int], None] | None = None
+        self._groups: dict[Hashable, _Group] = {}
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
         # Lower envelope of each kind's wall time: a thread's wall time includes waiting for the
         # GIL under load, so the estimate drops to any faster call and rises only slowly.
         self._cost: dict[Hashable, float] = {}
 
-    async def run(self, kind: Hashable, body_bytes: int, fn: Callable[[], T], *, may_inline: bool = True) -> T:
-        """`fn()` inline or in a thread (in the caller's context either way); its time updates `kind`."""
+    async def run(
+        self, kind: Hashable, body_bytes: int, fn: Callable[[], T], *, may_inline: bool = True,
+        group: Hashable = None,
+    ) -> T:
+        """`fn()` inline or in a thread (in the caller's context either way); its time updates
+        `kind`. In a thread it counts against `group`'s share of the pool."""
         cost = self._cost.get(kind)
         if self.inline and may_inline and cost is not None and cost < INLINE_SECONDS and body_bytes <= INLINE_BODY_BYTES:
             return self._timed(kind, fn)
-        ctx = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, ctx.run, self._timed, kind, fn)
+        entry = self._groups.get(group)
+        if entry is None:
+            if len(self._groups) >= _MAX_KINDS:  # names come from clients: drop idle groups
+                for key in [k for k, g in self._groups.items() if g.users == 0]:
+                    del self._groups[key]
+            entry = self._groups[group] = _Group(self.per_group)
+        entry.users += 1
+        try:
+            if entry.semaphore.locked():
+                self._queue(1)
+                try:
+                    await entry.semaphore.acquire()
+                finally:
+                    self._queue(-1)
+            else:
+                await entry.semaphore.acquire()
+            try:
+                ctx = contextvars.copy_context()
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self._executor, ctx.run, self._timed, kind, fn)
+            finally:
+                entry.semaphore.release()
+        finally:
+            entry.users -= 1
+            if entry.users == 0 and self._groups.get(group) is entry:
+                del self._groups[group]
+
+    def _queue(self, change: int) -> None:
+        if self.on_queue is not None:
+            self.on_queue(self.name, change)
 
     def estimate(self, kind: Hashable) -> float | None:
         """The current cost estimate of `kind` in seconds (None before its first call)."""

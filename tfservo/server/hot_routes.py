@@ -181,7 +181,8 @@ class HotRoutes:
                 out = await self._predict_queued(name, version, label, body)
             if out is None:
                 out = await self.calls.run(
-                    (name, method), len(body), lambda: self.service.api.rest(method, name, version, label, body)
+                    (name, method), len(body), lambda: self.service.api.rest(method, name, version, label, body),
+                    group=name,
                 )
         except ServingError as exc:
             await send_result(send, error_result(exc))
@@ -225,5 +226,6 @@ class HotRoutes:
             len(body),
             lambda: invoker.invoke(body, content_type, accept, attributes, name),
             may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
+            group=name or attributes,  # the model, as the request names it
         )
         await send_result(send, result)

@@ -101,6 +101,11 @@ class Metrics:
             "tfservo_model_load_seconds", "Seconds the model version took to load",
             ["model", "version"], multiprocess_mode="liveall", registry=reg,
         )
+        self.pool_queued = Gauge(
+            "tfservo_pool_queued", "Requests waiting for a thread of a pool (tfservo-call: TF Serving's REST "
+            "API; tfservo-invoke: invocations) because their model holds its share of it",
+            ["pool"], multiprocess_mode="livesum", registry=reg,
+        )
         self.model_loads = Counter(
             "tfservo_model_loads", "Model versions loaded (a code reload loads none)", ["model", "version"], registry=reg,
         )
@@ -137,6 +142,10 @@ class Metrics:
             self._failures_counted.add(id(sv))
             weakref.finalize(sv, self._failures_counted.discard, id(sv))
             self.model_load_failures.labels(model, version).inc()
+
+    def pool_queue(self, pool: str, change: int) -> None:
+        """CallPlacement.on_queue: a call started (+1) or stopped (-1) waiting for a thread."""
+        self.pool_queued.labels(pool).inc(change)
 
     def batch_hook(self, model: str, real: int, padded: int, seconds: float) -> None:
         """The batcher's on_batch: a batch of `model` with `real` rows ran as `padded` rows in `seconds`."""

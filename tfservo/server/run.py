@@ -56,6 +56,7 @@ def start_worker(
         multi_model=multi_model,
     )
     routes = app.routes
+    app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     if drain is not None:
         app = drain.asgi(app)
     return service, metrics.asgi(app, service, routes)
