@@ -4,6 +4,8 @@ stops the server."""
 
 from __future__ import annotations
 
+import http.client
+import itertools
 import json
 import os
 import re
@@ -286,3 +288,61 @@ def test_a_worker_that_fails_to_start_stops_the_server_with_its_error(tmp_path):
     # The worker's own error, once, as with one worker; no restarts.
     assert "Error: " in err and "inference.py, line 3" in err and "SyntaxError" in err, err
     assert err.count("failed to start") == 1 and "starting a new one" not in err, err
+
+
+# -- drain under load --------------------------------------------------------------------------
+
+_LOAD = (
+    ("/invocations", b"[]", INVOKE_WHOAMI),
+    ("/v1/models/whoami:predict", b'{"instances": [1.0]}', {"Content-Type": "application/json"}),
+)
+
+
+def load_client(port: int) -> tuple[str, int, int]:
+    """A kept-alive client that sends until its connection is refused, 503s and all (a client
+    that ignores /ping): how it ended, and its counts of 200 and 503 answers."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    answers = {200: 0, 503: 0}
+    try:
+        for i in itertools.count():
+            path, body, headers = _LOAD[i % 2]
+            try:
+                conn.request("POST", path, body, headers)
+                response = conn.getresponse()
+                response.read()
+            except ConnectionRefusedError:
+                return "refused", answers[200], answers[503]
+            except (OSError, http.client.HTTPException) as e:  # resets, EOFs, broken pipes
+                return f"{path}: {e!r}", answers[200], answers[503]
+            if response.status not in answers:
+                return f"{path}: {response.status}", answers[200], answers[503]
+            answers[response.status] += 1
+            if response.status == 503:
+                time.sleep(0.01)
+        raise AssertionError("unreachable")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_no_connection_is_reset_when_draining_under_load(bundle, workers):
+    """32 clients in a closed loop through SIGTERM: answers (200, or 503 while draining) with
+    `Connection: close`, then refused connections; not one reset."""
+    proc = ServerProcess([str(bundle), "--workers", str(workers)]).start()
+    if workers > 1:
+        serving_pids(proc, workers)
+    port = int(proc.url.rsplit(":", 1)[1])
+    try:
+        with ThreadPoolExecutor(33) as pool:
+            slow = pool.submit(with_new_client, proc, invoke_callback)  # keeps the drain going ~2 s
+            clients = [pool.submit(load_client, port) for _ in range(32)]
+            time.sleep(1.0)
+            proc.proc.send_signal(signal.SIGTERM)
+            ends = [future.result(120) for future in clients]
+            assert slow.result(60).status_code == 200
+        assert proc.proc.wait(timeout=90) == 0, proc.output
+    finally:
+        proc.stop(signal.SIGKILL)
+    broken = [end for end, _, _ in ends if end != "refused"]
+    assert broken == [], broken  # before the fix: 19 resets with one worker
+    assert sum(ok for _, ok, _ in ends) > 100 and sum(busy for _, _, busy in ends) > 0, ends

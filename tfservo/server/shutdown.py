@@ -3,14 +3,21 @@
 Two phases, because an inference.py handler in flight may still call back into this server
 (`context.rest_uri`, `context.channel`):
 1. drain: /ping answers 503 and new requests other than TF Serving's REST API (/v1/...) and
-   /metrics get 503; REST /v1 and gRPC keep answering until the in-flight invocations end;
-2. stop: uvicorn closes its socket and waits for open requests, gRPC refuses new calls and
-   waits for its calls in flight; then the process exits normally.
+   /metrics get 503; REST /v1 and gRPC keep answering until the in-flight invocations end.
+   Every answer from now on carries `Connection: close`, so kept-alive clients open a new
+   connection for their next request instead of sending it on one that is about to close;
+2. stop: the listener takes no new connections, accepts those the kernel has queued, and
+   closes (`listener.py`); open connections get a short linger to deliver a request already
+   on its way and take its answer, then uvicorn closes the idle ones and waits for open
+   requests; gRPC refuses new calls and waits for its calls in flight; then the process
+   exits normally. Closing a socket that holds a connection or a request not yet read sends
+   the client a reset: the accept and the linger are what keep clients from seeing one.
 With --workers, phase 2 starts only once every worker has drained (`workers.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import socket
@@ -23,12 +30,17 @@ from typing import Any
 import orjson
 import uvicorn
 
+from tfservo.server.listener import refuse_new_connections, wait_accepted
+
 __all__ = ["Drain", "GracefulServer"]
 
 log = logging.getLogger("tfservo.server")
 
 # Paths that keep answering while draining: what handlers call back, and the scrape endpoint.
 _DRAIN_OPEN = ("/v1/", "/metrics")
+# How long a stop waits, with the listener closed, for open connections to finish and close.
+_LINGER_SECONDS = 1.0
+_CLOSE = (b"connection", b"close")
 
 
 class Drain:
@@ -55,21 +67,34 @@ class Drain:
         """`app` with in-flight invocations counted and new ones refused while draining."""
 
         async def drained_app(scope: dict, receive: Callable, send: Callable) -> None:
-            path = scope.get("path", "")
-            if scope["type"] != "http" or path.startswith(_DRAIN_OPEN):
+            if scope["type"] != "http":
                 await app(scope, receive, send)
+                return
+            path = scope.get("path", "")
+            if path.startswith(_DRAIN_OPEN):
+                await app(scope, receive, self._closing(send))
                 return
             if self.draining:
                 await _refuse(path, send)
                 return
             self._in_flight += 1
             try:
-                await app(scope, receive, send)
+                await app(scope, receive, self._closing(send))
             finally:
                 self._in_flight -= 1
 
         drained_app.app = app  # type: ignore[attr-defined]
         return drained_app
+
+    def _closing(self, send: Callable) -> Callable:
+        """`send` that adds `Connection: close` to an answer that starts while draining."""
+
+        async def send_closing(message: dict) -> None:
+            if self.draining and message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
+            await send(message)
+
+        return send_closing
 
 
 async def _refuse(path: str, send: Callable) -> None:
@@ -81,8 +106,7 @@ async def _refuse(path: str, send: Callable) -> None:
     await send({
         "type": "http.response.start",
         "status": 503,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close")],
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), _CLOSE],
     })
     await send({"type": "http.response.body", "body": body})
 
@@ -109,6 +133,20 @@ class GracefulServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started and self.on_started is not None:
             self.on_started()  # accepting, and SIGTERM/SIGINT now drain: ready in earnest
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        socks = list(sockets or ())
+        if all([refuse_new_connections(sock) for sock in socks]):
+            await wait_accepted(socks, _LINGER_SECONDS)
+        # uvloop listens on its own copy of the socket: both close.
+        for server in self.servers:
+            server.close()
+        for sock in socks:
+            sock.close()
+        deadline = time.monotonic() + _LINGER_SECONDS
+        while self.server_state.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._stopping is None:
