@@ -27,6 +27,7 @@ from tfservo.errors import BundleError
 
 __all__ = [
     "ARCHIVE_MODEL_NAME",
+    "ArchiveLimits",
     "CODE_DIR_NAME",
     "MAX_VERSION",
     "SAVED_MODEL_FILES",
@@ -48,6 +49,7 @@ _VERSION_RE = re.compile(r"[0-9]+", re.ASCII)
 _MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 _COMPLETE_MARKER = ".tfservo-complete"
 _MAX_WRAPPER_DEPTH = 3  # single-directory wrappers (e.g. export/Servo/) descended at most
+_RATIO_FLOOR = 64 * 2**20  # archives that expand to less are not held to the ratio bound
 _LAYOUTS = (
     "expected one of: a model dir with numeric version subdirs (<model>/1/saved_model.pb), "
     "a dir of such model dirs (<root>/<model>/1/saved_model.pb, optional <root>/code/), "
@@ -117,15 +119,29 @@ def discover_versions(model_dir: str) -> dict[int, str]:
     return dict(sorted(found.items()))
 
 
-def open_bundle(path_or_url: str, *, cache_dir: str | None = None) -> Bundle:
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """Bounds an archive must keep before anything is extracted (decompression bombs, floods
+    of files): member files, bytes once extracted (None: the free space where it extracts), and
+    extracted bytes per compressed byte, held only by archives that expand past 64 MiB."""
+
+    max_files: int = 100_000
+    max_bytes: int | None = None
+    max_ratio: float = 100.0
+
+
+def open_bundle(
+    path_or_url: str, *, cache_dir: str | None = None, limits: ArchiveLimits | None = None
+) -> Bundle:
     """Find the models at a local path or fsspec URL, downloading/extracting into `cache_dir` first.
 
     Without `cache_dir`, downloads and extractions go to a temporary directory removed at exit.
+    Archives are extracted only within `limits` (defaults: ArchiveLimits()).
     """
     source = str(path_or_url)
     if not source:
         raise BundleError(f"no model path given; {_LAYOUTS}")
-    work = _WorkDir(cache_dir)
+    work = _WorkDir(cache_dir, limits or ArchiveLimits())
     local = _local_path(source)
     if local is not None:
         root, from_archive = _local_root(local, source, work)
@@ -255,11 +271,12 @@ def _local_root(path: str, source: str, work: _WorkDir) -> tuple[str, bool]:
     st = os.stat(path)
     key = _cache_key({"archive": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     slot = work.slot(key)
-    return _cached(slot, ARCHIVE_MODEL_NAME) or _extract(path, source, slot), True
+    return _cached(slot, ARCHIVE_MODEL_NAME) or _extract(path, source, slot, work.limits), True
 
 
-def _extract(archive: str, source: str, slot: str) -> str:
-    """Extract `archive` safely (tarfile's "data" filter) to `slot`/model and mark the slot complete."""
+def _extract(archive: str, source: str, slot: str, limits: ArchiveLimits) -> str:
+    """Extract `archive` safely (tarfile's "data" filter, within `limits`, checked on the
+    members' headers before anything is written) to `slot`/model and mark the slot complete."""
     if not hasattr(tarfile, "data_filter"):
         raise BundleError(
             f"cannot safely extract {source}: this Python's tarfile has no extraction filters; "
@@ -270,7 +287,8 @@ def _extract(archive: str, source: str, slot: str) -> str:
     try:
         try:
             with tarfile.open(archive, "r:*") as tar:
-                tar.extractall(staging, filter="data")
+                members = _bounded_members(tar, os.path.getsize(archive), source, slot, limits)
+                tar.extractall(staging, members=members, filter="data")
         except tarfile.FilterError as e:
             raise BundleError(
                 f"refusing to extract {source}: {e}. Rebuild the archive with relative member "
@@ -289,6 +307,36 @@ def _extract(archive: str, source: str, slot: str) -> str:
         shutil.rmtree(staging, ignore_errors=True)
     _mark_complete(slot)
     return target
+
+
+def _bounded_members(
+    tar: tarfile.TarFile, compressed: int, source: str, slot: str, limits: ArchiveLimits
+) -> list[tarfile.TarInfo]:
+    """Every member of `tar`, read from the headers only; BundleError as soon as one bound is passed."""
+    max_bytes = limits.max_bytes if limits.max_bytes is not None else shutil.disk_usage(slot).free
+    members: list[tarfile.TarInfo] = []
+    total = 0
+    for member in tar:
+        members.append(member)
+        total += member.size if member.isfile() else 0
+        if len(members) > limits.max_files:
+            raise BundleError(
+                f"refusing to extract {source}: it holds more than {limits.max_files:,} members; "
+                f"if that is right, raise TFSERVO_ARCHIVE_MAX_FILES"
+            )
+        if total > max_bytes:
+            where = "the bound of" if limits.max_bytes is not None else f"the free space in {slot},"
+            raise BundleError(
+                f"refusing to extract {source}: its files hold more than {total / 2**20:,.0f} MiB, over "
+                f"{where} {max_bytes / 2**20:,.0f} MiB; free space or raise TFSERVO_ARCHIVE_MAX_GB"
+            )
+        if total > _RATIO_FLOOR and total > limits.max_ratio * compressed:
+            raise BundleError(
+                f"refusing to extract {source}: its files hold more than {total / 2**20:,.0f} MiB from "
+                f"{compressed / 2**20:,.1f} MiB compressed, over {limits.max_ratio:g}x (a decompression "
+                f"bomb?); if the archive is genuine, raise TFSERVO_ARCHIVE_MAX_RATIO"
+            )
+    return members
 
 
 def _cached(slot: str, name: str) -> str | None:
@@ -346,7 +394,7 @@ def _fetch_archive(fs: Any, path: str, url: str, work: _WorkDir) -> str:
         os.remove(local)
         raise BundleError(f"model URL {url} is a file but not a tar archive; {_LAYOUTS}")
     try:
-        return _extract(local, url, slot)
+        return _extract(local, url, slot, work.limits)
     finally:
         if os.path.exists(local):
             os.remove(local)
@@ -417,8 +465,9 @@ class _TempDir:
 class _WorkDir:
     """The cache directory for downloads and extractions, created only when first needed."""
 
-    def __init__(self, cache_dir: str | None) -> None:
+    def __init__(self, cache_dir: str | None, limits: ArchiveLimits) -> None:
         self._cache_dir = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else None
+        self.limits = limits
         self.tmp: _TempDir | None = None
 
     @property

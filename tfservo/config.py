@@ -16,12 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tfservo.batching.options import BatchingOptions
+from tfservo.bundle import ArchiveLimits
 from tfservo.errors import InvalidArgument
 
 __all__ = [
     "DEFAULT_MODEL_ENV",
     "ConfigError",
     "Settings",
+    "archive_limits_from_env",
     "execution_parameters_from_env",
     "parse_version_labels",
     "resolve_batching",
@@ -58,6 +60,7 @@ class Settings:
     model_config_file: str | None = None
     file_system_poll_wait_seconds: float = 0.0
     requirements_dir: str | None = None  # where code/requirements.txt installs go
+    archive_limits: ArchiveLimits = field(default_factory=ArchiveLimits)  # model.tar.gz extraction bounds
     reload_code: bool = False  # serve --reload: import changed handler code again
     # the serving front door (HTTP and gRPC listeners, worker processes)
     host: str = "127.0.0.1"
@@ -160,7 +163,22 @@ def resolve_settings(
         header_timeout=_positive("--header-timeout", header_timeout, 10.0),
         max_connections=int(_positive("--max-connections", max_connections, 0, allow_zero=True)),
         requirements_dir=env.get("TFSERVO_REQUIREMENTS_DIR") or None,
+        archive_limits=archive_limits_from_env(env),
     )
+
+
+def archive_limits_from_env(env: Mapping[str, str]) -> ArchiveLimits:
+    """TFSERVO_ARCHIVE_MAX_FILES, TFSERVO_ARCHIVE_MAX_GB and TFSERVO_ARCHIVE_MAX_RATIO."""
+    default = ArchiveLimits()
+    max_gb = _env_float(env, "TFSERVO_ARCHIVE_MAX_GB", 0.0, "0 or unset: the free disk space")
+    limits = ArchiveLimits(
+        max_files=_env_int(env, "TFSERVO_ARCHIVE_MAX_FILES", default.max_files),
+        max_bytes=int(max_gb * 2**30) if max_gb > 0 else None,
+        max_ratio=_env_float(env, "TFSERVO_ARCHIVE_MAX_RATIO", default.max_ratio, "extracted bytes per compressed byte"),
+    )
+    if limits.max_files <= 0 or limits.max_ratio <= 0:
+        raise ConfigError("TFSERVO_ARCHIVE_MAX_FILES and TFSERVO_ARCHIVE_MAX_RATIO must be positive")
+    return limits
 
 
 def resolve_batching(

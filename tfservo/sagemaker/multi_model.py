@@ -4,8 +4,10 @@ Behaviour and messages follow the SageMaker TensorFlow Serving container's pytho
 `load` answers "Successfully loaded model NAME, ..." or fails with 409 (already loaded), 404
 (no valid base path), 400 (bad request or name), 403 (url outside the model root) or 507 (not
 enough memory). Every file the loader would read — the version dirs and the model's own
-code/ — must resolve (os.path.realpath, links followed) inside the model root, or nothing is
-loaded. Universal code/ at the model root applies to models without their own.
+code/ — must resolve (links followed) inside the model root, or nothing is loaded: checked on
+the paths first for a clear early answer, then for good while copying the model into a
+private snapshot through file descriptors (`model_snapshot.py`), which is all the loader
+reads. Universal code/ at the model root applies to models without their own.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import stat
+import tempfile
 import threading
+import uuid
+import weakref
 from typing import Any
 
 import orjson
@@ -30,6 +36,7 @@ from tfservo.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
+from tfservo.sagemaker.model_snapshot import copy_confined
 from tfservo.sagemaker.service import ModelService
 from tfservo.tfserving.servables import State
 
@@ -65,7 +72,10 @@ class MultiModelEndpoint:
         self.model_root = os.path.realpath(model_root)
         self.memory_factor = memory_factor  # Settings.memory_factor ($TFSERVO_MME_MEMORY_FACTOR)
         self._urls: dict[str, str] = {}
+        self._copies: dict[str, str] = {}  # name → its snapshot dir
         self._busy: set[str] = set()  # names being loaded or unloaded
+        self._snapshots = tempfile.mkdtemp(prefix="tfservo-models-")
+        weakref.finalize(self, shutil.rmtree, self._snapshots, True)
         self._lock = threading.Lock()
         universal = os.path.join(self.model_root, CODE_DIR_NAME)
         if os.path.isfile(os.path.join(universal, "inference.py")):
@@ -100,9 +110,19 @@ class MultiModelEndpoint:
             code_dir = code_path if os.path.isdir(code_path) else None
             self._check_links(name, url, [*versions.values(), *([code_dir] if code_dir else [])])
             self._check_memory(name, versions)
-            self._load(name, url, ModelSource(name, path, versions, code_dir))
+            copy = self._snapshot(name, url, path)
+            try:
+                versions = _numeric_versions(copy)
+                if not versions:
+                    raise NotFound(f"Could not find valid base path {url} for servable {name}")
+                code_copy = os.path.join(copy, CODE_DIR_NAME)
+                self._load(name, url, ModelSource(name, copy, versions, code_copy if os.path.isdir(code_copy) else None))
+            except BaseException:
+                shutil.rmtree(copy, ignore_errors=True)
+                raise
             with self._lock:
                 self._urls[name] = url
+                self._copies[name] = copy
         finally:
             with self._lock:
                 self._busy.discard(name)
@@ -120,6 +140,7 @@ class MultiModelEndpoint:
             del self._urls[name]  # new invocations get 404 from here on
         try:
             self.service.remove_model(name)
+            shutil.rmtree(self._copies.pop(name), ignore_errors=True)
         finally:
             with self._lock:
                 self._busy.discard(name)
@@ -220,6 +241,18 @@ class MultiModelEndpoint:
                 f"{self.model_root}; copy the files into the model dir instead"
             )
         return real
+
+    def _snapshot(self, name: str, url: str, path: str) -> str:
+        """A private copy of the model dir at `path`, every file checked as it is read."""
+        dest = os.path.join(self._snapshots, f"{name}-{uuid.uuid4().hex[:8]}")
+        try:
+            copy_confined(path, self.model_root, dest, model=name)
+        except OSError as exc:
+            raise ModelLoadError(
+                f"could not copy model {name} (url {url}) to {dest} to load it: {exc.strerror}; "
+                "set TMPDIR to a dir with room for the models"
+            ) from None
+        return dest
 
     def _check_memory(self, name: str, versions: dict[int, str]) -> None:
         """507 when size on disk × memory factor exceeds the memory available now."""

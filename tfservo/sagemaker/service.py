@@ -91,7 +91,7 @@ class ModelService:
     def add_bundle(self, path_or_url: str) -> Bundle:
         """Open a bundle, prepare its code and load every model in it. The bundle's root code/
         applies to its own models without a code/ of their own (not to other bundles' models)."""
-        bundle = open_bundle(path_or_url)
+        bundle = open_bundle(path_or_url, limits=self.settings.archive_limits)
         shared = None
         if bundle.code_dir:
             label = "bundle_" + hashlib.sha256(bundle.code_dir.encode()).hexdigest()[:10]

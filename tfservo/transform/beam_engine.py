@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from tfservo.bundle import open_bundle
+from tfservo.config import archive_limits_from_env
 from tfservo.logs import quiet_libraries
 from tfservo.transform import beam_progress
 from tfservo.transform.calls import BatchCaller, BatchResult
@@ -424,7 +425,7 @@ def run_beam_transform(
     objects = list_job_inputs(job)
     store, state = OutputStore(job.output), OutputStore(job.state_url)
     check_settings(state, job, job_description(job))  # changed flags stop the job before the bundle is read
-    existing, todo, done = open_output(store, state, job, objects, bundle_versions([open_bundle(job.model)]))
+    existing, todo, done = open_output(store, state, job, objects, bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(os.environ))]))
     summary = TransformSummary(objects=len(objects), skipped=len(done))
     if todo:
         folder = f"{OUTCOMES_PREFIX}{uuid.uuid4().hex[:12]}"
