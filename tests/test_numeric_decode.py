@@ -19,7 +19,7 @@ from tfservo.errors import ServingError
 from tfservo.runtime.signatures import SignatureDef, TensorSpec
 from tfservo.sagemaker.content_types import csv_instances, numeric_csv
 from tfservo.tfserving import json_codec
-from tfservo.tfserving.json_arrays import NumericTensor, parse_numeric_request
+from tfservo.tfserving.json_arrays import NumericTensor, csv_numbers, parse_numeric_request
 
 DTYPES = ["DT_FLOAT", "DT_DOUBLE", "DT_HALF", "DT_INT32", "DT_INT64", "DT_UINT8", "DT_INT8", "DT_BOOL", "DT_STRING"]
 
@@ -43,11 +43,15 @@ def decoded(doc, sig: SignatureDef):
 
 
 def assert_same_decoding(body: bytes, sig: SignatureDef) -> None:
-    fast = parse_numeric_request(body)
-    if fast is None:
-        return  # declined: the general path reads it, nothing to compare
-    general = json_codec.parse_json(body)
-    assert decoded(fast, sig) == decoded(general, sig), body[:200]
+    general = None
+    # As it is, and through the bounded path of large bodies in chunks of 1 to 7 bytes or 1 MiB.
+    for chunked in ({}, {"bounded_from": 0, "chunk_bytes": 1}, {"bounded_from": 0, "chunk_bytes": 7},
+                    {"bounded_from": 0}):
+        fast = parse_numeric_request(body, **chunked)
+        if fast is None:
+            continue  # declined: the general path reads it, nothing to compare
+        general = general or json_codec.parse_json(body)
+        assert decoded(fast, sig) == decoded(general, sig), (chunked, body[:200])
 
 
 CASES = [
@@ -105,6 +109,25 @@ def test_fast_path_takes_the_common_shapes() -> None:
     assert doc["inputs"]["b"].values.shape == (1, 2)
     for declined in (b'{"instances": [[1, 2], [3]]}', b'{"instances": [[1], [2, 3], []]}', b'{"examples": [{"x": 1}]}'):
         assert parse_numeric_request(declined) is None
+        assert parse_numeric_request(declined, bounded_from=0, chunk_bytes=3) is None
+
+
+def test_large_single_arrays_take_the_bounded_path() -> None:
+    body = b'{"signature_name": "s", "instances": [[1, 2, 3], [4, 5, 6.5]]}'
+    doc = parse_numeric_request(body, bounded_from=0, chunk_bytes=2)
+    assert doc is not None and doc["signature_name"] == "s"
+    assert doc["instances"].values.dtype == np.float64 and doc["instances"].values.tolist() == [[1, 2, 3], [4, 5, 6.5]]
+    for declined in (
+        b'{"instances": [1, 2], "instances": [3, 4]}',  # duplicate key
+        b'{"instances": [1, 2], "other": 1}',
+        b'{"instances": [[1, 2]], "signature_name": "x]"}',
+        b'{"instances": [1, null]}',
+        b'[[1, 2]]',
+    ):
+        assert parse_numeric_request(declined, bounded_from=0, chunk_bytes=2) is None, declined
+    # Several arrays: the document path reads those, whatever the size.
+    doc = parse_numeric_request(b'{"inputs": {"a": [1], "b": [[2, 3]]}}', bounded_from=0, chunk_bytes=2)
+    assert doc is not None and doc["inputs"]["b"].values.shape == (1, 2)
 
 
 nested = st.recursive(
@@ -136,8 +159,12 @@ def test_generated_csv_decodes_alike(table, dtype: str, ragged: bool) -> None:
         table = [(row * width)[:width] for row in table]
     text = "\n".join(",".join(json.dumps(v) for v in row) for row in table) + "\n"
     fast = numeric_csv(text.encode(), text)
+    # Read a few lines at a time, the same numbers or the same refusal.
+    chunked = csv_numbers(text.encode().rstrip(b"\n"), len(table), len(table[0]), chunk_bytes=5)
+    assert (chunked is None) == (fast is None)
     if fast is None:
         return
+    assert chunked.dtype == fast.values.dtype and chunked.tolist() == fast.values.ravel().tolist()
     assert not ragged or len({len(r) for r in table}) == 1
     sig = signature(dtype)
     assert decoded({"instances": fast}, sig) == decoded({"instances": csv_instances(text)}, sig), text[:200]

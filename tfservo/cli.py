@@ -123,6 +123,9 @@ def main() -> None:
 @click.option("--max-connections", type=int, default=None,
               help="Open connections per worker; past it a new one gets 503 and is closed "
               "[default: the process's file limit less 128].")
+@click.option("--max-decoding-mb", type=float, default=None,
+              help="Request bodies read and decoded at once, per worker, in MB; past it a request gets "
+              "503 with Retry-After [default: an eighth of the memory available at start, shared by the workers].")
 def serve(
     paths,
     host,
@@ -145,6 +148,7 @@ def serve(
     keep_alive_timeout,
     header_timeout,
     max_connections,
+    max_decoding_mb,
 ):
     """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
 
@@ -178,6 +182,7 @@ def serve(
         keep_alive_timeout=keep_alive_timeout,
         header_timeout=header_timeout,
         max_connections=max_connections,
+        max_decoding_mb=max_decoding_mb,
     )
     setup_logging(settings.log_level)
     try:

@@ -72,11 +72,17 @@ class Settings:
     keep_alive_timeout: float = 5.0  # idle keep-alive connections close after this
     header_timeout: float = 10.0  # a request's headers must arrive within this
     max_connections: int = 0  # open connections per worker; 0: from the file limit
+    max_decoding_mb: float = 0.0  # request bodies being decoded at once per worker; 0: from memory
     execution_parameters: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def max_request_bytes(self) -> int:
         return int(self.max_request_mb * 2**20)
+
+    @property
+    def max_decoding_bytes(self) -> int | None:
+        """--max-decoding-mb in bytes; None: the front door derives it from the memory available."""
+        return int(self.max_decoding_mb * 2**20) if self.max_decoding_mb > 0 else None
 
     def replace(self, **changes: object) -> Settings:
         """A copy with some fields changed (e.g. a loopback server's host and ports)."""
@@ -107,6 +113,7 @@ def resolve_settings(
     keep_alive_timeout: float | None = None,
     header_timeout: float | None = None,
     max_connections: int | None = None,
+    max_decoding_mb: float | None = None,
     serve_default_path: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> Settings:
@@ -162,6 +169,7 @@ def resolve_settings(
         keep_alive_timeout=_positive("--keep-alive-timeout", keep_alive_timeout, 5.0),
         header_timeout=_positive("--header-timeout", header_timeout, 10.0),
         max_connections=int(_positive("--max-connections", max_connections, 0, allow_zero=True)),
+        max_decoding_mb=_positive("--max-decoding-mb", max_decoding_mb, 0.0, allow_zero=True),
         requirements_dir=env.get("TFSERVO_REQUIREMENTS_DIR") or None,
         archive_limits=archive_limits_from_env(env),
     )

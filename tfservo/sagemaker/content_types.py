@@ -24,7 +24,7 @@ from tfservo.errors import Code, InvalidArgument, ServingError
 from tfservo.media_types import CSV, JSON, JSONLINES, JSONS
 from tfservo.tfserving import json_codec
 from tfservo.tfserving.dataplane import Answer
-from tfservo.tfserving.json_arrays import NumericTensor, numeric_values
+from tfservo.tfserving.json_arrays import NumericTensor, csv_numbers
 from tfservo.tfserving.rows import answer_rows
 
 __all__ = [
@@ -315,30 +315,10 @@ def numeric_csv(raw: bytes, text: str) -> NumericTensor | None:
     first = data.find(b"\n")
     fields = data.count(b",", 0, first if first >= 0 else len(data)) + 1
     rows = data.count(b"\n") + 1
-    if fields == 1:
-        if b"," in data:
-            return None
-        values = numeric_values(b"[" + data.replace(b"\n", b",") + b"]")
-        shape: tuple[int, ...] = (rows,)
-    else:
-        if not _same_field_counts(data, fields, rows):
-            return None
-        values = numeric_values(b"[" + data.replace(b"\n", b",") + b"]")
-        shape = (rows, fields)
-    if values is None or values.size != rows * fields:
+    values = csv_numbers(data, rows, fields)
+    if values is None:
         return None
-    return NumericTensor(values.reshape(shape), lambda: csv_instances(text))
-
-
-def _same_field_counts(data: bytes, fields: int, rows: int) -> bool:
-    """Every line of `data` has `fields` comma-separated fields."""
-    if data.count(b",") != rows * (fields - 1):
-        return False
-    buf = np.frombuffer(data, dtype=np.uint8)
-    commas = np.cumsum(buf == ord(","), dtype=np.int64)
-    ends = np.append(np.flatnonzero(buf == ord("\n")), buf.size - 1)
-    per_line = np.diff(commas[ends], prepend=0)
-    return bool(np.all(per_line == fields - 1))
+    return NumericTensor(values.reshape((rows,) if fields == 1 else (rows, fields)), lambda: csv_instances(text))
 
 
 def merge_instances(parts: list[Any]) -> Any | None:

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from tfservo.errors import ServingError
 from tfservo.sagemaker.service import ModelService
 from tfservo.server.call_placement import CallPlacement
+from tfservo.server.decode_budget import DecodeBudget
 from tfservo.server.hot_routes import TFS_PATH, HotRoutes, parse_version
 from tfservo.server.responses import error_response, internal_error, json_response
 from tfservo.tfserving.api import METHODS
@@ -80,6 +81,7 @@ def build_app(
     max_request_bytes: int = 100 * 2**20,
     multi_model: MultiModelEndpoint | None = None,
     execution_parameters: Mapping[str, object] | None = None,
+    max_decoding_bytes: int | None = None,
 ) -> ServingApp:
     """The ASGI app serving `service`.
 
@@ -94,6 +96,7 @@ def build_app(
         invocations=CallPlacement(_THREADS, "tfservo-invoke", inline=not batched),
         is_loaded=multi_model.is_loaded if multi_model is not None else None,
         batched=batched,
+        budget=DecodeBudget(max_decoding_bytes) if max_decoding_bytes else None,
     )
 
     async def in_thread(fn: Any) -> Any:

@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 
+import orjson
 from starlette.types import Receive, Scope, Send
 
 from tfservo.errors import InvalidArgument, NotFound, ServingError
@@ -20,6 +21,7 @@ from tfservo.media_types import JSON
 from tfservo.sagemaker.invocation import InvocationResult, error_result
 from tfservo.sagemaker.service import ModelService
 from tfservo.server.call_placement import INLINE_BODY_BYTES, CallPlacement
+from tfservo.server.decode_budget import DecodeBudget
 from tfservo.tfserving.api import METHODS
 
 __all__ = [
@@ -88,14 +90,18 @@ def _too_large(size: int, limit: int) -> str:
     )
 
 
-async def send_response(send: Send, status: int, body: bytes, content_type: str) -> None:
+async def send_response(
+    send: Send, status: int, body: bytes, content_type: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
     """One complete HTTP response (text types get `charset=utf-8`, as Starlette adds it)."""
     if content_type.startswith("text/") and "charset=" not in content_type:
         content_type += "; charset=utf-8"
     await send({
         "type": "http.response.start",
         "status": status,
-        "headers": [(b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode())],
+        "headers": [
+            (b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode()), *headers,
+        ],
     })
     await send({"type": "http.response.body", "body": body})
 
@@ -141,8 +147,10 @@ class HotRoutes:
         invocations: CallPlacement,
         is_loaded: Callable[[str], bool] | None = None,
         batched: bool = False,
+        budget: DecodeBudget | None = None,
     ) -> None:
         self.service = service
+        self.budget = budget or DecodeBudget(2**62)
         self.batched = batched  # the service batches calls: small predicts are queued from the loop
         self.max_request_bytes = max_request_bytes
         self.calls = calls  # TF Serving REST calls
@@ -175,21 +183,26 @@ class HotRoutes:
         name, method, label = params["name"], params["method"], params["label"]
         try:
             version = parse_version(params["version"])
-            body = await read_body(scope, receive, self.max_request_bytes)
-            out = None
-            if self.batched and method == "predict" and len(body) <= INLINE_BODY_BYTES:
-                out = await self._predict_queued(name, version, label, body)
-            if out is None:
-                out = await self.calls.run(
-                    (name, method), len(body), lambda: self.service.api.rest(method, name, version, label, body),
-                    group=name,
-                )
         except ServingError as exc:
             await send_result(send, error_result(exc))
             return
-        except ClientDisconnected:
-            return
-        await send_response(send, 200, out, JSON)
+
+        async def answer(body: bytes) -> None:
+            try:
+                out = None
+                if self.batched and method == "predict" and len(body) <= INLINE_BODY_BYTES:
+                    out = await self._predict_queued(name, version, label, body)
+                if out is None:
+                    out = await self.calls.run(
+                        (name, method), len(body), lambda: self.service.api.rest(method, name, version, label, body),
+                        group=name,
+                    )
+            except ServingError as exc:
+                await send_result(send, error_result(exc))
+                return
+            await send_response(send, 200, out, JSON)
+
+        await self._with_body(scope, receive, send, answer)
 
     async def _predict_queued(self, name: str, version: int | None, label: str | None, body: bytes) -> bytes | None:
         """A small :predict decoded on the loop and queued for its batch; the batch thread hands
@@ -208,24 +221,57 @@ class HotRoutes:
     async def invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /invocations, or /models/{name}/invoke: through the service's one Invoker."""
         name = (scope.get("path_params") or {}).get("name")
-        try:
-            if name is not None and self.is_loaded is not None and not self.is_loaded(name):
-                raise NotFound(f"Model {name} is not loaded yet.")
-            body = await read_body(scope, receive, self.max_request_bytes)
-        except ServingError as exc:
-            await send_result(send, error_result(exc))
-            return
-        except ClientDisconnected:
+        if name is not None and self.is_loaded is not None and not self.is_loaded(name):
+            await send_result(send, error_result(NotFound(f"Model {name} is not loaded yet.")))
             return
         content_type = request_header(scope, b"content-type")
         accept = request_header(scope, b"accept")
         attributes = request_header(scope, CUSTOM_ATTRIBUTES)
         invoker = self.service.invoker
-        result = await self.invocations.run(
-            ("invoke", name, attributes),
-            len(body),
-            lambda: invoker.invoke(body, content_type, accept, attributes, name),
-            may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
-            group=name or attributes,  # the model, as the request names it
+
+        async def answer(body: bytes) -> None:
+            result = await self.invocations.run(
+                ("invoke", name, attributes),
+                len(body),
+                lambda: invoker.invoke(body, content_type, accept, attributes, name),
+                may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
+                group=name or attributes,  # the model, as the request names it
+            )
+            await send_result(send, result)
+
+        await self._with_body(scope, receive, send, answer)
+
+    async def _with_body(
+        self, scope: Scope, receive: Receive, send: Send, answer: Callable[[bytes], Awaitable[None]]
+    ) -> None:
+        """Read the body within the decode budget and `answer` it; the budget is held until the
+        answer is sent. Over the budget: 503 with Retry-After, before the body is read when
+        its Content-Length is declared."""
+        declared = request_header(scope, b"content-length")
+        held = int(declared) if declared is not None and declared.isdigit() else 0
+        if not self.budget.hold(held):
+            await self._busy(send)
+            return
+        try:
+            try:
+                body = await read_body(scope, receive, self.max_request_bytes)
+            except ServingError as exc:
+                await send_result(send, error_result(exc))
+                return
+            except ClientDisconnected:
+                return
+            if len(body) > held:  # a chunked body: held as read
+                if not self.budget.hold(len(body) - held):
+                    await self._busy(send)
+                    return
+                held = len(body)
+            await answer(body)
+        finally:
+            self.budget.release(held)
+
+    async def _busy(self, send: Send) -> None:
+        message = (
+            f"tfservo is decoding {self.budget.held / 2**20:.0f} MB of other requests, its bound "
+            f"(--max-decoding-mb {self.budget.limit_bytes / 2**20:g}); retry in a moment or send to another instance"
         )
-        await send_result(send, result)
+        await send_response(send, 503, orjson.dumps({"error": message}), JSON, ((b"retry-after", b"1"),))

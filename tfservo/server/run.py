@@ -36,6 +36,7 @@ def start_worker(
     """Everything one serving process needs: the loaded service and its ASGI app (with /metrics)."""
     from tfservo.sagemaker.service import build_service
     from tfservo.server.app import build_app
+    from tfservo.server.decode_budget import default_decoding_bytes
 
     metrics = metrics or Metrics()
     service = build_service(settings, on_event=metrics.model_event, on_batch=metrics.batch_hook)
@@ -54,6 +55,7 @@ def start_worker(
         max_request_bytes=settings.max_request_bytes,
         execution_parameters=settings.execution_parameters,
         multi_model=multi_model,
+        max_decoding_bytes=settings.max_decoding_bytes or default_decoding_bytes(settings.workers),
     )
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
