@@ -196,11 +196,20 @@ def to_tfs_request(body: bytes, content_type: str | None) -> dict[str, Any]:
             f"{', '.join(REQUEST_TYPES)}; to accept other types add code/inference.py with an "
             "input_handler (or handler) that converts them"
         )
+    utf8 = (media.charset or "utf-8").lower().replace("_", "-") in ("utf-8", "utf8")
+    if media.essence != CSV and utf8:
+        fast = json_codec.parse_numeric(body)  # plain numbers: no need to decode the text first
+        if fast is not None:
+            return fast
     text, changed = _decode(body, media, content_type or "")
     if media.essence == CSV:
         numeric = numeric_csv(text.encode() if changed else body, text)
         return {"instances": numeric if numeric is not None else csv_instances(text)}
-    return _json_request(text.encode() if changed else body, text, content_type or "")
+    if changed:  # another charset, or a byte order mark: the numbers as UTF-8 without it
+        fast = json_codec.parse_numeric(text.encode())
+        if fast is not None:
+            return fast
+    return _json_request(text, content_type or "")
 
 
 def _decode(body: bytes, media: MediaType, content_type: str) -> tuple[str, bool]:
@@ -228,16 +237,14 @@ def _decode(body: bytes, media: MediaType, content_type: str) -> tuple[str, bool
     return text, changed
 
 
-def _json_request(raw: bytes, text: str, content_type: str) -> dict[str, Any]:
-    """The container's json_request, with real JSON parsing instead of its regexes."""
+def _json_request(text: str, content_type: str) -> dict[str, Any]:
+    """The container's json_request, with real JSON parsing instead of its regexes (a
+    request of plain numbers has been read already, see to_tfs_request)."""
     if not text.strip():
         raise InvalidArgument(
             f"The request body is empty (Content-Type {content_type}); "
             'send JSON such as {"instances": [[1.0, 2.0]]}'
         )
-    fast = json_codec.parse_numeric(raw)
-    if fast is not None:  # a TF Serving request of plain numbers
-        return fast
     try:
         doc = json_codec.load_json(text)
     except json_codec.JsonSyntaxError as exc:

@@ -36,7 +36,7 @@ from tfservo.tfserving.dataplane import Answer, Classification, ExamplesCall, Re
 from tfservo.tfserving.request_labels import RequestScope, plain_scope
 from tfservo.tfserving.results import classification_result_proto, regression_result_proto
 from tfservo.tfserving.servables import ServableVersion
-from tfservo.tfserving.tensor_proto import to_ndarray, write_tensor_proto
+from tfservo.tfserving.tensor_proto import MAX_FILL_BYTES, to_ndarray, write_tensor_proto
 from tfservo.tfserving.warmup import serialized_examples  # Input → tf.Examples, shared with warmup replay
 
 __all__ = [
@@ -160,8 +160,9 @@ class _Calls:
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     """tensorflow.serving.PredictionService: Predict, Classify, Regress, MultiInference, GetModelMetadata."""
 
-    def __init__(self, api: TFServingAPI, scope: RequestScope = plain_scope) -> None:
+    def __init__(self, api: TFServingAPI, scope: RequestScope = plain_scope, max_fill_bytes: int = MAX_FILL_BYTES) -> None:
         self.api = api
+        self.max_fill_bytes = max_fill_bytes  # what one value filling a shape may expand to
         self._calls = _Calls(PREDICTION_SERVICE, scope)
 
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
@@ -186,7 +187,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def predict(self, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
         name, version, label = _selection(request.model_spec)
         signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-        inputs = {key: to_ndarray(proto, f"input '{key}'") for key, proto in request.inputs.items()}
+        inputs = {key: to_ndarray(proto, f"input '{key}'", self.max_fill_bytes) for key, proto in request.inputs.items()}
         output_keys = list(request.output_filter) or None
         if output_keys is not None and len(set(output_keys)) != len(output_keys):
             dupes = sorted({k for k in output_keys if output_keys.count(k) > 1})
@@ -342,7 +343,7 @@ class GrpcServer:
             ],
         )
         self._server.add_generic_rpc_handlers((
-            _service_handler(PREDICTION_SERVICE, PredictionServicer(api, scope), {
+            _service_handler(PREDICTION_SERVICE, PredictionServicer(api, scope, max(MAX_FILL_BYTES, max_message_bytes)), {
                 "Predict": (predict_pb2.PredictRequest, predict_pb2.PredictResponse),
                 "Classify": (classification_pb2.ClassificationRequest, classification_pb2.ClassificationResponse),
                 "Regress": (regression_pb2.RegressionRequest, regression_pb2.RegressionResponse),

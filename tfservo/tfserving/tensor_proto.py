@@ -86,8 +86,9 @@ def dtype_name(dtype: int) -> str:
 # -- proto → numpy -----------------------------------------------------------------------------
 
 
-def to_ndarray(proto: TensorProto, name: str = "tensor") -> np.ndarray:
-    """The array a TensorProto describes; `name` (e.g. "input 'x'") is used in error messages."""
+def to_ndarray(proto: TensorProto, name: str = "tensor", max_fill_bytes: int = MAX_FILL_BYTES) -> np.ndarray:
+    """The array a TensorProto describes; `name` (e.g. "input 'x'") is used in error messages.
+    One value filling a shape may expand to at most `max_fill_bytes`, checked before allocating."""
     spec = _DECODE.get(proto.dtype)
     if spec is None:
         raise InvalidArgument(
@@ -109,7 +110,7 @@ def to_ndarray(proto: TensorProto, name: str = "tensor") -> np.ndarray:
             )
         return np.frombuffer(content, dtype=np_dtype).reshape(shape)
     values = _values(proto, field, np_dtype, name)
-    return _fill(values, shape, count, proto.dtype, field, name)
+    return _fill(values, shape, count, proto.dtype, field, name, max_fill_bytes)
 
 
 def _shape(proto: TensorProto, name: str) -> tuple[int, ...]:
@@ -164,15 +165,18 @@ def _values(proto: TensorProto, field: str, np_dtype: np.dtype, name: str) -> np
     return ints.astype(np_dtype)
 
 
-def _fill(values: np.ndarray, shape: tuple[int, ...], count: int, dtype: int, field: str, name: str) -> np.ndarray:
+def _fill(
+    values: np.ndarray, shape: tuple[int, ...], count: int, dtype: int, field: str, name: str, max_fill_bytes: int
+) -> np.ndarray:
     n = values.size
     if n == count:
         return values.reshape(shape)
     if n == 1:  # TF's rule, and what tf.make_tensor_proto(0.5, shape=[3]) sends
-        if count * values.itemsize > MAX_FILL_BYTES:
+        if count * values.itemsize > max_fill_bytes:
             raise InvalidArgument(
                 f"{name}: one value would fill shape {list(shape)} ({count} values), over the "
-                f"{MAX_FILL_BYTES // 2**20} MiB a request may expand to; send a smaller shape"
+                f"{max_fill_bytes // 2**20} MiB a request may expand to (--max-request-mb, at least "
+                f"{MAX_FILL_BYTES // 2**20}); send a smaller shape"
             )
         out = np.empty(count, dtype=values.dtype)
         out[:] = values[0]
