@@ -123,7 +123,7 @@ def test_handler_gets_a_stream_and_context(tmp_path):
     )
     handlers = load(code)
     assert handlers.handler is not None and handlers.input_handler is None
-    body, content_type = handlers.call(b'{"a": 1}', make_context(), no_tfs)
+    body, content_type, _ = handlers.call(b'{"a": 1}', make_context(), no_tfs)
     assert content_type == "application/json"
     assert json.loads(body) == {
         "got": {"a": 1},
@@ -133,7 +133,7 @@ def test_handler_gets_a_stream_and_context(tmp_path):
         "uri": URI,
     }
     # a stream is taken as given (what the lead's invoker passes)
-    body, _ = handlers.call(io.BytesIO(b"[2]"), make_context(), no_tfs)
+    body, _, _ = handlers.call(io.BytesIO(b"[2]"), make_context(), no_tfs)
     assert json.loads(body)["got"] == [2]
 
 
@@ -159,7 +159,7 @@ def test_input_output_handlers_flow(tmp_path):
     handlers = load(code)
     tfs = FakeTFS()
     context = make_context(request_content_type="text/csv", accept_header="application/json")
-    body, content_type = handlers.call(b"1.0,2.0,5.0", context, tfs)
+    body, content_type, _ = handlers.call(b"1.0,2.0,5.0", context, tfs)
     assert json.loads(body) == {"predictions": [3.5, 4.0, 5.5]}
     assert content_type == "application/json"
     assert tfs.sent == ['{"instances": [1.0, 2.0, 5.0]}']
@@ -227,7 +227,7 @@ def test_input_handler_return_types(tmp_path):
             sent.append(body)
             return make_requests_response(200, b"{}", "application/json", context.rest_uri)
 
-        assert handlers.call(kind.encode(), make_context(), tfs) == (b"{}", "application/json")
+        assert handlers.call(kind.encode(), make_context(), tfs) == (b"{}", "application/json", None)
         assert sent == [expected], kind
     with pytest.raises(HandlerError, match="returned int"):
         handlers.call(b"int", make_context(), no_tfs)
@@ -251,23 +251,28 @@ def test_handler_return_conventions(tmp_path):
                 "accept": ("body", context.accept_header),
                 "dict": {"a": 1},
                 "triple": ("a", "b", "c"),
+                "quadruple": ("a", "b", "c", "d"),
+                "bad-attributes": ("a", "b", {"c": 1}),
                 "bad-type": ("body", 5),
             }[kind]
         """,
     )
     handlers = load(code)
     call = lambda kind, **kw: handlers.call(kind.encode(), make_context(**kw), no_tfs)
-    assert call("tuple") == (b"body", "text/plain")
-    assert call("list") == (b"body", "text/plain")
-    assert call("bytes") == (b"body", "application/json")
-    assert call("str") == (b"body", "application/json")
-    assert call("none") == (b"", "application/json")
-    assert call("none-type") == (b"body", "application/json")
-    assert call("accept", accept_header="*/*") == (b"body", "*/*")
+    assert call("tuple") == (b"body", "text/plain", None)
+    assert call("list") == (b"body", "text/plain", None)
+    assert call("bytes") == (b"body", "application/json", None)
+    assert call("str") == (b"body", "application/json", None)
+    assert call("none") == (b"", "application/json", None)
+    assert call("none-type") == (b"body", "application/json", None)
+    assert call("accept", accept_header="*/*") == (b"body", "*/*", None)
+    assert call("triple") == (b"a", "b", "c")  # custom attributes for the answer
     with pytest.raises(HandlerError, match="body of type dict"):
         call("dict")
-    with pytest.raises(HandlerError, match="tuple of 3 items"):
-        call("triple")
+    with pytest.raises(HandlerError, match="tuple of 4 items"):
+        call("quadruple")
+    with pytest.raises(HandlerError, match="custom attributes"):
+        call("bad-attributes")
     with pytest.raises(HandlerError, match="content type 5"):
         call("bad-type")
 
@@ -328,7 +333,7 @@ def test_handler_wins_over_the_pair(tmp_path, caplog):
         """,
     )
     handlers = load(code)
-    assert handlers.call(b"", make_context(), no_tfs) == (b"from handler", "text/plain")
+    assert handlers.call(b"", make_context(), no_tfs) == (b"from handler", "text/plain", None)
     assert "not used" in caplog.text
 
 
@@ -442,7 +447,7 @@ def test_lib_and_code_dir_are_importable(tmp_path):
         },
     )
     handlers = load(code, "t_lib_ok")
-    assert handlers.call(b"hi", make_context(), no_tfs) == (b"CODE:HI", "text/plain")
+    assert handlers.call(b"hi", make_context(), no_tfs) == (b"CODE:HI", "text/plain", None)
     lib, code_dir = str(code / "lib"), str(code)
     assert sys.path.index(lib) < sys.path.index(code_dir)  # the container's order
     assert sys.modules["t_lib_ok"] is handlers.module

@@ -89,7 +89,8 @@ def main() -> None:
     "--model-root",
     default=None,
     metavar="DIR",
-    help="Multi-model mode: the only dir models may be loaded from [default: /opt/ml/models].",
+    help="Multi-model mode: the only dir models may be loaded from, or an s3:// prefix whose archives "
+    "X-Amzn-SageMaker-Target-Model names [default: /opt/ml/models].",
 )
 @click.option(
     "--model-config-file",
@@ -126,6 +127,12 @@ def main() -> None:
 @click.option("--max-decoding-mb", type=float, default=None,
               help="Request bodies read and decoded at once, per worker, in MB; past it a request gets "
               "503 with Retry-After [default: an eighth of the memory available at start, shared by the workers].")
+@click.option("--endpoint-name", default=None, metavar="NAME",
+              help="SageMaker runtime API: answer POST /endpoints/NAME/invocations for this name only "
+              "[default: $TFSERVO_ENDPOINT_NAME, else any name].")
+@click.option("--variant-name", default=None, metavar="NAME",
+              help="The production variant this server is, named in X-Amzn-Invoked-Production-Variant "
+              "[default: $TFSERVO_VARIANT_NAME or AllTraffic].")
 def serve(
     paths,
     host,
@@ -149,6 +156,8 @@ def serve(
     header_timeout,
     max_connections,
     max_decoding_mb,
+    endpoint_name,
+    variant_name,
 ):
     """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
 
@@ -183,6 +192,8 @@ def serve(
         header_timeout=header_timeout,
         max_connections=max_connections,
         max_decoding_mb=max_decoding_mb,
+        endpoint_name=endpoint_name,
+        variant_name=variant_name,
     )
     setup_logging(settings.log_level)
     try:

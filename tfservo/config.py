@@ -57,6 +57,7 @@ class Settings:
     multi_model: bool = False  # SageMaker multi-model mode: no default model, /ping = "up"
     model_root: str = DEFAULT_MODEL_ROOT
     memory_factor: float = DEFAULT_MEMORY_FACTOR
+    mme_memory_mb: float = 0.0  # target models' estimated memory bound; 0: the machine's memory only
     model_config_file: str | None = None
     file_system_poll_wait_seconds: float = 0.0
     requirements_dir: str | None = None  # where code/requirements.txt installs go
@@ -74,6 +75,10 @@ class Settings:
     max_connections: int = 0  # open connections per worker; 0: from the file limit
     max_decoding_mb: float = 0.0  # request bodies being decoded at once per worker; 0: from memory
     execution_parameters: Mapping[str, object] = field(default_factory=dict)
+    # SageMaker's runtime API (/endpoints/NAME/invocations): the endpoint this server is (None:
+    # answer to any name) and its production variant
+    endpoint_name: str | None = None
+    variant_name: str = "AllTraffic"
 
     @property
     def max_request_bytes(self) -> int:
@@ -114,6 +119,8 @@ def resolve_settings(
     header_timeout: float | None = None,
     max_connections: int | None = None,
     max_decoding_mb: float | None = None,
+    endpoint_name: str | None = None,
+    variant_name: str | None = None,
     serve_default_path: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> Settings:
@@ -172,6 +179,9 @@ def resolve_settings(
         max_decoding_mb=_positive("--max-decoding-mb", max_decoding_mb, 0.0, allow_zero=True),
         requirements_dir=env.get("TFSERVO_REQUIREMENTS_DIR") or None,
         archive_limits=archive_limits_from_env(env),
+        mme_memory_mb=_env_float(env, "TFSERVO_MME_MEMORY_MB", 0.0, "0 or unset: the machine's memory only"),
+        endpoint_name=endpoint_name or env.get("TFSERVO_ENDPOINT_NAME") or None,
+        variant_name=variant_name or env.get("TFSERVO_VARIANT_NAME") or "AllTraffic",
     )
 
 

@@ -98,8 +98,9 @@ class Handlers:
 
     def call(
         self, data: bytes | IO[bytes], context: Context, tfs_call: TfsCall
-    ) -> tuple[bytes, str]:
-        """Run the user flow on one request body; returns (body, content type).
+    ) -> tuple[bytes, str, str | None]:
+        """Run the user flow on one request body; returns (body, content type, custom attributes
+        for the answer's X-Amzn-SageMaker-Custom-Attributes, or None).
 
         Exceptions in user code become HandlerError (500) with the exception's message, as the
         container answers {"error": str(e)}; errors raised by `tfs_call` itself pass through.
@@ -154,17 +155,25 @@ class Handlers:
             "Serving request body as str or bytes, e.g. json.dumps({'instances': [...]})"
         )
 
-    def _result(self, result: Any) -> tuple[bytes, str]:
-        """(body, content_type) or a bare body, as bytes and a content type string."""
+    def _result(self, result: Any) -> tuple[bytes, str, str | None]:
+        """(body, content_type[, custom_attributes]) or a bare body, as bytes, a content type
+        string and the custom attributes to answer with (SageMaker passes them to the caller)."""
         name = "handler" if self.handler is not None else "output_handler"
         content_type: Any = DEFAULT_CONTENT_TYPE
+        attributes: Any = None
         if isinstance(result, (tuple, list)):
-            if len(result) != 2:
+            if len(result) not in (2, 3):
                 raise HandlerError(
                     f"{name} in {self.path} returned a {type(result).__name__} of {len(result)} "
-                    "items; return (body, content_type) or just the body"
+                    "items; return (body, content_type), (body, content_type, custom_attributes) or just the body"
                 )
-            result, content_type = result
+            result, content_type, *rest = result
+            attributes = rest[0] if rest else None
+            if attributes is not None and not (isinstance(attributes, str) and attributes.isascii()):
+                raise HandlerError(
+                    f"{name} in {self.path} returned custom attributes {attributes!r:.80}; "
+                    "they must be an ASCII str such as 'trace=abc,cached=true'"
+                )
         if isinstance(result, str):
             body = result.encode()
         elif isinstance(result, (bytes, bytearray, memoryview)):
@@ -185,7 +194,7 @@ class Handlers:
                 f"{name} in {self.path} returned content type {content_type!r}; "
                 "it must be a str such as 'application/json'"
             )
-        return body, content_type
+        return body, content_type, attributes
 
 
 def load_handlers(

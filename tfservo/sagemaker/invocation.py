@@ -35,12 +35,20 @@ class InvocationResult:
     """What an invocation answers: HTTP-style status, content type, and the body; without a
     handler the body is written from the model's arrays (`answer`) only when first asked for."""
 
-    __slots__ = ("status", "content_type", "answer", "_body")
+    __slots__ = ("status", "content_type", "answer", "custom_attributes", "_body")
 
-    def __init__(self, status: int, body: bytes | None, content_type: str, answer: Answer | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        body: bytes | None,
+        content_type: str,
+        answer: Answer | None = None,
+        custom_attributes: str | None = None,
+    ) -> None:
         self.status = status
         self.content_type = content_type
         self.answer = answer
+        self.custom_attributes = custom_attributes  # a handler's, for X-Amzn-SageMaker-Custom-Attributes
         self._body = body
 
     @property
@@ -239,8 +247,8 @@ class Invoker:
             accept_header=accept or JSON,
             content_length=len(body),
         )
-        out, out_type = handlers.call(io.BytesIO(body), context, self._tfs_call)
-        return InvocationResult(200, out, out_type or JSON)
+        out, out_type, out_attributes = handlers.call(io.BytesIO(body), context, self._tfs_call)
+        return InvocationResult(200, out, out_type or JSON, custom_attributes=out_attributes)
 
     def _tfs_call(self, request_body: bytes | str | dict[str, Any], context: Context):
         """In-process TF Serving REST call for input_handler/output_handler flows (a dict: arrays)."""

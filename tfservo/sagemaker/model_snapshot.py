@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tfservo.errors import PermissionDenied
 
-__all__ = ["Snapshot", "copy_confined"]
+__all__ = ["Snapshot", "copy_confined", "copy_file_confined"]
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # a FIFO must not block
 
@@ -50,6 +50,27 @@ def copy_confined(source: str, root: str, dest: str, *, model: str) -> Snapshot:
         shutil.rmtree(dest, ignore_errors=True)
         raise
     return snapshot
+
+
+def copy_file_confined(source: str, root: str, dest: str, *, model: str) -> int:
+    """Copy the one regular file at `source` (links followed, inside `root`, no hard link
+    elsewhere) to the new file `dest`; bytes copied. FileNotFoundError when there is none."""
+    root = root.rstrip(os.sep) or os.sep
+    if not os.path.lexists(source):
+        raise FileNotFoundError(source)
+    fd = _open_inside(source, None, source, root, model)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionDenied(f"{source} of model {model} is not a regular file; name an archive")
+        if st.st_nlink > 1:
+            raise PermissionDenied(
+                f"model {model} has {source}, a file with {st.st_nlink} hard links: it may be a file from "
+                f"outside the model root {root}; copy it into place instead of linking it"
+            )
+        return _copy_file(fd, dest)
+    finally:
+        os.close(fd)
 
 
 def _copy_dir(

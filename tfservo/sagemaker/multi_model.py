@@ -64,12 +64,16 @@ class MultiModelEndpoint:
         *,
         memory_factor: float = DEFAULT_MEMORY_FACTOR,
     ) -> None:
-        if not os.path.isdir(model_root):
+        self.remote_root = "://" in model_root and not model_root.startswith("file://")
+        if model_root.startswith("file://"):
+            model_root = model_root[len("file://"):]
+        if not self.remote_root and not os.path.isdir(model_root):
             raise BundleError(
                 f"multi-model root {model_root} is not a directory; create it or pass --model-root DIR"
             )
         self.service = service
-        self.model_root = os.path.realpath(model_root)
+        # A remote root (s3://) serves archives named by X-Amzn-SageMaker-Target-Model only.
+        self.model_root = model_root.rstrip("/") + "/" if self.remote_root else os.path.realpath(model_root)
         self.memory_factor = memory_factor  # Settings.memory_factor ($TFSERVO_MME_MEMORY_FACTOR)
         self._urls: dict[str, str] = {}
         self._copies: dict[str, str] = {}  # name → its snapshot dir
@@ -78,7 +82,7 @@ class MultiModelEndpoint:
         weakref.finalize(self, shutil.rmtree, self._snapshots, True)
         self._lock = threading.Lock()
         universal = os.path.join(self.model_root, CODE_DIR_NAME)
-        if os.path.isfile(os.path.join(universal, "inference.py")):
+        if not self.remote_root and os.path.isfile(os.path.join(universal, "inference.py")):
             service.set_universal_code(universal)
             log.info("universal handlers from %s apply to models without their own code/", universal)
 
@@ -97,6 +101,11 @@ class MultiModelEndpoint:
             )
         if not isinstance(url, str) or not url:
             raise InvalidArgument(f"url for model {name} must be a non-empty path under {self.model_root}")
+        if self.remote_root:
+            raise InvalidArgument(
+                f"the model root {self.model_root} is remote: POST /models loads local dirs only; name a "
+                "model.tar.gz under the root in X-Amzn-SageMaker-Target-Model instead"
+            )
         with self._lock:
             if name in self._urls or name in self._busy:
                 raise AlreadyExists(f"Model {name} is already loaded.")
@@ -130,6 +139,31 @@ class MultiModelEndpoint:
         if self.service.grpc_port:
             ports += f" and grpc port {self.service.grpc_port}"
         return {"success": f"Successfully loaded model {name}, {ports}."}
+
+    def private_dir(self, name: str) -> str:
+        """A new dir of this endpoint's own for `name`'s files (see `load_private`)."""
+        return tempfile.mkdtemp(prefix=f"{name[:64]}-", dir=self._snapshots)
+
+    def load_private(self, name: str, url: str, source: ModelSource, private: str) -> None:
+        """Load `source`, whose files lie in `private` (from `private_dir`, removed on unload or
+        failure), as `name`: what X-Amzn-SageMaker-Target-Model loads from an archive."""
+        with self._lock:
+            if name in self._urls or name in self._busy:
+                shutil.rmtree(private, ignore_errors=True)
+                raise AlreadyExists(f"Model {name} is already loaded.")
+            self._busy.add(name)
+        try:
+            try:
+                self._load(name, url, source)
+            except BaseException:
+                shutil.rmtree(private, ignore_errors=True)
+                raise
+            with self._lock:
+                self._urls[name] = url
+                self._copies[name] = private
+        finally:
+            with self._lock:
+                self._busy.discard(name)
 
     def unload(self, name: str) -> dict[str, str]:
         """Unload `name` after its in-flight requests finish."""

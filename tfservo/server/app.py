@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from tfservo.errors import ServingError
+from tfservo.sagemaker.runtime_api import DEFAULT_VARIANT
 from tfservo.sagemaker.service import ModelService
 from tfservo.server.call_placement import CallPlacement
 from tfservo.server.decode_budget import DecodeBudget
@@ -29,6 +30,7 @@ from tfservo.tfserving.api import METHODS
 
 if TYPE_CHECKING:
     from tfservo.sagemaker.multi_model import MultiModelEndpoint
+    from tfservo.sagemaker.target_models import TargetModels
 
 __all__ = ["build_app", "ServingApp"]
 
@@ -82,6 +84,9 @@ def build_app(
     multi_model: MultiModelEndpoint | None = None,
     execution_parameters: Mapping[str, object] | None = None,
     max_decoding_bytes: int | None = None,
+    targets: TargetModels | None = None,
+    endpoint_name: str | None = None,
+    variant_name: str = DEFAULT_VARIANT,
 ) -> ServingApp:
     """The ASGI app serving `service`.
 
@@ -97,6 +102,9 @@ def build_app(
         is_loaded=multi_model.is_loaded if multi_model is not None else None,
         batched=batched,
         budget=DecodeBudget(max_decoding_bytes) if max_decoding_bytes else None,
+        targets=targets,
+        endpoint_name=endpoint_name,
+        variant=variant_name,
     )
 
     async def in_thread(fn: Any) -> Any:

@@ -1,5 +1,6 @@
 """The inference routes as plain ASGI: TF Serving's POST :predict/:classify/:regress,
-SageMaker's POST /invocations and /models/{name}/invoke.
+SageMaker's POST /invocations and /models/{name}/invoke, and its runtime API's POST
+/endpoints/{name}/invocations (what boto3, the AWS CLI and the SDK call).
 
 These carry nearly all traffic, and Starlette's request objects, routing and exception
 middleware were ~20 % of a small request's CPU (docs/performance.md), so `ServingApp` sends
@@ -12,17 +13,30 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
+import anyio
 import orjson
 from starlette.types import Receive, Scope, Send
 
 from tfservo.errors import InvalidArgument, NotFound, ServingError
 from tfservo.media_types import JSON
 from tfservo.sagemaker.invocation import InvocationResult, error_result
+from tfservo.sagemaker.runtime_api import (
+    DEFAULT_VARIANT,
+    RuntimeError_,
+    RuntimeValidationError,
+    check_request,
+    model_error,
+    runtime_error,
+)
 from tfservo.sagemaker.service import ModelService
 from tfservo.server.call_placement import INLINE_BODY_BYTES, CallPlacement
 from tfservo.server.decode_budget import DecodeBudget
 from tfservo.tfserving.api import METHODS
+
+if TYPE_CHECKING:
+    from tfservo.sagemaker.target_models import TargetModels
 
 __all__ = [
     "CUSTOM_ATTRIBUTES",
@@ -49,6 +63,8 @@ TFS_PATH = re.compile(
     r"(?::(?P<method>[^/:]+)|/(?P<meta>metadata))?/?$"
 )
 _INVOKE_PATH = re.compile(r"^/models/(?P<name>[^/]+)/invoke/?$")
+_RUNTIME_PATH = re.compile(r"^/endpoints/(?P<endpoint>[^/]*)/invocations/?$")
+TARGET_MODEL = b"x-amzn-sagemaker-target-model"
 
 
 class PayloadTooLarge(ServingError):
@@ -106,8 +122,12 @@ async def send_response(
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_result(send: Send, result: InvocationResult) -> None:
-    await send_response(send, result.status, result.body, result.content_type)
+async def send_result(
+    send: Send, result: InvocationResult, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    if result.custom_attributes is not None:  # a handler's, passed on as SageMaker does
+        headers = (*headers, (CUSTOM_ATTRIBUTES, result.custom_attributes.encode("latin-1")))
+    await send_response(send, result.status, result.body, result.content_type, headers)
 
 
 def request_header(scope: Scope, name: bytes) -> str | None:
@@ -148,6 +168,9 @@ class HotRoutes:
         is_loaded: Callable[[str], bool] | None = None,
         batched: bool = False,
         budget: DecodeBudget | None = None,
+        targets: TargetModels | None = None,
+        endpoint_name: str | None = None,
+        variant: str = DEFAULT_VARIANT,
     ) -> None:
         self.service = service
         self.budget = budget or DecodeBudget(2**62)
@@ -157,6 +180,9 @@ class HotRoutes:
         # Invocations get threads of their own: their handlers may call back into the REST API.
         self.invocations = invocations
         self.is_loaded = is_loaded  # multi-model mode: /models/{name}/invoke needs a loaded model
+        self.targets = targets  # multi-model mode: X-Amzn-SageMaker-Target-Model loads on first use
+        self.endpoint_name = endpoint_name  # None: the runtime API answers for any endpoint name
+        self.variant = variant
 
     def route(self, scope: Scope) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
         """The hot route for a POST to this path, or None (then Starlette answers it)."""
@@ -169,6 +195,12 @@ class HotRoutes:
             if match and match["method"] in METHODS:
                 scope["path_params"] = match.groupdict()
                 return self.tfs_method
+        elif path.startswith("/endpoints/"):
+            match = _RUNTIME_PATH.match(path)
+            if match:
+                scope["path_params"] = match.groupdict()
+                scope[ROUTE_KEY] = "/endpoints/{name}/invocations"
+                return self.runtime_invoke
         elif self.is_loaded is not None and path.startswith("/models/"):
             match = _INVOKE_PATH.match(path)
             if match:
@@ -224,25 +256,83 @@ class HotRoutes:
         if name is not None and self.is_loaded is not None and not self.is_loaded(name):
             await send_result(send, error_result(NotFound(f"Model {name} is not loaded yet.")))
             return
-        content_type = request_header(scope, b"content-type")
-        accept = request_header(scope, b"accept")
-        attributes = request_header(scope, CUSTOM_ATTRIBUTES)
-        invoker = self.service.invoker
+        target = request_header(scope, TARGET_MODEL) if name is None and self.targets is not None else None
 
         async def answer(body: bytes) -> None:
-            result = await self.invocations.run(
-                ("invoke", name, attributes),
-                len(body),
-                lambda: invoker.invoke(body, content_type, accept, attributes, name),
-                may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
-                group=name or attributes,  # the model, as the request names it
-            )
+            try:
+                result = await self._invoke(scope, body, name, target)
+            except ServingError as exc:
+                result = error_result(exc)
             await send_result(send, result)
 
         await self._with_body(scope, receive, send, answer)
 
+    async def runtime_invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /endpoints/{EndpointName}/invocations: SageMaker's runtime API (boto3, the AWS
+        CLI, the SDK). Errors come in the shapes botocore raises as ModelError/ValidationError."""
+        endpoint = scope["path_params"]["endpoint"]
+        variant = ((b"x-amzn-invoked-production-variant", self.variant.encode()),)
+        try:
+            request = check_request(
+                endpoint,
+                served_endpoint=self.endpoint_name,
+                variant=self.variant,
+                target_variant=request_header(scope, b"x-amzn-sagemaker-target-variant"),
+                target_model=request_header(scope, TARGET_MODEL),
+                inference_id=request_header(scope, b"x-amzn-sagemaker-inference-id"),
+                custom_attributes=request_header(scope, CUSTOM_ATTRIBUTES),
+            )
+            if request.target_model is not None and self.targets is None:
+                raise RuntimeValidationError(
+                    f"Endpoint {endpoint} is not a multi-model endpoint: X-Amzn-SageMaker-Target-Model "
+                    "needs tfservo serve --multi-model"
+                )
+        except ServingError as exc:
+            await self._send_runtime_error(send, runtime_error(exc))
+            return
+
+        async def answer(body: bytes) -> None:
+            try:
+                result = await self._invoke(scope, body, None, request.target_model)
+            except ServingError as exc:
+                await self._send_runtime_error(send, runtime_error(exc))
+                return
+            if not result.ok:
+                await self._send_runtime_error(send, model_error(result, endpoint))
+                return
+            await send_result(send, result, variant)
+
+        await self._with_body(scope, receive, send, answer, runtime=True)
+
+    async def _invoke(self, scope: Scope, body: bytes, name: str | None, target: str | None) -> InvocationResult:
+        """One invocation through the service's Invoker; a target model is loaded first if new."""
+        content_type = request_header(scope, b"content-type")
+        accept = request_header(scope, b"accept")
+        attributes = request_header(scope, CUSTOM_ATTRIBUTES)
+        invoker = self.service.invoker
+        if target is not None:
+            assert self.targets is not None
+            targets = self.targets
+            name = targets.loaded_name(target) or await anyio.to_thread.run_sync(lambda: targets.resolve(target))
+        return await self.invocations.run(
+            ("invoke", name, attributes),
+            len(body),
+            lambda: invoker.invoke(body, content_type, accept, attributes, name),
+            may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
+            group=name or attributes,  # the model, as the request names it
+        )
+
+    async def _send_runtime_error(self, send: Send, error: RuntimeError_) -> None:
+        await send_response(send, error.status, error.body, JSON, ((b"x-amzn-errortype", error.error_type.encode()),))
+
     async def _with_body(
-        self, scope: Scope, receive: Receive, send: Send, answer: Callable[[bytes], Awaitable[None]]
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        answer: Callable[[bytes], Awaitable[None]],
+        *,
+        runtime: bool = False,
     ) -> None:
         """Read the body within the decode budget and `answer` it; the budget is held until the
         answer is sent. Over the budget: 503 with Retry-After, before the body is read when
@@ -250,28 +340,33 @@ class HotRoutes:
         declared = request_header(scope, b"content-length")
         held = int(declared) if declared is not None and declared.isdigit() else 0
         if not self.budget.hold(held):
-            await self._busy(send)
+            await self._busy(send, runtime)
             return
         try:
             try:
                 body = await read_body(scope, receive, self.max_request_bytes)
             except ServingError as exc:
-                await send_result(send, error_result(exc))
+                if runtime:
+                    await self._send_runtime_error(send, runtime_error(RuntimeValidationError(exc.message)))
+                else:
+                    await send_result(send, error_result(exc))
                 return
             except ClientDisconnected:
                 return
             if len(body) > held:  # a chunked body: held as read
                 if not self.budget.hold(len(body) - held):
-                    await self._busy(send)
+                    await self._busy(send, runtime)
                     return
                 held = len(body)
             await answer(body)
         finally:
             self.budget.release(held)
 
-    async def _busy(self, send: Send) -> None:
+    async def _busy(self, send: Send, runtime: bool) -> None:
         message = (
             f"tfservo is decoding {self.budget.held / 2**20:.0f} MB of other requests, its bound "
             f"(--max-decoding-mb {self.budget.limit_bytes / 2**20:g}); retry in a moment or send to another instance"
         )
-        await send_response(send, 503, orjson.dumps({"error": message}), JSON, ((b"retry-after", b"1"),))
+        key, error_type = (b"message", b"ServiceUnavailable") if runtime else (b"error", None)
+        headers = ((b"retry-after", b"1"),) + (((b"x-amzn-errortype", error_type),) if error_type else ())
+        await send_response(send, 503, orjson.dumps({key.decode(): message}), JSON, headers)

@@ -45,17 +45,26 @@ def start_worker(
     gc.freeze()
     local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     service.rest_base = f"http://{local_host}:{port}"
-    multi_model = None
+    multi_model = targets = None
     if settings.multi_model:
         from tfservo.sagemaker.multi_model import MultiModelEndpoint
+        from tfservo.sagemaker.target_models import TargetModels
 
         multi_model = MultiModelEndpoint(service, settings.model_root, memory_factor=settings.memory_factor)
+        targets = TargetModels(
+            multi_model,
+            memory_budget_bytes=int(settings.mme_memory_mb * 2**20) if settings.mme_memory_mb > 0 else None,
+            archive_limits=settings.archive_limits,
+        )
     app = build_app(
         service,
         max_request_bytes=settings.max_request_bytes,
         execution_parameters=settings.execution_parameters,
         multi_model=multi_model,
+        targets=targets,
         max_decoding_bytes=settings.max_decoding_bytes or default_decoding_bytes(settings.workers),
+        endpoint_name=settings.endpoint_name,
+        variant_name=settings.variant_name,
     )
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue

@@ -1,0 +1,5 @@
+"""`python -m tfservo …`: the same command line as the `tfservo` script."""
+
+from tfservo.cli import run
+
+run()
