@@ -15,8 +15,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 TFSERVO = str(REPO / ".venv" / "bin" / "tfservo") if (REPO / ".venv" / "bin" / "tfservo").exists() else "tfservo"
-_READY = re.compile(r"serving .* on http://(?P<host>[^:]+):(?P<port>\d+)")
-_GRPC = re.compile(r"gRPC on (?P<host>[^:]+):(?P<port>\d+)")
+_READY = re.compile(r"serving .* on (?P<scheme>https?)://(?P<host>[^:]+):(?P<port>\d+)")
+_GRPC = re.compile(r"gRPC(?: \(TLS\))? on (?P<host>[^:]+):(?P<port>\d+)")
 
 
 class ServerProcess:
@@ -64,7 +64,7 @@ class ServerProcess:
             if m := _GRPC.search(line):
                 self.grpc_target = f"{m['host']}:{m['port']}"
             if m := _READY.search(line):
-                self.url = f"http://{m['host']}:{m['port']}"
+                self.url = f"{m['scheme']}://{m['host']}:{m['port']}"
                 self._ready.set()
 
     @property

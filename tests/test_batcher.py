@@ -147,7 +147,7 @@ def test_allowed_batch_sizes_pad_with_first_row_and_drop_padding(model: FakeMode
         batcher.close()
     np.testing.assert_array_equal(out["y"], x * 2 + 1)
     np.testing.assert_array_equal(model.calls[0]["x"], [[1.0], [2.0], [3.0], [1.0]])
-    assert [(s, p) for s, p, _ in hook] == [(3, 4)]
+    assert [(s, p) for s, p, _, _ in hook] == [(3, 4)]
 
 
 def test_full_queue_fails_fast_with_resource_exhausted(model: FakeModel) -> None:
@@ -260,7 +260,7 @@ def test_inconsistent_batch_sizes_scalars_and_closing(model: FakeModel) -> None:
 
 def test_runner_factory_wraps_each_version_with_shared_threads(model: FakeModel) -> None:
     seen: list[tuple[str, int, int]] = []
-    factory = make_runner_factory(opts(batch_timeout_micros=0), on_batch=lambda m, s, p, t: seen.append((m, s, p)))
+    factory = make_runner_factory(opts(batch_timeout_micros=0), on_batch=lambda m, s, p, t, q: seen.append((m, s, p)))
     sv1 = SimpleNamespace(model_name="m", version=1, model=model)
     sv2 = SimpleNamespace(model_name="m", version=2, model=model)
     b1, b2 = factory(sv1), factory(sv2)  # type: ignore[arg-type]

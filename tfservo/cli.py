@@ -133,6 +133,23 @@ def main() -> None:
 @click.option("--variant-name", default=None, metavar="NAME",
               help="The production variant this server is, named in X-Amzn-Invoked-Production-Variant "
               "[default: $TFSERVO_VARIANT_NAME or AllTraffic].")
+@click.option("--request-timeout", type=float, default=None, metavar="SECONDS",
+              help="Limit for a TF Serving REST call; past it 504 [default: none].")
+@click.option("--invocation-timeout", type=float, default=None, metavar="SECONDS",
+              help="Limit for an invocation, handlers included; past it 504 "
+              "[default: $SAGEMAKER_GUNICORN_TIMEOUT_SECONDS or none].")
+@click.option("--monitoring-config-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="TF Serving's MonitoringConfig: its Prometheus metric names at its path.")
+@click.option("--ssl-config-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="TF Serving's SSLConfig (server_key, server_cert, custom_ca, client_verify): TLS for gRPC.")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="HTTPS on the HTTP port: the server certificate (PEM), with --tls-key.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="HTTPS: the server's private key (PEM).")
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="HTTPS: clients must present a certificate signed by this CA (PEM).")
+@click.option("--model-config-file-poll-wait-seconds", "model_config_poll_seconds", type=float, default=None,
+              help="Re-read --model-config-file this often and apply changes [default: 0, never].")
 def serve(
     paths,
     host,
@@ -158,6 +175,14 @@ def serve(
     max_decoding_mb,
     endpoint_name,
     variant_name,
+    request_timeout,
+    invocation_timeout,
+    monitoring_config_file,
+    ssl_config_file,
+    tls_cert,
+    tls_key,
+    tls_ca,
+    model_config_poll_seconds,
 ):
     """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
 
@@ -194,6 +219,14 @@ def serve(
         max_decoding_mb=max_decoding_mb,
         endpoint_name=endpoint_name,
         variant_name=variant_name,
+        request_timeout=request_timeout,
+        invocation_timeout=invocation_timeout,
+        monitoring_config_file=monitoring_config_file,
+        ssl_config_file=ssl_config_file,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_ca=tls_ca,
+        model_config_poll_seconds=model_config_poll_seconds,
     )
     setup_logging(settings.log_level)
     try:

@@ -79,6 +79,18 @@ class Settings:
     # answer to any name) and its production variant
     endpoint_name: str | None = None
     variant_name: str = "AllTraffic"
+    # time limits (0: none): TF Serving REST calls (--rest_api_timeout_in_ms), invocations
+    # (SAGEMAKER_GUNICORN_TIMEOUT_SECONDS); gRPC calls use the client's deadline
+    request_timeout: float = 0.0
+    invocation_timeout: float = 0.0
+    warmup: bool = True  # replay assets.extra/tf_serving_warmup_requests (--enable_model_warmup)
+    model_config_poll_seconds: float = 0.0  # re-read --model-config-file this often (0: never)
+    monitoring_config_file: str | None = None  # TF Serving's MonitoringConfig: its metric names at its path
+    grpc_host: str | None = None  # None: the HTTP host
+    ssl_config_file: str | None = None  # TF Serving's SSLConfig for gRPC
+    tls_cert: str | None = None  # HTTPS for the HTTP port
+    tls_key: str | None = None
+    tls_ca: str | None = None  # with it, clients must present a certificate it signed
 
     @property
     def max_request_bytes(self) -> int:
@@ -121,6 +133,16 @@ def resolve_settings(
     max_decoding_mb: float | None = None,
     endpoint_name: str | None = None,
     variant_name: str | None = None,
+    request_timeout: float | None = None,
+    invocation_timeout: float | None = None,
+    warmup: bool = True,
+    model_config_poll_seconds: float | None = None,
+    monitoring_config_file: str | None = None,
+    grpc_host: str | None = None,
+    ssl_config_file: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_ca: str | None = None,
     serve_default_path: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> Settings:
@@ -182,7 +204,30 @@ def resolve_settings(
         mme_memory_mb=_env_float(env, "TFSERVO_MME_MEMORY_MB", 0.0, "0 or unset: the machine's memory only"),
         endpoint_name=endpoint_name or env.get("TFSERVO_ENDPOINT_NAME") or None,
         variant_name=variant_name or env.get("TFSERVO_VARIANT_NAME") or "AllTraffic",
+        request_timeout=_positive("--request-timeout", request_timeout, 0.0, allow_zero=True),
+        invocation_timeout=(
+            _positive("--invocation-timeout", invocation_timeout, 0.0, allow_zero=True)
+            if invocation_timeout is not None
+            else _env_float(env, "SAGEMAKER_GUNICORN_TIMEOUT_SECONDS", 0.0, "seconds; 0 or unset: no limit")
+        ),
+        warmup=warmup,
+        model_config_poll_seconds=_positive(
+            "--model-config-file-poll-wait-seconds", model_config_poll_seconds, 0.0, allow_zero=True
+        ),
+        monitoring_config_file=monitoring_config_file,
+        grpc_host=grpc_host,
+        ssl_config_file=ssl_config_file,
+        **_tls(tls_cert, tls_key, tls_ca),
     )
+
+
+def _tls(cert: str | None, key: str | None, ca: str | None) -> dict[str, str | None]:
+    """--tls-cert and --tls-key come together; --tls-ca needs them."""
+    if bool(cert) != bool(key):
+        raise ConfigError("HTTPS needs both --tls-cert FILE and --tls-key FILE")
+    if ca and not cert:
+        raise ConfigError("--tls-ca (client certificates) needs --tls-cert and --tls-key")
+    return {"tls_cert": cert, "tls_key": key, "tls_ca": ca}
 
 
 def archive_limits_from_env(env: Mapping[str, str]) -> ArchiveLimits:

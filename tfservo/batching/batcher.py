@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tfservo import deadlines
 from tfservo.batching.options import BatchingOptions
 from tfservo.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tfservo.runtime.signatures import Runner
@@ -39,10 +40,10 @@ __all__ = [
 
 log = logging.getLogger("tfservo.batching")
 
-# (rows, padded rows, seconds) of each batch one Batcher ran.
-BatchHook = Callable[[int, int, float], None]
+# (rows, padded rows, seconds run, seconds its first row queued) of each batch one Batcher ran.
+BatchHook = Callable[[int, int, float, float], None]
 # The same with the model's name first: a runner factory's hook, shared by every model's batchers.
-ModelBatchHook = Callable[[str, int, int, float], None]
+ModelBatchHook = Callable[[str, int, int, float, float], None]
 # Called once, on a batch thread, with a submitted call's outputs or its error.
 Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
 
@@ -50,11 +51,12 @@ Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
 class _Task:
     """One caller's rows (a chunk of them when the call was split), and where its result goes."""
 
-    __slots__ = ("inputs", "size", "done", "outputs", "error", "callback")
+    __slots__ = ("inputs", "size", "done", "outputs", "error", "callback", "deadline")
 
     def __init__(self, inputs: dict[str, np.ndarray], size: int, callback: Callback | None = None) -> None:
         self.inputs = inputs
         self.size = size
+        self.deadline = deadlines.current()  # past it the caller has given up: the rows are dropped
         self.done = threading.Event()
         self.outputs: dict[str, np.ndarray] | None = None
         self.error: BaseException | None = None
@@ -233,7 +235,8 @@ class Batcher:
             self._enqueue(key, signature_name, outs, task, block=i > 0)
         results = []
         for task in tasks:
-            task.done.wait()
+            if not task.done.wait(deadlines.remaining(task.deadline)):
+                task.finish(None, self._late(signature_name))  # its batch will skip it
             if task.error is not None:
                 raise _clone(task.error)
             results.append(task.outputs)
@@ -353,9 +356,23 @@ class Batcher:
             batch.closed = True
             self._scheduler._work.notify()
 
+    def _late(self, signature: str) -> deadlines.DeadlineExceeded:
+        return deadlines.DeadlineExceeded(
+            f"model {self._name} (signature '{signature}'): the request's deadline passed while it waited "
+            "for its batch; allow more time, or send less load"
+        )
+
     def _process(self, batch: _Batch) -> None:
-        """Run one closed batch and hand every task its rows (or the batch's error)."""
-        tasks, size = batch.tasks, batch.size
+        """Run one closed batch and hand every task its rows (or the batch's error); rows of
+        callers who gave up (done, or past their deadline) are left out."""
+        for t in batch.tasks:
+            if not t.done.is_set() and deadlines.expired(t.deadline):
+                t.finish(None, self._late(batch.queue.signature))
+        tasks = [t for t in batch.tasks if not t.done.is_set()]
+        size = sum(t.size for t in tasks)
+        if not tasks:
+            return
+        queued = time.monotonic() - batch.created
         padded = _padded_size(size, self._options.allowed_batch_sizes)
         try:
             if len(tasks) == 1:
@@ -397,7 +414,7 @@ class Batcher:
                 t.finish(None, Unavailable(f"model {self._name}: batch was abandoned; retry"))
         if self._on_batch is not None:
             try:
-                self._on_batch(size, padded, seconds)
+                self._on_batch(size, padded, seconds, queued)
             except Exception:
                 log.exception("batch hook failed for model %s", self._name)
 

@@ -25,7 +25,7 @@ from tfservo.tfserving.model_config import (
     read_model_config_file,
 )
 
-__all__ = ["ModelConfigReloader", "ServedModels"]
+__all__ = ["ConfigFilePoller", "ModelConfigReloader", "ServedModels"]
 
 log = logging.getLogger("tfservo.model_config")
 
@@ -126,3 +126,44 @@ class ModelConfigReloader:
                 "model %s: no version dirs under %s yet; it becomes AVAILABLE when one appears "
                 "(with --file-system-poll-wait-seconds)", config.name, config.base_path,
             )
+
+
+class ConfigFilePoller:
+    """Re-reads --model-config-file every `seconds` and applies it when its text changed
+    (TF Serving's --model_config_file_poll_wait_seconds). A config that cannot be applied is
+    logged and the served models stay as they are."""
+
+    def __init__(self, service: Any, path: str, seconds: float) -> None:
+        self.service = service
+        self.path = path
+        self.seconds = seconds
+        self._stop = threading.Event()
+        self._last = self._read()
+        self._thread = threading.Thread(target=self._loop, name="tfservo-config-poll", daemon=True)
+
+    def start(self) -> ConfigFilePoller:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _read(self) -> str | None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            log.warning("model config file %s cannot be read (%s); keeping the served models", self.path, exc.strerror)
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.seconds):
+            text = self._read()
+            if text is None or text == self._last:
+                continue
+            self._last = text
+            try:
+                self.service.model_config.reload_config(text)
+                log.info("model config file %s changed: applied", self.path)
+            except Exception as exc:
+                log.error("model config file %s changed but cannot be applied: %s", self.path, exc)

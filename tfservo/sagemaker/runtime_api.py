@@ -121,8 +121,8 @@ def runtime_error(exc: ServingError) -> RuntimeError_:
     status = error_result(exc).status
     if isinstance(exc, (InvalidArgument, NotFound)) or 400 <= status < 500:
         return RuntimeError_(400, "ValidationError", orjson.dumps({"message": exc.message}))
-    if status == 507:  # a target model that does not fit: SageMaker answers ModelError as well
-        doc = {"message": exc.message, "OriginalStatusCode": 507, "OriginalMessage": exc.message}
+    if status in (504, 507):  # a timeout, a target model that does not fit: SageMaker's ModelError
+        doc = {"message": exc.message, "OriginalStatusCode": status, "OriginalMessage": exc.message}
         return RuntimeError_(424, "ModelError", orjson.dumps(doc))
     if status == 503:
         return RuntimeError_(503, "ServiceUnavailable", orjson.dumps({"message": exc.message}))

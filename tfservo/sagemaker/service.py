@@ -37,7 +37,8 @@ __all__ = ["BatchHook", "ModelService", "build_service"]
 log = logging.getLogger("tfservo.service")
 
 # A batcher's report of one batch: (model, rows, padded rows, seconds).
-BatchHook = Callable[[str, int, int, float], None]
+BatchHook = Callable[[str, int, int, float, float], None]  # model, rows, padded, run s, queued s
+RunHook = Callable[[str, float], None]  # model, seconds of one unbatched model call
 
 
 class ModelService:
@@ -53,6 +54,7 @@ class ModelService:
         *,
         on_event: Callable[[ServableVersion], None] | None = None,
         on_batch: BatchHook | None = None,
+        on_run: RunHook | None = None,
     ) -> None:
         self.settings = settings or Settings()
         loader = functools.partial(
@@ -64,7 +66,8 @@ class ModelService:
             loader,
             runner_factory=_runner_factory(self.settings, on_batch),
             on_event=on_event,
-            warmup=lambda sv: replay_warmup(self.api, sv),
+            on_run=on_run,
+            warmup=(lambda sv: replay_warmup(self.api, sv)) if self.settings.warmup else None,
         )
         self.api = TFServingAPI(self.manager)
         self.lifecycle = ModelLifecycle(self.manager)
@@ -245,10 +248,11 @@ def build_service(
     *,
     on_event: Callable[[ServableVersion], None] | None = None,
     on_batch: BatchHook | None = None,
+    on_run: RunHook | None = None,
 ) -> ModelService:
     """The running service for `settings`: every bundle in settings.paths and the model
     config file loaded, labels and the default model checked, file-system polling started."""
-    service = ModelService(settings, on_event=on_event, on_batch=on_batch)
+    service = ModelService(settings, on_event=on_event, on_batch=on_batch, on_run=on_run)
     try:
         for path in settings.paths:
             service.add_bundle(path)

@@ -8,7 +8,7 @@ become {"error": ...} with TF Serving's status codes, never an HTML page.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -87,6 +87,9 @@ def build_app(
     targets: TargetModels | None = None,
     endpoint_name: str | None = None,
     variant_name: str = DEFAULT_VARIANT,
+    request_timeout: float = 0.0,
+    invocation_timeout: float = 0.0,
+    on_timeout: Callable[[str, str | None, float], None] | None = None,
 ) -> ServingApp:
     """The ASGI app serving `service`.
 
@@ -105,6 +108,9 @@ def build_app(
         targets=targets,
         endpoint_name=endpoint_name,
         variant=variant_name,
+        request_timeout=request_timeout,
+        invocation_timeout=invocation_timeout,
+        on_timeout=on_timeout,
     )
 
     async def in_thread(fn: Any) -> Any:

@@ -73,6 +73,7 @@ class CallPlacement:
                     del self._groups[key]
             entry = self._groups[group] = _Group(self.per_group)
         entry.users += 1
+        running: asyncio.Future[T] | None = None
         try:
             if entry.semaphore.locked():
                 self._queue(1)
@@ -82,16 +83,26 @@ class CallPlacement:
                     self._queue(-1)
             else:
                 await entry.semaphore.acquire()
-            try:
-                ctx = contextvars.copy_context()
-                loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self._executor, ctx.run, self._timed, kind, fn)
-            finally:
-                entry.semaphore.release()
+            ctx = contextvars.copy_context()
+            loop = asyncio.get_running_loop()
+            running = loop.run_in_executor(self._executor, ctx.run, self._timed, kind, fn)
+            # A caller that stops waiting (a time limit) leaves the call running: its thread
+            # stays counted against the group until it really ends.
+            return await asyncio.shield(running)
         finally:
-            entry.users -= 1
-            if entry.users == 0 and self._groups.get(group) is entry:
-                del self._groups[group]
+            if running is None or running.done():
+                self._leave(group, entry, running is not None)
+            else:
+                running.add_done_callback(lambda f: self._leave(group, entry, True, f))
+
+    def _leave(self, group: Hashable, entry: _Group, held: bool, abandoned: asyncio.Future | None = None) -> None:
+        if abandoned is not None and not abandoned.cancelled():
+            abandoned.exception()  # retrieved: no one waits for it any more
+        if held:
+            entry.semaphore.release()
+        entry.users -= 1
+        if entry.users == 0 and self._groups.get(group) is entry:
+            del self._groups[group]
 
     def _queue(self, change: int) -> None:
         if self.on_queue is not None:

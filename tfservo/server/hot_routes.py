@@ -13,12 +13,13 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from tfservo import deadlines
 from tfservo.errors import InvalidArgument, NotFound, ServingError
 from tfservo.media_types import JSON
 from tfservo.sagemaker.invocation import InvocationResult, error_result
@@ -53,6 +54,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("tfservo.http")
+
+T = TypeVar("T")
 
 ROUTE_KEY = "tfservo.route"  # scope key: the route template a hot route answered (for metrics)
 CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
@@ -171,6 +174,9 @@ class HotRoutes:
         targets: TargetModels | None = None,
         endpoint_name: str | None = None,
         variant: str = DEFAULT_VARIANT,
+        request_timeout: float = 0.0,
+        invocation_timeout: float = 0.0,
+        on_timeout: Callable[[str, str | None, float], None] | None = None,
     ) -> None:
         self.service = service
         self.budget = budget or DecodeBudget(2**62)
@@ -183,6 +189,9 @@ class HotRoutes:
         self.targets = targets  # multi-model mode: X-Amzn-SageMaker-Target-Model loads on first use
         self.endpoint_name = endpoint_name  # None: the runtime API answers for any endpoint name
         self.variant = variant
+        self.request_timeout = request_timeout  # TF Serving REST calls (0: none)
+        self.invocation_timeout = invocation_timeout  # invocations, handlers included (0: none)
+        self.on_timeout = on_timeout  # (route, model, limit): the metrics' count and log line
 
     def route(self, scope: Scope) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
         """The hot route for a POST to this path, or None (then Starlette answers it)."""
@@ -219,16 +228,23 @@ class HotRoutes:
             await send_result(send, error_result(exc))
             return
 
+        async def call(body: bytes) -> bytes:
+            out = None
+            if self.batched and method == "predict" and len(body) <= INLINE_BODY_BYTES:
+                out = await self._predict_queued(name, version, label, body)
+            if out is None:
+                out = await self.calls.run(
+                    (name, method), len(body), lambda: self.service.api.rest(method, name, version, label, body),
+                    group=name,
+                )
+            return out
+
         async def answer(body: bytes) -> None:
             try:
-                out = None
-                if self.batched and method == "predict" and len(body) <= INLINE_BODY_BYTES:
-                    out = await self._predict_queued(name, version, label, body)
-                if out is None:
-                    out = await self.calls.run(
-                        (name, method), len(body), lambda: self.service.api.rest(method, name, version, label, body),
-                        group=name,
-                    )
+                out = await self._limited(
+                    self.request_timeout, f"/v1/models/{{name}}:{method}", name, lambda: call(body),
+                    "--rest_api_timeout_in_ms / --request-timeout",
+                )
             except ServingError as exc:
                 await send_result(send, error_result(exc))
                 return
@@ -314,13 +330,39 @@ class HotRoutes:
             assert self.targets is not None
             targets = self.targets
             name = targets.loaded_name(target) or await anyio.to_thread.run_sync(lambda: targets.resolve(target))
-        return await self.invocations.run(
-            ("invoke", name, attributes),
-            len(body),
-            lambda: invoker.invoke(body, content_type, accept, attributes, name),
-            may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
-            group=name or attributes,  # the model, as the request names it
+
+        def call() -> Awaitable[InvocationResult]:
+            return self.invocations.run(
+                ("invoke", name, attributes),
+                len(body),
+                lambda: invoker.invoke(body, content_type, accept, attributes, name),
+                may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
+                group=name or attributes,  # the model, as the request names it
+            )
+
+        return await self._limited(
+            self.invocation_timeout, scope.get(ROUTE_KEY, "/invocations"), name or self.service.default_model(), call,
+            "--invocation-timeout / SAGEMAKER_GUNICORN_TIMEOUT_SECONDS",
         )
+
+    async def _limited(
+        self, seconds: float, route: str, model: str | None, call: Callable[[], Awaitable[T]], setting: str
+    ) -> T:
+        """`call()` within `seconds` (0: no limit): past it DeadlineExceeded (504), counted and
+        logged; the work carries the deadline, so rows still queued for a batch are dropped."""
+        if not seconds:
+            return await call()
+        with deadlines.within(seconds):
+            task = asyncio.ensure_future(call())  # the task copies the context: the deadline goes along
+        try:
+            return await asyncio.wait_for(task, seconds)
+        except asyncio.TimeoutError:
+            if self.on_timeout is not None:
+                self.on_timeout(route, model, seconds)
+            raise deadlines.DeadlineExceeded(
+                f"{route} for model {model or '-'} took longer than its limit of {seconds:g} s ({setting}); "
+                "the request was abandoned"
+            ) from None
 
     async def _send_runtime_error(self, send: Send, error: RuntimeError_) -> None:
         await send_response(send, error.status, error.body, JSON, ((b"x-amzn-errortype", error.error_type.encode()),))

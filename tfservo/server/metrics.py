@@ -15,7 +15,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +25,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tfservo.errors import FailedPrecondition
+from tfservo.errors import Code, FailedPrecondition
 from tfservo.server.hot_routes import ROUTE_KEY, TFS_PATH
+from tfservo.server.tfs_metrics import TFServingMetrics
 from tfservo.tfserving.api import METHODS
 from tfservo.tfserving.request_labels import RequestLabels, tracking
+from tfservo.tfserving.request_labels import current as current_labels
 from tfservo.tfserving.servables import ServableVersion, State
+from tfservo.tfserving.status import http_status
 
 if TYPE_CHECKING:
     from tfservo.sagemaker.service import ModelService
@@ -44,6 +47,7 @@ __all__ = [
 ]
 
 access_log = logging.getLogger("tfservo.access")
+log = logging.getLogger("tfservo.metrics")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 METRICS_PATH = "/metrics"
@@ -125,7 +129,18 @@ class Metrics:
             "tfservo_batch_run_seconds", "Time the model took to run one batch, by model",
             ["model"], buckets=LATENCY_BUCKETS, registry=reg,
         )
+        self.timeouts = Counter(
+            "tfservo_timeouts", "Requests answered 504 because their time limit passed, by route and model",
+            ["route", "model"], registry=reg,
+        )
         self._failures_counted: set[int] = set()
+        # TF Serving's metric names (--monitoring_config_file), when asked for
+        self.tfs: TFServingMetrics | None = None
+        self.tfs_path: str | None = None
+
+    def serve_tf_serving_names(self, path: str) -> None:
+        """Also keep TF Serving's metrics and answer GET `path` with them."""
+        self.tfs, self.tfs_path = TFServingMetrics(), path
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -137,22 +152,41 @@ class Metrics:
         if sv.state is State.AVAILABLE and sv.load_seconds is not None:
             self.model_load_seconds.labels(model, version).set(sv.load_seconds)
             self.model_loads.labels(model, version).inc()
+            if self.tfs is not None:
+                self.tfs.load(sv.path, True, sv.load_seconds)
         if sv.state is State.END and sv.error and id(sv) not in self._failures_counted:
             # Unloading a failed version reports it again: count each version object once.
             self._failures_counted.add(id(sv))
             weakref.finalize(sv, self._failures_counted.discard, id(sv))
             self.model_load_failures.labels(model, version).inc()
+            if self.tfs is not None:
+                self.tfs.load(sv.path, False, None)
 
     def pool_queue(self, pool: str, change: int) -> None:
         """CallPlacement.on_queue: a call started (+1) or stopped (-1) waiting for a thread."""
         self.pool_queued.labels(pool).inc(change)
 
-    def batch_hook(self, model: str, real: int, padded: int, seconds: float) -> None:
-        """The batcher's on_batch: a batch of `model` with `real` rows ran as `padded` rows in `seconds`."""
+    def batch_hook(self, model: str, real: int, padded: int, seconds: float, queued: float) -> None:
+        """The batcher's on_batch: a batch of `model` with `real` rows ran as `padded` rows in
+        `seconds`, its first row having waited `queued` seconds."""
         self.batch_size.labels(model).observe(real)
         if padded > real:
             self.batch_padding.labels(model).inc(padded - real)
         self.batch_seconds.labels(model).observe(seconds)
+        if self.tfs is not None:
+            self.tfs.batch(model, real, padded, queued)
+            self.tfs.runtime(model, "predict", seconds)
+
+    def run_hook(self, model: str, seconds: float) -> None:
+        """One unbatched model call of `model` took `seconds` (TF Serving's runtime latency)."""
+        if self.tfs is not None:
+            labels = current_labels()
+            self.tfs.runtime(model, (labels.method if labels is not None else None) or "predict", seconds)
+
+    def timeout(self, route: str, model: str | None, seconds: float) -> None:
+        """A request's time limit passed: counted and logged (one line naming route and model)."""
+        self.timeouts.labels(route, model or "").inc()
+        log.warning("timeout: %s for model %s passed its limit of %g s; answered 504", route, model or "-", seconds)
 
     def scope(self, route: str, method: str) -> Any:
         """A RequestScope for the gRPC servicers: labels current while the call runs, recorded after."""
@@ -180,6 +214,11 @@ class Metrics:
             protocol, labels.model, labels.version, labels.method, labels.route, labels.status
         ).inc()
         self.latency.labels(protocol, labels.model, labels.version, labels.method, labels.route).observe(seconds)
+        if self.tfs is not None and labels.model:
+            self.tfs.request(
+                labels.model, labels.method or "predict", "GRPC" if protocol == "grpc" else "REST",
+                _code_name(labels.status), seconds,
+            )
         if access_log.isEnabledFor(logging.DEBUG):
             access_log.debug(
                 "protocol=%s route=%s method=%s model=%s version=%s status=%s ms=%.2f",
@@ -204,6 +243,19 @@ class Metrics:
         names the model of invocations that never reach a model in-process (handlers).
         """
         return _HttpMetrics(app, self, service, routes)
+
+
+_CODE_OF_HTTP = {http_status(code): code.name for code in reversed(Code)}
+_CODE_OF_HTTP.update({200: "OK", 500: "INTERNAL", 400: "INVALID_ARGUMENT"})
+
+
+def _code_name(status: str | None) -> str:
+    """A request's status as TF Serving's canonical code name (HTTP statuses mapped back)."""
+    if not status:
+        return "UNKNOWN"
+    if status.isdigit():
+        return _CODE_OF_HTTP.get(int(status), "UNKNOWN")
+    return status
 
 
 def _multiprocess_values() -> bool:
@@ -242,15 +294,20 @@ class _HttpMetrics:
             try:
                 if scope["path"] == METRICS_PATH and scope["method"] in ("GET", "HEAD"):
                     labels.route = METRICS_PATH
-                    await self._expose(scope, send_noting_status)
+                    await self._expose(scope, send_noting_status, self.metrics.exposition)
+                elif self.metrics.tfs is not None and scope["path"] == self.metrics.tfs_path and scope["method"] in (
+                    "GET", "HEAD",
+                ):
+                    labels.route = scope["path"]
+                    await self._expose(scope, send_noting_status, self.metrics.tfs.exposition)
                 else:
                     await self.app(scope, receive, send_noting_status)
             finally:
                 if not labels.route:
                     self._name(scope, labels)
 
-    async def _expose(self, scope: Scope, send: Send) -> None:
-        body = await anyio.to_thread.run_sync(self.metrics.exposition)
+    async def _expose(self, scope: Scope, send: Send, exposition: Callable[[], bytes]) -> None:
+        body = await anyio.to_thread.run_sync(exposition)
         headers = [(b"content-type", prometheus_client.CONTENT_TYPE_LATEST.encode()),
                    (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -274,7 +331,7 @@ class _HttpMetrics:
             return
         route = scope.get(ROUTE_KEY) or self._template(scope)
         labels.route = route or "unmatched"
-        if route == "/invocations" or (route or "").endswith("/invoke"):
+        if route == "/invocations" or (route or "").endswith(("/invoke", "/invocations")):
             self._invocation_labels(scope, labels)
 
     def _template(self, scope: Scope) -> str | None:

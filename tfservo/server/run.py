@@ -39,7 +39,15 @@ def start_worker(
     from tfservo.server.decode_budget import default_decoding_bytes
 
     metrics = metrics or Metrics()
-    service = build_service(settings, on_event=metrics.model_event, on_batch=metrics.batch_hook)
+    if settings.monitoring_config_file:
+        from tfservo.server.tfs_configs import read_monitoring_config
+
+        monitoring = read_monitoring_config(settings.monitoring_config_file)
+        if monitoring.enable:
+            metrics.serve_tf_serving_names(monitoring.path)
+    service = build_service(
+        settings, on_event=metrics.model_event, on_batch=metrics.batch_hook, on_run=metrics.run_hook
+    )
     # TensorFlow leaves ~270k objects on the heap; a full GC pass over them held the GIL for
     # 100-300 ms, a p99 stall for every request in flight. Frozen objects are never scanned.
     gc.freeze()
@@ -65,6 +73,9 @@ def start_worker(
         max_decoding_bytes=settings.max_decoding_bytes or default_decoding_bytes(settings.workers),
         endpoint_name=settings.endpoint_name,
         variant_name=settings.variant_name,
+        request_timeout=settings.request_timeout,
+        invocation_timeout=settings.invocation_timeout,
+        on_timeout=metrics.timeout,
     )
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
@@ -103,8 +114,21 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, *
         log_level="warning" if level != "debug" else "debug",
         timeout_keep_alive=max(1, round(settings.keep_alive_timeout)),
         timeout_graceful_shutdown=30,
+        **_tls_options(settings),
         **kw,
     )
+
+
+def _tls_options(settings: Settings) -> dict[str, Any]:
+    """HTTPS on the HTTP port (--tls-cert/--tls-key; --tls-ca: clients need a certificate it signed)."""
+    if not settings.tls_cert:
+        return {}
+    import ssl
+
+    options: dict[str, Any] = {"ssl_certfile": settings.tls_cert, "ssl_keyfile": settings.tls_key}
+    if settings.tls_ca:
+        options |= {"ssl_ca_certs": settings.tls_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return options
 
 
 def serve(settings: Settings) -> None:
@@ -123,7 +147,12 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     port = sock.getsockname()[1]
     metrics, drain = Metrics(), Drain()
     service, app = start_worker(settings, port, metrics, drain)
-    grpc_server = start_grpc(service, settings, metrics, reuse_port=link is not None)
+    grpc_server = start_grpc(service, settings, metrics, reuse_port=link is not None, draining=lambda: drain.draining)
+    config_poll = None
+    if settings.model_config_file and settings.model_config_poll_seconds > 0:
+        from tfservo.sagemaker.model_config_reloader import ConfigFilePoller
+
+        config_poll = ConfigFilePoller(service, settings.model_config_file, settings.model_config_poll_seconds).start()
     reloader = None
     if settings.reload_code:
         from tfservo.sagemaker.code_reload import CodeReloader
@@ -153,6 +182,8 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     finally:
         if reloader is not None:
             reloader.stop()
+        if config_poll is not None:
+            config_poll.stop()
         if grpc_server is not None:
             grpc_server.stop(_GRACE_SECONDS).wait(_GRACE_SECONDS + 5)
         service.close()
@@ -161,9 +192,10 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
 
 def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
     log.info(
-        "serving %s on http://%s:%d (models: %s; default: %s; pid %d of %d workers; batching: %s)",
+        "serving %s on %s://%s:%d (models: %s; default: %s; pid %d of %d workers; batching: %s)",
         ", ".join(settings.paths)
         or (f"multi-model root {settings.model_root}" if settings.multi_model else settings.model_config_file),
+        "https" if settings.tls_cert else "http",
         settings.host,
         port,
         ", ".join(service.manager.model_names()) or "none",

@@ -29,6 +29,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
+from tfservo import deadlines
 from tfservo.errors import Code, InvalidArgument, ServingError, Unavailable, Unimplemented
 from tfservo.runtime.signatures import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
 from tfservo.tfserving.api import TFServingAPI
@@ -140,10 +141,12 @@ class _Calls:
     def run(
         self, rpc: str, method: str, context: grpc.ServicerContext, fn: Callable[[], Any], request: Any = None
     ) -> Any:
-        with self._scope(f"/{self._service}/{rpc}", method) as labels:
+        with self._scope(f"/{self._service}/{rpc}", method) as labels, deadlines.within(context.time_remaining()):
             try:
                 if isinstance(request, UndecodableRequest):
                     raise InvalidArgument(request.message)
+                if not context.is_active():  # the client gave up (deadline, cancel) while this waited
+                    raise deadlines.DeadlineExceeded(f"{rpc}: the client's deadline passed before the call started")
                 response = fn()
             except ServingError as exc:
                 code = grpc_status(exc.code)
@@ -331,6 +334,8 @@ class GrpcServer:
         scope: RequestScope = plain_scope,
         reload_config: Callable[[], ReloadConfig | None] = lambda: None,
         reuse_port: bool = False,
+        credentials: grpc.ServerCredentials | None = None,
+        draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc"),
@@ -359,10 +364,19 @@ class GrpcServer:
                 ),
             }),
         ))
+        from grpc_health.v1 import health_pb2_grpc
+
+        from tfservo.tfserving.grpc_health import HealthService
+
+        self.health = HealthService(api.manager, draining)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.host = host
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            self.port = self._server.add_insecure_port(address)
+            if credentials is not None:
+                self.port = self._server.add_secure_port(address, credentials)
+            else:
+                self.port = self._server.add_insecure_port(address)
         except RuntimeError:
             self.port = 0
         if not self.port:

@@ -58,6 +58,7 @@ class ServableVersion:
     model: LoadedModel | None = None  # set once loaded
     runner: Runner | None = None  # the batcher when batching is on
     load_seconds: float | None = None
+    on_run: Callable[[str, float], None] | None = field(default=None, repr=False)  # unbatched call timings
     refs: int = field(default=0, repr=False)  # handles held now
     _calls: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
@@ -94,8 +95,15 @@ class ServableVersion:
         output_keys: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run a signature through this version's runner (the batcher when batching is on)."""
-        runner = self.runner or self.loaded.run
-        return runner(signature_name, inputs, output_keys)
+        if self.runner is not None:
+            return self.runner(signature_name, inputs, output_keys)
+        if self.on_run is None:
+            return self.loaded.run(signature_name, inputs, output_keys)
+        started = time.perf_counter()
+        try:
+            return self.loaded.run(signature_name, inputs, output_keys)
+        finally:
+            self.on_run(self.model_name, time.perf_counter() - started)
 
     def submit(
         self,
@@ -197,12 +205,14 @@ class ModelManager:
         *,
         runner_factory: RunnerFactory | None = None,
         on_event: Callable[[ServableVersion], None] | None = None,
+        on_run: Callable[[str, float], None] | None = None,
         warmup: Callable[[ServableVersion], object] | None = None,
         drain_timeout_seconds: float = 60.0,
     ) -> None:
         self._loader = loader
         self._runner_factory = runner_factory
         self._on_event = on_event
+        self._on_run = on_run
         self.warmup = warmup  # runs between load and AVAILABLE; raising fails the version
         self.drain_timeout_seconds = drain_timeout_seconds
         self._models: dict[str, ServedModel] = {}
@@ -227,7 +237,7 @@ class ModelManager:
 
     def load_version(self, name: str, version: int, path: str) -> ServableVersion:
         """Load one version; on failure the version ends in END with its error kept."""
-        sv = ServableVersion(name, version, path, state=State.LOADING)
+        sv = ServableVersion(name, version, path, state=State.LOADING, on_run=self._on_run)
         with self._lock:
             served = self._models.setdefault(name, ServedModel(name))
             served.versions[version] = sv
