@@ -348,3 +348,38 @@ def test_mutual_tls_on_rest_and_grpc(tmp_path):
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         server.stop()
+
+
+def test_a_worker_stuck_past_the_hard_limit_is_replaced(tmp_path):
+    bundle = tmp_path / "bundle"
+    write_code(
+        bundle / "code",
+        """
+        import json, time
+
+        def handler(data, context):
+            if data.read() == b"hang":
+                time.sleep(3600)
+            return json.dumps({"ok": True}), "application/json"
+        """,
+    )
+    import shutil
+
+    shutil.copytree(HALF_PLUS_TWO, bundle / "half_plus_two")
+    server = ServerProcess([str(bundle), "--workers", "2", "--invocation-timeout", "1"]).start()
+    try:
+        with server.client() as http:
+            assert http.post("/invocations", content=b"hang").status_code == 504
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not any("after it was replaced" in line for line in server.lines):
+                time.sleep(0.5)
+            assert any("is replaced: a call has run" in line and "hard limit of 2 s" in line for line in server.lines), (
+                server.output
+            )
+            assert any("after it was replaced" in line for line in server.lines), server.output
+            answers = [http.post("/invocations", content=b"x").status_code for _ in range(10)]
+            assert answers == [200] * 10
+        assert server.stop() == 0  # the server itself stops cleanly: the replaced worker is no failure
+    finally:
+        if server.proc and server.proc.poll() is None:
+            server.stop()

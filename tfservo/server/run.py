@@ -7,6 +7,8 @@ import gc
 import logging
 import os
 import socket
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -19,6 +21,7 @@ from tfservo.server.workers import Supervisor, WorkerLink
 
 if TYPE_CHECKING:
     from tfservo.sagemaker.service import ModelService
+    from tfservo.server.app import ServingApp
 
 __all__ = ["bind_socket", "serve", "serve_process", "start_worker", "uvicorn_config"]
 
@@ -32,8 +35,9 @@ _GRACE_SECONDS = 30.0  # how long a stop waits for requests in flight
 
 def start_worker(
     settings: Settings, port: int, metrics: Metrics | None = None, drain: Drain | None = None
-) -> tuple[ModelService, ASGIApp]:
-    """Everything one serving process needs: the loaded service and its ASGI app (with /metrics)."""
+) -> tuple[ModelService, ASGIApp, ServingApp]:
+    """Everything one serving process needs: the loaded service, its ASGI app (with /metrics) and
+    the serving app inside it (its call placements)."""
     from tfservo.sagemaker.service import build_service
     from tfservo.server.app import build_app
     from tfservo.server.decode_budget import default_decoding_bytes
@@ -79,9 +83,38 @@ def start_worker(
     )
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
-    if drain is not None:
-        app = drain.asgi(app)
-    return service, metrics.asgi(app, service, routes)
+    outer: ASGIApp = drain.asgi(app) if drain is not None else app
+    return service, metrics.asgi(outer, service, routes), app
+
+
+def hard_limit(settings: Settings) -> float:
+    """How long a call may run before its worker is replaced (with --workers): twice the
+    longest time limit; 0 (never) without one."""
+    return 2 * max(settings.request_timeout, settings.invocation_timeout)
+
+
+class StuckCallWatch:
+    """Asks the supervisor to replace this worker once a call has run past `limit` seconds: the
+    caller got 504 long ago, and a thread that never returns cannot be stopped any other way."""
+
+    def __init__(self, app: ServingApp, limit: float, recycle: Any) -> None:
+        self.placements = (app.hot.calls, app.hot.invocations)
+        self.limit = limit
+        self.recycle = recycle
+        self._thread = threading.Thread(target=self._watch, name="tfservo-stuck-watch", daemon=True)
+
+    def start(self) -> StuckCallWatch:
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.limit / 4))
+            running = max(p.longest_running() for p in self.placements)
+            if running > self.limit:
+                self.recycle(f"a call has run {running:.0f} s, past the hard limit of {self.limit:g} s "
+                             "(twice the time limit)")
+                return
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -146,7 +179,9 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
 
     port = sock.getsockname()[1]
     metrics, drain = Metrics(), Drain()
-    service, app = start_worker(settings, port, metrics, drain)
+    service, app, serving_app = start_worker(settings, port, metrics, drain)
+    if link is not None and (limit := hard_limit(settings)):
+        StuckCallWatch(serving_app, limit, link.recycle).start()
     grpc_server = start_grpc(service, settings, metrics, reuse_port=link is not None, draining=lambda: drain.draining)
     config_poll = None
     if settings.model_config_file and settings.model_config_poll_seconds > 0:
@@ -177,6 +212,8 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
         grace_seconds=_GRACE_SECONDS,
         on_started=started,
     )
+    if link is not None:
+        server.alone_stops = lambda: link.recycled
     try:
         server.run(sockets=[sock])
     finally:

@@ -127,6 +127,9 @@ class GracefulServer(uvicorn.Server):
         self.on_stop = on_stop
         self.on_started = on_started
         self.grace_seconds = grace_seconds
+        # True while other workers go on serving on the shared socket (this one is replaced):
+        # then new connections must keep coming, to them, and only this copy closes.
+        self.alone_stops: Callable[[], bool] = lambda: False
         self._stopping: threading.Thread | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -136,7 +139,7 @@ class GracefulServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         socks = list(sockets or ())
-        if all([refuse_new_connections(sock) for sock in socks]):
+        if not self.alone_stops() and all([refuse_new_connections(sock) for sock in socks]):
             await wait_accepted(socks, _LINGER_SECONDS)
         # uvloop listens on its own copy of the socket: both close.
         for server in self.servers:

@@ -35,7 +35,8 @@ log = logging.getLogger("tfservo.server")
 
 _SPAWN = multiprocessing.get_context("spawn")  # no fork after TensorFlow has started threads
 # Worker → supervisor: _READY, _DRAINED or (_FAILED, message). Supervisor → worker: _STOP.
-_READY, _DRAINED, _FAILED, _STOP = "ready", "drained", "failed", "stop"
+# Worker → supervisor also (_RECYCLE, why): replace me, a call of mine is stuck.
+_READY, _DRAINED, _FAILED, _STOP, _RECYCLE = "ready", "drained", "failed", "stop", "recycle"
 
 WorkerTarget = Callable[[Settings, socket.socket, "WorkerLink"], None]
 
@@ -47,12 +48,22 @@ class WorkerLink:
         self._conn = conn
         self._go = threading.Event()
         self.is_ready = False
+        self.recycled = False  # the supervisor is replacing this worker (a stuck call)
 
     def ready(self) -> None:
         """Serving: tell the supervisor, then follow it (its go-ahead to stop, or its death)."""
         self.is_ready = True
         self._conn.send(_READY)
         threading.Thread(target=self._follow, name="tfservo-supervisor-link", daemon=True).start()
+
+    def recycle(self, why: str) -> None:
+        """Ask the supervisor for a replacement; it then stops this worker once drained."""
+        self.recycled = True
+        log.warning("worker %d asks to be replaced: %s", os.getpid(), why)
+        try:
+            self._conn.send((_RECYCLE, why))
+        except OSError:
+            pass
 
     def wait_for_peers(self, timeout: float) -> None:
         """This worker has drained; wait until every worker has before closing the listeners."""
@@ -89,6 +100,9 @@ def _worker_main(target: WorkerTarget, settings: Settings, sock: socket.socket, 
     link = WorkerLink(conn)
     try:
         target(settings, sock, link)
+        if link.recycled:  # a stuck thread would hold the interpreter's exit forever
+            logging.shutdown()
+            os._exit(0)
     except KeyboardInterrupt:  # Ctrl-C reaches every worker of the terminal's process group
         sys.exit(130)
     except Exception as exc:
@@ -110,6 +124,7 @@ class _Worker:
     ready: bool = False
     drained: bool = False
     connected: bool = True
+    recycling: bool = False  # replaced already; stopped once drained
 
 
 class Supervisor:
@@ -174,12 +189,26 @@ class Supervisor:
                     worker.ready = True
                 elif message == _DRAINED:
                     worker.drained = True
+                    if worker.recycling:
+                        worker.conn.send(_STOP)
+                elif isinstance(message, tuple) and message[0] == _RECYCLE:
+                    self._recycle(worker, message[1])
                 elif isinstance(message, tuple) and message[0] == _FAILED:
                     self.error = self.error or message[1]
         except (EOFError, OSError):
             worker.connected = False
         if worker.process.exitcode is not None:
             self._exited(worker)
+
+    def _recycle(self, worker: _Worker, why: str) -> None:
+        """Start a replacement for `worker`, then stop it gracefully (its other requests finish)."""
+        if worker.recycling or self.stopping:
+            return
+        worker.recycling = True
+        log.warning("worker %d is replaced: %s", worker.process.pid, why)
+        self._start()
+        if worker.process.pid is not None:
+            os.kill(worker.process.pid, signal.SIGTERM)
 
     def _exited(self, worker: _Worker) -> None:
         self.workers.remove(worker)
@@ -191,6 +220,8 @@ class Supervisor:
                 self.error = self.error or f"worker {pid} {how} before it was serving; see the log above"
                 log.error("worker %d failed to start (%s); stopping the server", pid, how)
                 self._stop_all()
+        elif worker.recycling:
+            log.info("worker %d %s after it was replaced", pid, how)
         elif self.stopping:
             if worker.process.exitcode != 0:
                 self.failures.append(f"worker {pid} {how}")
