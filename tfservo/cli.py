@@ -333,6 +333,10 @@ from tfservo.cli_transform import transform  # noqa: E402  (kept in its own modu
 
 main.add_command(transform)
 
+from tfservo.cli_evaluate import evaluate  # noqa: E402
+
+main.add_command(evaluate)
+
 
 def run() -> None:
     """The `tfservo` console script: TensorFlow's noise off before anything imports it, then the CLI."""
