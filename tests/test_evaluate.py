@@ -24,7 +24,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_classification_from_names_with_a_plot_and_problems_listed(tmp_path):
     out = tmp_path / "out"
     (out / "test").mkdir(parents=True)
-    truth = {"cat_1.png": 0, "cat_2.png": 0, "dog_1.png": 1, "dog_2.png": 1, "bird_1.png": 2}
+    # truth from the names: cat_1 cat_2 → cat, dog_1 dog_2 → dog, bird_1 → bird; cat_2 is guessed wrong
     guessed = {"cat_1.png": 0, "cat_2.png": 1, "dog_1.png": 1, "dog_2.png": 1, "bird_1.png": 2}
     for name, cls in guessed.items():
         scores = [0.1, 0.1, 0.1]
