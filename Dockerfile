@@ -23,6 +23,8 @@ COPY tfservo /src/tfservo
 RUN /opt/tfservo/bin/pip install --no-cache-dir --no-index --find-links /wheels --no-deps /src \
  && rm -rf /wheels /src
 COPY deploy/entrypoint.sh /opt/tfservo/bin/tfservo-entrypoint
+# `serve` on PATH too, for platforms that run the command without the image's entrypoint
+RUN ln -s tfservo-entrypoint /opt/tfservo/bin/serve
 
 RUN useradd --system --uid 1000 --create-home tfservo \
  && mkdir -p /opt/ml/model /models \

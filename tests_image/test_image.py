@@ -69,6 +69,7 @@ def test_docker_run_image_serve_as_sagemaker_does():
         got = httpx.post(f"http://127.0.0.1:{port}/invocations", json={"instances": [1.0, 2.0]}, timeout=30)
         assert got.json() == {"predictions": [2.5, 3.0]}
         assert box.exec("id", "-u").strip() == "1000"  # not root
+        assert box.exec("sh", "-c", "command -v serve").strip() == "/opt/tfservo/bin/serve"
         assert "on http://0.0.0.0:" in box.logs()
     finally:
         box.remove()

@@ -184,6 +184,14 @@ def build_app(
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{rest:path}", tfs_rest, methods=["GET", "POST"]),
     ]
+    from tfservo.server.v2_routes import v2_routes
+
+    routes += v2_routes(hot.v2)
+    routes += [  # answered as hot routes; listed so that a wrong method is 405 and metrics name them
+        Route("/v2/models/{name}/infer", endpoint, methods=["POST"]),
+        Route("/v2/models/{name}/versions/{version}/infer", endpoint, methods=["POST"]),
+        Route("/endpoints/{name}/invocations", endpoint, methods=["POST"]),
+    ]
     if multi_model is not None:
         from tfservo.server.multi_model import multi_model_routes
 

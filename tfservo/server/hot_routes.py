@@ -67,6 +67,7 @@ TFS_PATH = re.compile(
 )
 _INVOKE_PATH = re.compile(r"^/models/(?P<name>[^/]+)/invoke/?$")
 _RUNTIME_PATH = re.compile(r"^/endpoints/(?P<endpoint>[^/]*)/invocations/?$")
+_V2_INFER = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
 TARGET_MODEL = b"x-amzn-sagemaker-target-model"
 
 
@@ -192,6 +193,9 @@ class HotRoutes:
         self.request_timeout = request_timeout  # TF Serving REST calls (0: none)
         self.invocation_timeout = invocation_timeout  # invocations, handlers included (0: none)
         self.on_timeout = on_timeout  # (route, model, limit): the metrics' count and log line
+        from tfservo.v2.dataplane import V2DataPlane
+
+        self.v2 = V2DataPlane(service.api, service.unavailable_models)
 
     def route(self, scope: Scope) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
         """The hot route for a POST to this path, or None (then Starlette answers it)."""
@@ -204,6 +208,12 @@ class HotRoutes:
             if match and match["method"] in METHODS:
                 scope["path_params"] = match.groupdict()
                 return self.tfs_method
+        elif path.startswith("/v2/models/"):
+            match = _V2_INFER.match(path)
+            if match:
+                scope["path_params"] = match.groupdict()
+                scope[ROUTE_KEY] = "/v2/models/{name}/infer"
+                return self.v2_infer
         elif path.startswith("/endpoints/"):
             match = _RUNTIME_PATH.match(path)
             if match:
@@ -280,6 +290,39 @@ class HotRoutes:
             except ServingError as exc:
                 result = error_result(exc)
             await send_result(send, result)
+
+        await self._with_body(scope, receive, send, answer)
+
+    async def v2_infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v2/models/{name}[/versions/{v}]/infer: the Open Inference Protocol, JSON or with
+        binary tensors, through the same TF Serving API (and batcher) as :predict."""
+        from tfservo.v2.dataplane import parse_version
+        from tfservo.v2.messages import HEADER_LENGTH, decode_infer_request, encode_infer_response
+
+        params = scope["path_params"]
+        name = params["name"]
+        header_length = request_header(scope, HEADER_LENGTH.encode())
+
+        def run(body: bytes) -> tuple[bytes, int | None]:
+            request, as_binary = decode_infer_request(body, header_length, name, parse_version(params["version"]))
+            response = self.v2.infer(request)
+            return encode_infer_response(response, as_binary, bool(request.parameters.get("binary_data_output")))
+
+        async def answer(body: bytes) -> None:
+            try:
+                out, json_length = await self._limited(
+                    self.request_timeout, "/v2/models/{name}/infer", name,
+                    lambda: self.calls.run((name, "v2"), len(body), lambda: run(body), group=name),
+                    "--request-timeout",
+                )
+            except ServingError as exc:
+                await send_result(send, error_result(exc))
+                return
+            if json_length is None:
+                await send_response(send, 200, out, JSON)
+            else:
+                await send_response(send, 200, out, "application/octet-stream",
+                                    ((HEADER_LENGTH.encode(), str(json_length).encode()),))
 
         await self._with_body(scope, receive, send, answer)
 
