@@ -137,3 +137,53 @@ def test_v2_and_tf_serving_callers_batched_together_get_their_own_rows(server, t
     for t in threads:
         t.join(60)
     assert not errors
+
+
+# -- V2 over gRPC (same port as TF Serving's services) ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def triton_grpc(server):
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_target)
+    yield client
+    client.close()
+
+
+def test_grpc_metadata_readiness_and_infer(triton_grpc):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    assert triton_grpc.is_server_live() and triton_grpc.is_server_ready()
+    assert triton_grpc.is_model_ready(HALF_PLUS_TWO)
+    assert triton_grpc.get_server_metadata().name == "tfservo"
+    meta = triton_grpc.get_model_metadata("mixed")
+    assert {(t.name, t.datatype, tuple(t.shape)) for t in meta.inputs} == {
+        ("a", "FP32", (-1, 2)), ("b", "INT64", (-1,)), ("s", "BYTES", (-1,))}
+    inputs = []
+    for name, value, datatype in (("a", np.array([[1, 2]], np.float32), "FP32"), ("b", np.array([5], np.int64), "INT64"),
+                                  ("s", np.array([b"xy"], dtype=object), "BYTES")):
+        tensor = grpcclient.InferInput(name, list(value.shape), datatype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    result = triton_grpc.infer("mixed", inputs, request_id="g-1")
+    np.testing.assert_array_equal(result.as_numpy("total"), [3.0])
+    np.testing.assert_array_equal(result.as_numpy("doubled"), [10])
+    assert list(result.as_numpy("upper")) == [b"XY"]
+    assert result.get_response().id == "g-1"
+    with pytest.raises(InferenceServerException) as caught:
+        triton_grpc.infer("nope", inputs)
+    assert "StatusCode.NOT_FOUND" in str(caught.value.status()) or "NOT_FOUND" in str(caught.value)
+
+def test_grpc_bad_tensors_are_invalid_argument(server):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name=HALF_PLUS_TWO, raw_input_contents=[b"\x00\x00\x80\x3f"])
+    request.inputs.add(name="x", datatype="FP32", shape=[2])  # 4 bytes for 2 floats
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "4 bytes for shape [2] of FP32" in caught.value.details()

@@ -15,6 +15,7 @@ from tfservo.errors import Code, ServingError
 __all__ = ["DeadlineExceeded", "current", "expired", "remaining", "within"]
 
 _deadline: ContextVar[float | None] = ContextVar("tfservo_deadline", default=None)
+_NO_LIMIT = 365 * 24 * 3600.0  # a "deadline" further off than this is none (waits would overflow)
 
 
 class DeadlineExceeded(ServingError):
@@ -41,7 +42,7 @@ def expired(deadline: float | None) -> bool:
 @contextmanager
 def within(seconds: float | None) -> Iterator[float | None]:
     """Work inside has at most `seconds` (None or 0: no new limit; an outer, sooner one stays)."""
-    if not seconds or seconds <= 0:
+    if not seconds or seconds <= 0 or seconds > _NO_LIMIT:  # gRPC reports "no deadline" as ~forever
         yield current()
         return
     outer = current()

@@ -44,7 +44,13 @@ def start_grpc(
         reuse_port=reuse_port,
         credentials=server_credentials(settings.ssl_config_file) if settings.ssl_config_file else None,
         draining=draining,
-    ).start()
+    )
+    from tfservo.v2.dataplane import V2DataPlane
+    from tfservo.v2.grpc_service import v2_handler
+
+    server.add_service(v2_handler(V2DataPlane(service.api, service.unavailable_models),
+                                  metrics.scope if metrics is not None else plain_scope))
+    server.start()
     service.grpc_port = server.port
     log.log(log_level, "gRPC%s on %s:%d", " (TLS)" if settings.ssl_config_file else "", host, server.port)
     return server

@@ -45,7 +45,9 @@ __all__ = [
     "PREDICTION_SERVICE",
     "SIGNATURE_DEF_FIELD",
     "grpc_status",
+    "GrpcCalls",
     "GrpcServer",
+    "service_handler",
     "ModelServicer",
     "PredictionServicer",
     "ReloadConfig",
@@ -116,7 +118,7 @@ def _tolerant(message_class: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _service_handler(service: str, servicer: Any, methods: dict[str, tuple[Any, Any]]) -> grpc.GenericRpcHandler:
+def service_handler(service: str, servicer: Any, methods: dict[str, tuple[Any, Any]]) -> grpc.GenericRpcHandler:
     """The unary methods of `service` on `servicer`, with tolerant request deserializers."""
     return grpc.method_handlers_generic_handler(
         service,
@@ -131,7 +133,7 @@ def _service_handler(service: str, servicer: Any, methods: dict[str, tuple[Any, 
     )
 
 
-class _Calls:
+class GrpcCalls:
     """Runs one RPC inside a request scope and turns ServingErrors into gRPC statuses."""
 
     def __init__(self, service: str, scope: RequestScope) -> None:
@@ -166,7 +168,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, api: TFServingAPI, scope: RequestScope = plain_scope, max_fill_bytes: int = MAX_FILL_BYTES) -> None:
         self.api = api
         self.max_fill_bytes = max_fill_bytes  # what one value filling a shape may expand to
-        self._calls = _Calls(PREDICTION_SERVICE, scope)
+        self._calls = GrpcCalls(PREDICTION_SERVICE, scope)
 
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
         return self._calls.run("Predict", "predict", context, lambda: self.predict(request), request)
@@ -290,7 +292,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         reload_config: Callable[[], ReloadConfig | None] = lambda: None,
     ) -> None:
         self.api = api
-        self._calls = _Calls(MODEL_SERVICE, scope)
+        self._calls = GrpcCalls(MODEL_SERVICE, scope)
         self._reload_config = reload_config
 
     def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context: grpc.ServicerContext) -> Any:
@@ -348,7 +350,7 @@ class GrpcServer:
             ],
         )
         self._server.add_generic_rpc_handlers((
-            _service_handler(PREDICTION_SERVICE, PredictionServicer(api, scope, max(MAX_FILL_BYTES, max_message_bytes)), {
+            service_handler(PREDICTION_SERVICE, PredictionServicer(api, scope, max(MAX_FILL_BYTES, max_message_bytes)), {
                 "Predict": (predict_pb2.PredictRequest, predict_pb2.PredictResponse),
                 "Classify": (classification_pb2.ClassificationRequest, classification_pb2.ClassificationResponse),
                 "Regress": (regression_pb2.RegressionRequest, regression_pb2.RegressionResponse),
@@ -357,7 +359,7 @@ class GrpcServer:
                     get_model_metadata_pb2.GetModelMetadataRequest, get_model_metadata_pb2.GetModelMetadataResponse,
                 ),
             }),
-            _service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), {
+            service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), {
                 "GetModelStatus": (get_model_status_pb2.GetModelStatusRequest, get_model_status_pb2.GetModelStatusResponse),
                 "HandleReloadConfigRequest": (
                     model_management_pb2.ReloadConfigRequest, model_management_pb2.ReloadConfigResponse,
@@ -382,6 +384,10 @@ class GrpcServer:
         if not self.port:
             raise Unavailable(f"cannot listen for gRPC on {address} (port in use?); pick another --grpc-port")
         self._stopped: threading.Event | None = None
+
+    def add_service(self, handler: grpc.GenericRpcHandler) -> None:
+        """Serve another service on this port (before `start`): the front door adds V2's."""
+        self._server.add_generic_rpc_handlers((handler,))
 
     def start(self) -> GrpcServer:
         self._server.start()

@@ -1,0 +1,111 @@
+"""The Open Inference Protocol's gRPC messages (package `inference`), built from a descriptor
+written here from the protocol's specification (field names and numbers are the wire format),
+in a private descriptor pool so that a client library's copy in the same process cannot clash.
+Only the messages of the calls tfservo answers are defined."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+__all__ = ["SERVICE", "messages"]
+
+SERVICE = "inference.GRPCInferenceService"
+
+_F = descriptor_pb2.FieldDescriptorProto
+_SCALARS = {
+    "bool": _F.TYPE_BOOL, "string": _F.TYPE_STRING, "int64": _F.TYPE_INT64, "int32": _F.TYPE_INT32,
+    "uint32": _F.TYPE_UINT32, "uint64": _F.TYPE_UINT64, "float": _F.TYPE_FLOAT, "double": _F.TYPE_DOUBLE,
+    "bytes": _F.TYPE_BYTES,
+}
+
+# message → [(field, number, type, repeated)]; a type not in _SCALARS names a message.
+_MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
+    "ServerLiveRequest": [],
+    "ServerLiveResponse": [("live", 1, "bool", False)],
+    "ServerReadyRequest": [],
+    "ServerReadyResponse": [("ready", 1, "bool", False)],
+    "ModelReadyRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
+    "ModelReadyResponse": [("ready", 1, "bool", False)],
+    "ServerMetadataRequest": [],
+    "ServerMetadataResponse": [("name", 1, "string", False), ("version", 2, "string", False),
+                               ("extensions", 3, "string", True)],
+    "ModelMetadataRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
+    "TensorMetadata": [("name", 1, "string", False), ("datatype", 2, "string", False), ("shape", 3, "int64", True)],
+    "ModelMetadataResponse": [("name", 1, "string", False), ("versions", 2, "string", True),
+                              ("platform", 3, "string", False), ("inputs", 4, "TensorMetadata", True),
+                              ("outputs", 5, "TensorMetadata", True)],
+    "InferTensorContents": [("bool_contents", 1, "bool", True), ("int_contents", 2, "int32", True),
+                            ("int64_contents", 3, "int64", True), ("uint_contents", 4, "uint32", True),
+                            ("uint64_contents", 5, "uint64", True), ("fp32_contents", 6, "float", True),
+                            ("fp64_contents", 7, "double", True), ("bytes_contents", 8, "bytes", True)],
+    "InferInputTensor": [("name", 1, "string", False), ("datatype", 2, "string", False), ("shape", 3, "int64", True),
+                         ("parameters", 4, "map", True), ("contents", 5, "InferTensorContents", False)],
+    "InferRequestedOutputTensor": [("name", 1, "string", False), ("parameters", 2, "map", True)],
+    "ModelInferRequest": [("model_name", 1, "string", False), ("model_version", 2, "string", False),
+                          ("id", 3, "string", False), ("parameters", 4, "map", True),
+                          ("inputs", 5, "InferInputTensor", True), ("outputs", 6, "InferRequestedOutputTensor", True),
+                          ("raw_input_contents", 7, "bytes", True)],
+    "InferOutputTensor": [("name", 1, "string", False), ("datatype", 2, "string", False), ("shape", 3, "int64", True),
+                          ("parameters", 4, "map", True), ("contents", 5, "InferTensorContents", False)],
+    "ModelInferResponse": [("model_name", 1, "string", False), ("model_version", 2, "string", False),
+                           ("id", 3, "string", False), ("parameters", 4, "map", True),
+                           ("outputs", 5, "InferOutputTensor", True), ("raw_output_contents", 6, "bytes", True)],
+}
+# Nested in the spec: the tensors of a request or response, and the TensorMetadata of metadata.
+_NESTED = {"InferInputTensor": "ModelInferRequest", "InferRequestedOutputTensor": "ModelInferRequest",
+           "InferOutputTensor": "ModelInferResponse", "TensorMetadata": "ModelMetadataResponse"}
+
+
+def _full(name: str) -> str:
+    return f".inference.{_NESTED[name]}.{name}" if name in _NESTED else f".inference.{name}"
+
+
+def _message(name: str, fields: list[tuple[str, int, str, bool]]) -> descriptor_pb2.DescriptorProto:
+    proto = descriptor_pb2.DescriptorProto(name=name)
+    for field_name, number, kind, repeated in fields:
+        field = proto.field.add(name=field_name, number=number,
+                                label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
+        if kind == "map":  # map<string, InferParameter>: a nested entry message
+            entry = proto.nested_type.add(name="ParametersEntry")
+            entry.options.map_entry = True
+            entry.field.add(name="key", number=1, label=_F.LABEL_OPTIONAL, type=_F.TYPE_STRING)
+            entry.field.add(name="value", number=2, label=_F.LABEL_OPTIONAL, type=_F.TYPE_MESSAGE,
+                            type_name=".inference.InferParameter")
+            field.type, field.type_name = _F.TYPE_MESSAGE, f"{_full(name)}.ParametersEntry"
+        elif kind in _SCALARS:
+            field.type = _SCALARS[kind]
+        else:
+            field.type, field.type_name = _F.TYPE_MESSAGE, _full(kind)
+    return proto
+
+
+def _file() -> descriptor_pb2.FileDescriptorProto:
+    file = descriptor_pb2.FileDescriptorProto(name="tfservo_v2_inference.proto", package="inference", syntax="proto3")
+    parameter = file.message_type.add(name="InferParameter")
+    parameter.oneof_decl.add(name="parameter_choice")
+    for field_name, number, kind in (("bool_param", 1, "bool"), ("int64_param", 2, "int64"),
+                                     ("string_param", 3, "string"), ("double_param", 4, "double"),
+                                     ("uint64_param", 5, "uint64")):
+        parameter.field.add(name=field_name, number=number, label=_F.LABEL_OPTIONAL, type=_SCALARS[kind], oneof_index=0)
+    built = {name: _message(name, fields) for name, fields in _MESSAGES.items()}
+    for name, proto in built.items():
+        if name in _NESTED:
+            built[_NESTED[name]].nested_type.append(proto)
+    for name, proto in built.items():
+        if name not in _NESTED:
+            file.message_type.append(proto)
+    return file
+
+
+def _classes() -> dict[str, Any]:
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(_file().SerializeToString())
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(_full(name)[1:]))
+        for name in [*_MESSAGES, "InferParameter"]
+    }
+
+
+messages = _classes()
