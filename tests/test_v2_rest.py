@@ -187,3 +187,52 @@ def test_grpc_bad_tensors_are_invalid_argument(server):
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "4 bytes for shape [2] of FP32" in caught.value.details()
+
+
+# -- the model repository extension (multi-model mode) ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    import shutil
+
+    root = tmp_path_factory.mktemp("repository")
+    shutil.copytree(TFS / HALF_PLUS_TWO, root / "two")
+    shutil.copytree(TFS / "saved_model_half_plus_three", root / "three")
+    outside = tmp_path_factory.mktemp("outside")
+    shutil.copytree(TFS / HALF_PLUS_TWO, outside / "secret")
+    (root / "escape").symlink_to(outside / "secret")
+    server = ServerProcess(["--multi-model", "--model-root", str(root)]).start()
+    yield server
+    server.stop()
+
+
+def test_repository_index_load_unload_over_rest_and_grpc(repository):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    rest = httpclient.InferenceServerClient(repository.url.removeprefix("http://"))
+    rpc = grpcclient.InferenceServerClient(repository.grpc_target)
+    try:
+        assert {(m["name"], m["state"]) for m in rest.get_model_repository_index()} == {
+            ("escape", "UNAVAILABLE"), ("two", "UNAVAILABLE"), ("three", "UNAVAILABLE")}
+        rest.load_model("two")
+        assert rest.is_model_ready("two")
+        rpc.load_model("three")
+        assert rpc.is_model_ready("three")
+        index = rpc.get_model_repository_index()
+        assert {(m.name, m.state) for m in index.models if m.state == "READY"} == {("two", "READY"), ("three", "READY")}
+        x = httpclient.InferInput("x", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[2.0]], np.float32))
+        assert rest.infer("two", [x]).as_numpy("y")[0][0] == 3.0
+        rpc.unload_model("three")
+        rest.unload_model("two")
+        assert not any(m["state"] == "READY" for m in rest.get_model_repository_index())
+        with pytest.raises(InferenceServerException, match="outside the model root"):
+            rest.load_model("escape")  # a link out of the root: the /models API's confinement
+        with pytest.raises(InferenceServerException, match="outside the model root"):
+            rpc.load_model("escape")
+    finally:
+        rest.close()
+        rpc.close()

@@ -186,6 +186,8 @@ def build_app(
     ]
     from tfservo.server.v2_routes import v2_routes
 
+    hot.v2.repository = multi_model  # the model repository extension loads from the multi-model root
+
     routes += v2_routes(hot.v2)
     routes += [  # answered as hot routes; listed so that a wrong method is 405 and metrics name them
         Route("/v2/models/{name}/infer", endpoint, methods=["POST"]),

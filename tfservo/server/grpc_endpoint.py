@@ -13,6 +13,7 @@ from tfservo.server.metrics import Metrics
 from tfservo.server.tfs_configs import read_ssl_config
 from tfservo.tfserving.grpc_service import GrpcServer
 from tfservo.tfserving.request_labels import plain_scope
+from tfservo.v2.dataplane import V2DataPlane
 
 __all__ = ["start_grpc"]
 
@@ -27,6 +28,7 @@ def start_grpc(
     reuse_port: bool = False,
     log_level: int = logging.INFO,
     draining: Callable[[], bool] = lambda: False,
+    v2: V2DataPlane | None = None,
 ) -> GrpcServer | None:
     """Serve gRPC on settings.grpc_port (0 picks a free port; None: no gRPC) and tell handlers where.
 
@@ -45,11 +47,10 @@ def start_grpc(
         credentials=server_credentials(settings.ssl_config_file) if settings.ssl_config_file else None,
         draining=draining,
     )
-    from tfservo.v2.dataplane import V2DataPlane
     from tfservo.v2.grpc_service import v2_handler
 
-    server.add_service(v2_handler(V2DataPlane(service.api, service.unavailable_models),
-                                  metrics.scope if metrics is not None else plain_scope))
+    plane = v2 or V2DataPlane(service.api, service.unavailable_models)
+    server.add_service(v2_handler(plane, metrics.scope if metrics is not None else plain_scope))
     server.start()
     service.grpc_port = server.port
     log.log(log_level, "gRPC%s on %s:%d", " (TLS)" if settings.ssl_config_file else "", host, server.port)

@@ -182,7 +182,8 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     service, app, serving_app = start_worker(settings, port, metrics, drain)
     if link is not None and (limit := hard_limit(settings)):
         StuckCallWatch(serving_app, limit, link.recycle).start()
-    grpc_server = start_grpc(service, settings, metrics, reuse_port=link is not None, draining=lambda: drain.draining)
+    grpc_server = start_grpc(service, settings, metrics, reuse_port=link is not None, draining=lambda: drain.draining,
+                             v2=serving_app.hot.v2)
     config_poll = None
     if settings.model_config_file and settings.model_config_poll_seconds > 0:
         from tfservo.sagemaker.model_config_reloader import ConfigFilePoller

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -49,7 +50,32 @@ def v2_routes(plane: V2DataPlane) -> list[Route]:
             return error_response(exc)
         return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 400)
 
+    loads = anyio.CapacityLimiter(2)  # TF loads are CPU- and memory-heavy
+
+    async def repository_index(request: Request) -> Response:
+        try:
+            body = await request.body()
+            doc = orjson.loads(body) if body.strip() else {}
+            ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
+            return json_response(await in_thread(lambda: plane.repository_index(ready_only)))
+        except orjson.JSONDecodeError:
+            return json_response({"error": 'the body must be JSON: {"ready": true|false} or nothing'}, 400)
+        except ServingError as exc:
+            return error_response(exc)
+
+    async def repository_change(request: Request) -> Response:
+        name = request.path_params["name"]
+        change = plane.repository_load if request.url.path.endswith("/load") else plane.repository_unload
+        try:
+            await anyio.to_thread.run_sync(lambda: change(name), limiter=loads)
+        except ServingError as exc:
+            return error_response(exc)
+        return json_response({})
+
     return [
+        Route("/v2/repository/index", repository_index, methods=["POST"]),
+        Route("/v2/repository/models/{name}/load", repository_change, methods=["POST"]),
+        Route("/v2/repository/models/{name}/unload", repository_change, methods=["POST"]),
         Route("/v2", server_metadata, methods=["GET"]),
         Route("/v2/health/live", live, methods=["GET"]),
         Route("/v2/health/ready", ready, methods=["GET"]),

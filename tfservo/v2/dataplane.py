@@ -4,6 +4,7 @@ and gRPC both call it; neither knows the other."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from tfservo import __version__
-from tfservo.errors import NotFound
+from tfservo.bundle import is_model_name
+from tfservo.errors import AlreadyExists, FailedPrecondition, NotFound
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE
 from tfservo.tfserving.api import TFServingAPI
 from tfservo.tfserving.servables import State
@@ -19,7 +21,7 @@ from tfservo.v2.codec import V2_OF_TF, V2Error
 
 __all__ = ["EXTENSIONS", "InferRequest", "InferResponse", "V2DataPlane"]
 
-EXTENSIONS = ["binary_tensor_data"]
+EXTENSIONS = ["binary_tensor_data", "model_repository"]
 PLATFORM = "tensorflow_savedmodel"
 
 
@@ -55,9 +57,12 @@ def parse_version(text: str | None) -> int | None:
 class V2DataPlane:
     """What V2 asks of a server, answered from the model manager and TF Serving's API."""
 
-    def __init__(self, api: TFServingAPI, unavailable: Callable[[], list[str]] | None = None) -> None:
+    def __init__(
+        self, api: TFServingAPI, unavailable: Callable[[], list[str]] | None = None, repository: Any = None
+    ) -> None:
         self.api = api
         self._unavailable: Callable[[], list[str]] = unavailable or (lambda: [])
+        self.repository = repository  # multi-model mode's MultiModelEndpoint: the model repository extension
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "tfservo", "version": __version__, "extensions": EXTENSIONS}
@@ -90,6 +95,45 @@ class V2DataPlane:
 
             return {"name": name, "versions": versions, "platform": PLATFORM,
                     "inputs": tensors(signature.inputs), "outputs": tensors(signature.outputs)}
+
+    # -- the model repository extension: multi-model mode's model root --------------------------
+
+    def _root(self) -> Any:
+        if self.repository is None:
+            raise FailedPrecondition(
+                "the model repository extension needs tfservo serve --multi-model (a model root to load from)"
+            )
+        return self.repository
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model dir under the model root and every loaded model, with its state."""
+        endpoint = self._root()
+        loaded = set(endpoint.list_models())
+        names = set(loaded)
+        if not endpoint.remote_root and os.path.isdir(endpoint.model_root):
+            names |= {e.name for e in os.scandir(endpoint.model_root) if e.is_dir() and is_model_name(e.name)
+                      and e.name != "code"}
+        index = []
+        for name in sorted(names):
+            entry = {"name": name, "state": "READY" if name in loaded else "UNAVAILABLE"}
+            if name not in loaded:
+                entry["reason"] = "unloaded"
+            if not ready_only or name in loaded:
+                index.append(entry)
+        return index
+
+    def repository_load(self, name: str) -> None:
+        """Load the model dir `name` under the root (already loaded: nothing to do, as Triton)."""
+        endpoint = self._root()
+        if endpoint.is_loaded(name):
+            return
+        try:
+            endpoint.load(name, name)
+        except AlreadyExists:
+            pass
+
+    def repository_unload(self, name: str) -> None:
+        self._root().unload(name)
 
     def infer(self, request: InferRequest) -> InferResponse:
         """Run the request on its signature (`signature_name` parameter, else serving_default)."""

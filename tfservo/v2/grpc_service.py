@@ -70,6 +70,29 @@ class V2Servicer:
 
         return self._calls.run("ModelMetadata", "metadata", context, run, request)
 
+    def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def run() -> Any:
+            answer = messages["RepositoryIndexResponse"]()
+            for entry in self.plane.repository_index(request.ready):
+                answer.models.add(**entry)
+            return answer
+
+        return self._calls.run("RepositoryIndex", "repository", context, run, request)
+
+    def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def run() -> Any:
+            self.plane.repository_load(request.model_name)
+            return messages["RepositoryModelLoadResponse"]()
+
+        return self._calls.run("RepositoryModelLoad", "load", context, run, request)
+
+    def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def run() -> Any:
+            self.plane.repository_unload(request.model_name)
+            return messages["RepositoryModelUnloadResponse"]()
+
+        return self._calls.run("RepositoryModelUnload", "unload", context, run, request)
+
     def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self._calls.run("ModelInfer", "predict", context, lambda: self._infer(request), request)
 
@@ -120,6 +143,9 @@ def v2_handler(plane: V2DataPlane, scope: RequestScope = plain_scope) -> grpc.Ge
         "ServerMetadata": ("ServerMetadataRequest", "ServerMetadataResponse"),
         "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
         "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
+        "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
+        "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
+        "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
     }
     return service_handler(SERVICE, V2Servicer(plane, scope),
                            {rpc: (messages[req], messages[resp]) for rpc, (req, resp) in calls.items()})

@@ -49,13 +49,23 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
                           ("raw_input_contents", 7, "bytes", True)],
     "InferOutputTensor": [("name", 1, "string", False), ("datatype", 2, "string", False), ("shape", 3, "int64", True),
                           ("parameters", 4, "map", True), ("contents", 5, "InferTensorContents", False)],
+    "RepositoryIndexRequest": [("repository_name", 1, "string", False), ("ready", 2, "bool", False)],
+    "ModelIndex": [("name", 1, "string", False), ("version", 2, "string", False), ("state", 3, "string", False),
+                   ("reason", 4, "string", False)],
+    "RepositoryIndexResponse": [("models", 1, "ModelIndex", True)],
+    # the load/unload parameters (field 3) are not read: unknown fields are skipped
+    "RepositoryModelLoadRequest": [("repository_name", 1, "string", False), ("model_name", 2, "string", False)],
+    "RepositoryModelLoadResponse": [],
+    "RepositoryModelUnloadRequest": [("repository_name", 1, "string", False), ("model_name", 2, "string", False)],
+    "RepositoryModelUnloadResponse": [],
     "ModelInferResponse": [("model_name", 1, "string", False), ("model_version", 2, "string", False),
                            ("id", 3, "string", False), ("parameters", 4, "map", True),
                            ("outputs", 5, "InferOutputTensor", True), ("raw_output_contents", 6, "bytes", True)],
 }
 # Nested in the spec: the tensors of a request or response, and the TensorMetadata of metadata.
 _NESTED = {"InferInputTensor": "ModelInferRequest", "InferRequestedOutputTensor": "ModelInferRequest",
-           "InferOutputTensor": "ModelInferResponse", "TensorMetadata": "ModelMetadataResponse"}
+           "InferOutputTensor": "ModelInferResponse", "TensorMetadata": "ModelMetadataResponse",
+           "ModelIndex": "RepositoryIndexResponse"}
 
 
 def _full(name: str) -> str:
