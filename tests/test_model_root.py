@@ -70,7 +70,8 @@ def escaped(copy: str, inside: Path) -> list[str]:
     found = []
     for path in Path(copy).rglob("*"):
         if path.is_file():
-            original = inside / path.relative_to(copy)
+            # flip()'s temporary link (name.tmp) may be caught in the copy: it stands for name
+            original = inside / str(path.relative_to(copy)).removesuffix(".tmp")
             if not original.is_file() or original.read_bytes() != path.read_bytes():
                 found.append(str(path.relative_to(copy)))
     return found

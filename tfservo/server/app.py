@@ -163,6 +163,24 @@ def build_app(
 
         return json_response(await in_thread(models))
 
+    async def openapi(request: Request) -> Response:
+        """GET /openapi.json: every route, with per-model schemas from the models served now."""
+        from tfservo.errors import ServingError as _Error
+        from tfservo.runtime.signatures import DEFAULT_SIGNATURE
+        from tfservo.server.openapi import openapi_document
+
+        def document() -> dict[str, Any]:
+            models: dict[str, Any] = {}
+            for name in service.model_names():
+                try:
+                    with service.api.manager.acquire(name, None, None) as sv:
+                        models[name] = sv.signatures.get(DEFAULT_SIGNATURE)
+                except _Error:  # no AVAILABLE version now
+                    models[name] = None
+            return openapi_document(models, multi_model=multi_model is not None)
+
+        return json_response(await in_thread(document))
+
     async def not_found(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404:
             msg = f"No route for {request.method} {request.url.path}; see /ping, /invocations, /v1/models/{{name}}"
@@ -182,6 +200,7 @@ def build_app(
         Route("/invocations", endpoint, methods=["POST"]),
         Route("/execution-parameters", exec_params, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/models/{rest:path}", tfs_rest, methods=["GET", "POST"]),
     ]
     from tfservo.server.v2_routes import v2_routes
