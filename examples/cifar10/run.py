@@ -220,12 +220,9 @@ def main() -> None:
             "--overwrite", "--progress", "none")
 
     print("\n== 4. evaluate", flush=True)
-    done = subprocess.run([str(Path(sys.executable).with_name("tfservo")),
-                           "evaluate", str(work / "out"), "--label-from-name", r"^([a-z]+)_\d+\.png$",
-                           "--classes", ",".join(CLASSES), "--plot", str(work / "confusion_matrix.png"),
-                           "--json", str(work / "metrics.json")])
-    if done.returncode != 0:
-        raise SystemExit("evaluate failed")
+    tfservo("evaluate", str(work / "out"), "--label-from-name", r"^([a-z]+)_\d+\.png$",
+            "--classes", ",".join(CLASSES), "--plot", str(work / "confusion_matrix.png"),
+            "--json", str(work / "metrics.json"))
 
     print("\n== 5. real-time predictions on raw PNG bytes", flush=True)
     import requests

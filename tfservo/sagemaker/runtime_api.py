@@ -116,8 +116,6 @@ def model_error(result: InvocationResult, endpoint_name: str) -> RuntimeError_:
 
 def runtime_error(exc: ServingError) -> RuntimeError_:
     """A failure before the model answered, as the runtime API's own error."""
-    if isinstance(exc, RuntimeValidationError):
-        return RuntimeError_(400, "ValidationError", orjson.dumps({"message": exc.message}))
     status = error_result(exc).status
     if isinstance(exc, (InvalidArgument, NotFound)) or 400 <= status < 500:
         return RuntimeError_(400, "ValidationError", orjson.dumps({"message": exc.message}))

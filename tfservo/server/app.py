@@ -165,7 +165,6 @@ def build_app(
 
     async def openapi(request: Request) -> Response:
         """GET /openapi.json: every route, with per-model schemas from the models served now."""
-        from tfservo.errors import ServingError as _Error
         from tfservo.runtime.signatures import DEFAULT_SIGNATURE
         from tfservo.server.openapi import openapi_document
 
@@ -175,7 +174,7 @@ def build_app(
                 try:
                     with service.api.manager.acquire(name, None, None) as sv:
                         models[name] = sv.signatures.get(DEFAULT_SIGNATURE)
-                except _Error:  # no AVAILABLE version now
+                except ServingError:  # no AVAILABLE version now
                     models[name] = None
             return openapi_document(models, multi_model=multi_model is not None)
 
