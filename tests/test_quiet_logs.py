@@ -3,15 +3,23 @@ brings TensorFlow's back."""
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from conftest import write_code
 from server_process import ServerProcess, run_cli
 from transform_jobs import HALF_PLUS_THREE, write
+
+from tfservo.config import resolve_settings
+from tfservo.logs import setup_logging
+from tfservo.loopback import open_service
 
 # TF's glog lines, Python-logged TF/absl/Beam records, Beam workers' default-format records
 NOISE = re.compile(
@@ -73,3 +81,32 @@ def test_a_beam_pipeline_is_quiet_unless_asked(tmp_path) -> None:
     loud = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                           env={**env, "TFSERVO_TF_LOGS": "1"})
     assert noise(loud.stderr), "TFSERVO_TF_LOGS=1 shows TensorFlow's own lines again"
+
+
+class _OwnStream(io.StringIO):
+    """A stream its owner closes, as a notebook's or a test runner's stderr."""
+
+
+def test_in_process_callers_keep_their_log_handlers(tmp_path) -> None:
+    """A handler bundle used in-process (notebook, Beam worker, `tfservo invoke` under a test
+    runner) starts a loopback server and sets up tfservo's logging; neither may close log
+    handlers it does not own (uvicorn's default logging config closes every one)."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(HALF_PLUS_THREE, bundle / "half_plus_three")
+    write_code(bundle / "code", """
+        def handler(data, context):
+            return data.read(), "text/csv"
+    """)
+    stream = _OwnStream()
+    theirs = logging.StreamHandler(stream)
+    theirs.close = lambda: stream.close()  # type: ignore[method-assign]  # as absl's handler does
+    logging.getLogger("their.app").addHandler(theirs)
+    try:
+        with open_service(resolve_settings(paths=[str(bundle)])) as service:
+            assert service.rest_base is not None, "the handler bundle got its loopback endpoints"
+            assert service.invoker.invoke(b"1.0", "text/csv").body.strip() == b"1.0"
+        setup_logging("warning")
+        logging.getLogger("their.app").warning("still here")
+        assert not stream.closed and "still here" in stream.getvalue()
+    finally:
+        logging.getLogger("their.app").removeHandler(theirs)

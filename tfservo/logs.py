@@ -99,13 +99,18 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def setup_logging(level: str = "info") -> None:
-    """Plain one-line logs to stderr."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=[_StderrHandler()],
-        force=True,
-    )
+    """Plain one-line logs to stderr, through one handler on the root logger.
+
+    Other root handlers are taken off but not closed: their streams are not ours (basicConfig's
+    force=True would close them, and with them a test runner's or a notebook's stderr).
+    """
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
     quiet_libraries(level)
     for noisy in ("botocore", "s3fs", "fsspec", "aiobotocore", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

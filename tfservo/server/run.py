@@ -130,7 +130,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, **kw: Any) -> uvicorn.Config:
     """uvicorn's settings for a tfservo app: uvloop, httptools through ServingProtocol (JSON
-    errors, header timeout, connection cap), no WebSockets, no access log of its own."""
+    errors, header timeout, connection cap), no WebSockets, no access log of its own.
+
+    `log_config=None`: uvicorn's default dictConfig() would close every logging handler in
+    the process (a notebook's, a Beam worker's, a test runner's), not only its own; its
+    loggers propagate to ours instead."""
     from tfservo.server.protocol import default_max_connections, protocol_class
 
     level = (log_level or settings.log_level).lower()
@@ -144,6 +148,7 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, *
         ws="none",
         lifespan="off",
         access_log=False,
+        log_config=None,
         log_level="warning" if level != "debug" else "debug",
         timeout_keep_alive=max(1, round(settings.keep_alive_timeout)),
         timeout_graceful_shutdown=30,
