@@ -183,3 +183,28 @@ def test_metrics_of_several_workers_add_up(tmp_path):
         states = [v for (name, labels), v in samples.items()
                   if name == "tfservo_model_state" and dict(labels).get("state") == "AVAILABLE"]
         assert states and all(v == 1 for v in states)
+
+
+def test_open_inference_protocol_traffic_is_labelled_v2(http, server):
+    import tritonclient.grpc as grpcclient
+
+    before = scrape(http)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]}
+    assert http.post(f"/v2/models/{M}/infer", json=body).status_code == 200
+    assert http.post("/v2/models/nope/infer", json=body).status_code == 404
+    with grpcclient.InferenceServerClient(server.grpc_target) as client:
+        x = grpcclient.InferInput("x", [2], "FP32")
+        x.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+        client.infer(M, [x])
+    after = scrape(http)
+
+    def delta(**labels):
+        return sample(after, "tfservo_requests_total", **labels) - sample(before, "tfservo_requests_total", **labels)
+
+    rest = dict(protocol="v2", model=M, version="124", method="predict", route="/v2/models/{name}/infer")
+    assert delta(**rest, status="200") == 1
+    assert delta(**{**rest, "model": "", "version": ""}, status="404") == 1
+    grpc_route = "/inference.GRPCInferenceService/ModelInfer"
+    assert delta(**{**rest, "route": grpc_route}, status="OK") == 1
+    assert delta(protocol="http", model=M, version="124", method="predict", route="/v2/models/{name}/infer",
+                 status="200") == 0

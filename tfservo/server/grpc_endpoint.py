@@ -50,7 +50,7 @@ def start_grpc(
     from tfservo.v2.grpc_service import v2_handler
 
     plane = v2 or V2DataPlane(service.api, service.unavailable_models)
-    server.add_service(v2_handler(plane, metrics.scope if metrics is not None else plain_scope))
+    server.add_service(v2_handler(plane, metrics.v2_scope if metrics is not None else plain_scope))
     server.start()
     service.grpc_port = server.port
     log.log(log_level, "gRPC%s on %s:%d", " (TLS)" if settings.ssl_config_file else "", host, server.port)

@@ -189,12 +189,19 @@ class Metrics:
         log.warning("timeout: %s for model %s passed its limit of %g s; answered 504", route, model or "-", seconds)
 
     def scope(self, route: str, method: str) -> Any:
-        """A RequestScope for the gRPC servicers: labels current while the call runs, recorded after."""
-        return self.request("grpc", RequestLabels(route=route, method=method))
+        """A RequestScope for TF Serving's gRPC servicers: labels current while the call runs, recorded after."""
+        return self.request("grpc", RequestLabels(route=route, method=method), transport="grpc")
+
+    def v2_scope(self, route: str, method: str) -> Any:
+        """The RequestScope of the Open Inference Protocol's gRPC servicer (protocol label v2)."""
+        return self.request("v2", RequestLabels(route=route, method=method), transport="grpc")
 
     @contextmanager
-    def request(self, protocol: str, labels: RequestLabels) -> Iterator[RequestLabels]:
-        """Track one request: in flight while inside, then counted, timed and logged with `labels`."""
+    def request(self, protocol: str, labels: RequestLabels, transport: str = "http") -> Iterator[RequestLabels]:
+        """Track one request: in flight while inside, then counted, timed and logged with `labels`.
+
+        `protocol` is the label (http, grpc, or v2 for the Open Inference Protocol on either
+        transport; its routes tell which); `transport` picks error codes' spelling."""
         gauge = self.in_flight.labels(protocol)
         gauge.inc()
         started = time.perf_counter()
@@ -202,13 +209,13 @@ class Metrics:
             with tracking(labels):
                 yield labels
         except BaseException:
-            labels.status = labels.status or ("500" if protocol == "http" else "UNKNOWN")
+            labels.status = labels.status or ("500" if transport == "http" else "UNKNOWN")
             raise
         finally:
             gauge.dec()
-            self.record(protocol, labels, time.perf_counter() - started)
+            self.record(protocol, labels, time.perf_counter() - started, transport)
 
-    def record(self, protocol: str, labels: RequestLabels, seconds: float) -> None:
+    def record(self, protocol: str, labels: RequestLabels, seconds: float, transport: str = "http") -> None:
         """Count one answered request and log it (one line, debug level, logger tfservo.access)."""
         self.requests.labels(
             protocol, labels.model, labels.version, labels.method, labels.route, labels.status
@@ -216,7 +223,7 @@ class Metrics:
         self.latency.labels(protocol, labels.model, labels.version, labels.method, labels.route).observe(seconds)
         if self.tfs is not None and labels.model:
             self.tfs.request(
-                labels.model, labels.method or "predict", "GRPC" if protocol == "grpc" else "REST",
+                labels.model, labels.method or "predict", "GRPC" if transport == "grpc" else "REST",
                 _code_name(labels.status), seconds,
             )
         if access_log.isEnabledFor(logging.DEBUG):
@@ -290,7 +297,8 @@ class _HttpMetrics:
                 labels.status = str(message["status"])
             await send(message)
 
-        with self.metrics.request("http", labels):
+        path = scope["path"]
+        with self.metrics.request("v2" if path == "/v2" or path.startswith("/v2/") else "http", labels):
             try:
                 if scope["path"] == METRICS_PATH and scope["method"] in ("GET", "HEAD"):
                     labels.route = METRICS_PATH
@@ -331,7 +339,7 @@ class _HttpMetrics:
             return
         route = scope.get(ROUTE_KEY) or self._template(scope)
         labels.route = route or "unmatched"
-        if route == "/invocations" or (route or "").endswith(("/invoke", "/invocations")):
+        if route == "/invocations" or (route or "").endswith(("/invoke", "/invocations", "/infer")):
             self._invocation_labels(scope, labels)
 
     def _template(self, scope: Scope) -> str | None:
