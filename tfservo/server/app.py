@@ -193,6 +193,8 @@ def build_app(
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return internal_error(exc)
 
+    from tfservo.server.docs_page import docs_routes
+
     endpoint = _AsgiEndpoint(hot)
     routes: list[BaseRoute] = [
         Route("/ping", ping, methods=["GET"]),
@@ -200,6 +202,7 @@ def build_app(
         Route("/execution-parameters", exec_params, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        *docs_routes(),
         Route("/v1/models/{rest:path}", tfs_rest, methods=["GET", "POST"]),
     ]
     from tfservo.server.v2_routes import v2_routes

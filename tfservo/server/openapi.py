@@ -146,6 +146,8 @@ def openapi_document(models: dict[str, SignatureDef | None], *, multi_model: boo
         "/v2/health/live": {"get": _op("V2 liveness", tags=["V2"], errors=())},
         "/v2/health/ready": {"get": _op("V2 readiness", tags=["V2"], errors=(503,))},
         "/openapi.json": {"get": _op("This document", tags=["Operations"], errors=())},
+        "/docs": {"get": _op("This document as a page (Swagger UI) to read it and send requests", tags=["Operations"],
+                             errors=(), ok={"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}})},
     }
     for name, sig in sorted(models.items()):
         tag = [f"model {name}"]
