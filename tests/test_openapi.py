@@ -3,7 +3,11 @@ per served model from its signatures, following models as they load."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -48,3 +52,19 @@ def test_the_document_follows_models_as_they_load(tmp_path):
             assert "/v1/models/late:predict" in after["paths"] and "/v2/models/late/infer" in after["paths"]
     finally:
         server.stop()
+
+
+
+def test_schemathesis_finds_no_5xx_and_no_answer_off_the_schema(tfs_server):
+    """Every operation of the document fuzzed by schemathesis (its CLI: its pytest plugin does not
+    run on pytest 9), bounded in examples and time, against the shared server."""
+    checks = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("schemathesis")), "run", f"{tfs_server.url}/openapi.json",
+         "--checks", checks, "--max-examples", "15", "--generation-deterministic", "--request-timeout", "30",
+         "--phases", "examples,coverage,fuzzing", "--warnings", "off", "--no-color"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-2000:]
+    tested = re.search(r"Tested: (\d+)", done.stdout)
+    assert tested and int(tested[1]) >= 20, done.stdout[-3000:]  # every route of every served model

@@ -102,6 +102,10 @@ def test_answers_equal_tf_servings_rest(server):
         (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "BF16", "data": [1]}]}', 400, "datatype 'BF16'"),
         (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]}',
          400, "runs past"),
+        # found by schemathesis (test_openapi.py): 500s before
+        (b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1], "parameters": [null]}]}',
+         400, '"parameters" of input x must be an object'),
+        (b'{"inputs": [{"name": "x", "shape": [1], "datatype": {}, "data": [1]}]}', 400, "datatype {}"),
     ],
 )
 def test_bad_requests_get_v2_errors(server, body, status, says):

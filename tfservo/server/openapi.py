@@ -121,6 +121,10 @@ def _op(summary: str, *, body: dict[str, Any] | None = None, tags: list[str], ok
     return op
 
 
+def _runtime_error(description: str, schema: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+
+
 def openapi_document(models: dict[str, SignatureDef | None], *, multi_model: bool = False) -> dict[str, Any]:
     """The document for `models` (name → its serving_default signature, None while unavailable)."""
     paths: dict[str, Any] = {
@@ -134,7 +138,10 @@ def openapi_document(models: dict[str, SignatureDef | None], *, multi_model: boo
             errors=(400, 404, 415, 500))},
         "/endpoints/{EndpointName}/invocations": {"post": {
             **_op("SageMaker runtime API (boto3, the AWS CLI, the SDK)", tags=["SageMaker"],
-                  body={"required": True, "content": {"application/json": {"schema": {}}}}, errors=(400, 424)),
+                  body={"required": True, "content": {"application/json": {"schema": {}}}}, errors=()),
+            "responses": {"200": {"description": "OK", **_JSON_ANY},
+                          "400": _runtime_error("ValidationError: the call itself is wrong", "RuntimeError"),
+                          "424": _runtime_error("ModelError: the model answered 4xx/5xx", "ModelError")},
             "parameters": [{"name": "EndpointName", "in": "path", "required": True,
                             "schema": {"type": "string", "pattern": "^[a-zA-Z0-9](-*[a-zA-Z0-9])*$", "maxLength": 63}}],
         }},
@@ -176,6 +183,12 @@ def openapi_document(models: dict[str, SignatureDef | None], *, multi_model: boo
         "info": {"title": "tfservo", "version": __version__,
                  "description": "SageMaker's, TF Serving's and the Open Inference Protocol's REST APIs for the served models."},
         "paths": paths,
-        "components": {"schemas": {"Error": {"type": "object", "properties": {"error": {"type": "string"}},
-                                             "required": ["error"]}}},
+        "components": {"schemas": {
+            "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
+            # the SageMaker runtime API's shapes, which botocore turns into ValidationError / ModelError
+            "RuntimeError": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]},
+            "ModelError": {"type": "object", "required": ["message", "OriginalStatusCode", "OriginalMessage"],
+                           "properties": {"ErrorCode": {"type": "string"}, "message": {"type": "string"},
+                                          "OriginalStatusCode": {"type": "integer"}, "OriginalMessage": {"type": "string"}}},
+        }},
     }

@@ -42,6 +42,16 @@ def v2_datatype(array: np.ndarray) -> str:
     raise V2Error(f"an output of dtype {array.dtype} has no V2 datatype")
 
 
+def parameters_of(holder: dict[str, Any], what: str) -> dict[str, Any]:
+    """A V2 object's "parameters" (absent or null: none), or V2Error when it is not an object."""
+    params = holder.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise V2Error(f'"parameters" of {what} must be an object, got {type(params).__name__}')
+    return params
+
+
 def decode_inputs(inputs: Any, binary: bytes = b"") -> dict[str, np.ndarray]:
     """The request's `inputs` list (and the binary part after its JSON) → {name: array}."""
     if not isinstance(inputs, list) or not inputs:
@@ -56,11 +66,11 @@ def decode_inputs(inputs: Any, binary: bytes = b"") -> dict[str, np.ndarray]:
             raise V2Error(f"input {i} has no name")
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise V2Error(f"input {name}: shape must be a list of non-negative integers, got {shape!r}")
-        if datatype not in DTYPE_OF_V2:
+        if not isinstance(datatype, str) or datatype not in DTYPE_OF_V2:
             raise V2Error(f"input {name}: datatype {datatype!r} is not one tfservo takes; use one of {', '.join(DTYPE_OF_V2)}")
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
+        size = parameters_of(tensor, f"input {name}").get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
                 raise V2Error(f"input {name}: binary_data_size {size!r} runs past the {len(binary)} binary bytes sent")
             arrays[name] = _from_binary(name, binary[offset:offset + size], shape, datatype)
             offset += size

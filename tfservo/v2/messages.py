@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from tfservo.v2.codec import V2Error, decode_inputs, encode_outputs
+from tfservo.v2.codec import V2Error, decode_inputs, encode_outputs, parameters_of
 from tfservo.v2.dataplane import InferRequest, InferResponse
 
 __all__ = ["HEADER_LENGTH", "decode_infer_request", "encode_infer_response"]
@@ -31,9 +31,7 @@ def decode_infer_request(
         raise V2Error(f"the request is not JSON ({exc}); send a V2 inference request") from None
     if not isinstance(doc, dict):
         raise V2Error('the request must be a JSON object: {"inputs": [...]}')
-    parameters = doc.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise V2Error('"parameters" must be an object')
+    parameters = parameters_of(doc, "the request")
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise V2Error('"id" must be a string')
@@ -48,7 +46,7 @@ def decode_infer_request(
             raise V2Error('"outputs" must be a list of {"name": ...} objects')
         names = [o["name"] for o in wanted]
         for o in wanted:
-            params = o.get("parameters") or {}
+            params = parameters_of(o, f"output {o['name']}")
             output_parameters[o["name"]] = params
             as_binary[o["name"]] = bool(params.get("binary_data", default_binary))
     request = InferRequest(model, version, inputs, request_id, parameters, names, output_parameters)
