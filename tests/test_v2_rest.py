@@ -239,3 +239,83 @@ def test_repository_index_load_unload_over_rest_and_grpc(repository):
     finally:
         rest.close()
         rpc.close()
+
+
+# -- the KServe Python client (REST V1 and V2, gRPC V2) ------------------------------------------
+
+
+def _kserve_request(binary: bool):
+    from kserve import InferInput, InferRequest
+
+    inputs = []
+    for name, value, datatype in (("a", np.array([[1, 2], [3, 4]], np.float32), "FP32"),
+                                  ("b", np.array([5, 6], np.int64), "INT64"),
+                                  ("s", np.array([b"xy", b"z"], dtype=object), "BYTES")):
+        tensor = InferInput(name, list(value.shape), datatype)
+        tensor.set_data_from_numpy(value, binary_data=binary)
+        inputs.append(tensor)
+    return InferRequest("mixed", inputs, request_id="k-1")
+
+
+def _check_mixed(response):
+    outputs = {o.name: o.as_numpy() for o in response.outputs}
+    np.testing.assert_array_equal(outputs["total"], [3.0, 7.0])
+    np.testing.assert_array_equal(outputs["doubled"], [10, 12])
+    assert [bytes(v) if not isinstance(v, str) else v.encode() for v in outputs["upper"]] == [b"XY", b"Z"]
+    assert response.id == "k-1"
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_kserve_rest_client_v2(server, binary):
+    import asyncio
+
+    from kserve import InferenceRESTClient, RESTConfig
+
+    async def run():
+        client = InferenceRESTClient(RESTConfig(protocol="v2", retries=0, timeout=60))
+        try:
+            assert await client.is_server_ready(server.url) and await client.is_model_ready(server.url, "mixed")
+            _check_mixed(await client.infer(server.url, _kserve_request(binary), model_name="mixed"))
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_kserve_rest_client_v1_is_tf_servings_predict(server):
+    import asyncio
+
+    from kserve import InferenceRESTClient, RESTConfig
+
+    async def run():
+        client = InferenceRESTClient(RESTConfig(protocol="v1", retries=0, timeout=60))
+        try:
+            return await client.infer(server.url, {"instances": [1.0, 2.0]}, model_name=HALF_PLUS_TWO)
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == {"predictions": [2.5, 3.0]}
+
+
+def test_kserve_grpc_client(server):
+    import asyncio
+
+    from kserve import InferenceGRPCClient
+
+    async def run():
+        client = InferenceGRPCClient(server.grpc_target, retries=0, timeout=60)
+        try:
+            assert await client.is_server_live() and await client.is_model_ready("mixed")
+            _check_mixed(await client.infer(_kserve_request(False)))
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_v2_bodies_over_the_size_limit_get_413_in_v2_shape(http):
+    """The shared server runs with --max-request-mb 4; V2 shares the limit of every route."""
+    data = b",".join([b"1.0"] * 1_400_000)
+    body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1400000], "data": [' + data + b"]}]}"
+    got = http.post("/v2/models/saved_model_half_plus_three/infer", content=body)
+    assert got.status_code == 413 and "--max-request-mb" in got.json()["error"]
