@@ -25,8 +25,8 @@ from conftest import SMC, write_code
 from server_process import ServerProcess
 
 from tfservo.beam import BundleModelHandler
-from tfservo.beam.failures import ElementErrors
 from tfservo.cli import main as tfservo_cli
+from tfservo.pipelines.failures import ElementErrors
 from tfservo.transform.beam_engine import run_beam_transform
 from tfservo.transform.job import TransformJob
 from tfservo.transform.run import run_transform

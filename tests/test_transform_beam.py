@@ -5,46 +5,29 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from server_process import run_cli
-from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, state, write  # noqa: F401
+from transform_jobs import (  # noqa: F401
+    HALF_PLUS_THREE,
+    INSURANCE,
+    counts,
+    hp3,
+    insurance_input,
+    report,
+    state,
+    tree,
+    write,
+)
 
 from tfservo.cli_transform import transform as transform_command
 from tfservo.transform.beam_engine import OUTCOMES_PREFIX, BeamSettings, run_beam_transform
 from tfservo.transform.job import TransformJob
 from tfservo.transform.run import run_transform
-from tfservo.transform.state import REPORT_NAME, TransformSummary
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    """Every file under root and its state location (the failure report aside: it holds times
-    and paths) → its bytes."""
-    return {
-        prefix + str(p.relative_to(base)): p.read_bytes()
-        for prefix, base in (("", root), ("state:", state(root)))
-        for p in sorted(base.rglob("*"))
-        if p.is_file() and p.name != REPORT_NAME
-    }
-
-
-def report(root: Path) -> dict | None:
-    path = state(root) / REPORT_NAME
-    if not path.exists():
-        return None
-    doc = json.loads(path.read_bytes())
-    for dead in doc["dead_letters"]:
-        dead["file"] = os.path.relpath(dead["file"], state(root))
-    return {"failed_objects": doc["failed_objects"], "dead_letters": doc["dead_letters"]}
-
-
-def counts(summary: TransformSummary) -> tuple:
-    return (summary.objects, summary.done, summary.skipped, len(summary.failed), summary.records,
-            [o.obj.rel for o in summary.failed], [(o.obj.rel, o.dead_letters) for o in summary.dead_lettered])
+from tfservo.transform.state import TransformSummary
 
 
 def both(hp3, source: Path, tmp_path: Path, **flags) -> tuple[TransformSummary, TransformSummary]:
@@ -59,14 +42,6 @@ def both(hp3, source: Path, tmp_path: Path, **flags) -> tuple[TransformSummary, 
     assert counts(beam) == counts(local)
     assert not [p for p in (tmp_path / "beam").iterdir() if p.name.startswith(OUTCOMES_PREFIX)]
     return local, beam
-
-
-def insurance_input(root: Path) -> Path:
-    write(root / "2024" / "quotes.csv", "".join(f"Q{i},{i}.5\n" for i in range(1, 301)))
-    write(root / "2025" / "gaps.csv", "A1,1\n\nA3,3\n\n")
-    write(root / "bad.csv", "B1,1.0\nB2,two\nB3,3.0\n")
-    write(root / "empty.csv", "")
-    return root
 
 
 def test_insurance_csv_with_filters_join_a_bad_object_and_resume(hp3, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from server_process import run_cli
 from transform_jobs import HALF_PLUS_THREE, INSURANCE, lines, write
 
-from tfservo.beam.local import LoadedBundle, Selection
+from tfservo.pipelines.loaded import LoadedBundle, Selection
 from tfservo.transform.beam_engine import run_beam_transform
 from tfservo.transform.job import TransformJob
 from tfservo.transform.run import load_service, run_transform

@@ -6,12 +6,15 @@ Use in a test module with `from transform_jobs import HALF_PLUS_THREE, INSURANCE
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
 from conftest import SMC
 
 from tfservo.transform.run import load_service
+from tfservo.transform.state import REPORT_NAME, TransformSummary
 
 HALF_PLUS_THREE = SMC / "resources" / "models" / "half_plus_three"
 # `id,value` lines in, `id,prediction` lines out: the model sees only the value
@@ -48,3 +51,37 @@ def state(out: Path) -> Path:
 def lines(path: Path) -> list[str]:
     """A text file's lines, without the last newline."""
     return path.read_text().split("\n")[:-1]
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under root and its state location (the failure report aside: it holds times
+    and paths) → its bytes."""
+    return {
+        prefix + str(p.relative_to(base)): p.read_bytes()
+        for prefix, base in (("", root), ("state:", state(root)))
+        for p in sorted(base.rglob("*"))
+        if p.is_file() and p.name != REPORT_NAME
+    }
+
+
+def report(root: Path) -> dict | None:
+    path = state(root) / REPORT_NAME
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_bytes())
+    for dead in doc["dead_letters"]:
+        dead["file"] = os.path.relpath(dead["file"], state(root))
+    return {"failed_objects": doc["failed_objects"], "dead_letters": doc["dead_letters"]}
+
+
+def counts(summary: TransformSummary) -> tuple:
+    return (summary.objects, summary.done, summary.skipped, len(summary.failed), summary.records,
+            [o.obj.rel for o in summary.failed], [(o.obj.rel, o.dead_letters) for o in summary.dead_lettered])
+
+
+def insurance_input(root: Path) -> Path:
+    write(root / "2024" / "quotes.csv", "".join(f"Q{i},{i}.5\n" for i in range(1, 301)))
+    write(root / "2025" / "gaps.csv", "A1,1\n\nA3,3\n\n")
+    write(root / "bad.csv", "B1,1.0\nB2,two\nB3,3.0\n")
+    write(root / "empty.csv", "")
+    return root

@@ -73,16 +73,26 @@ class _AnyCase(click.Choice):
               "Beam's counters are logged at the end.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log level on stderr.")
-@click.option("--runner", type=click.Choice(["local", "beam"]), default="local", show_default=True,
-              help="local: this machine's engine; beam: the same job as an Apache Beam pipeline (same .out files).")
+@click.option("--runner", type=click.Choice(["local", "beam", "ray", "spark"]), default="local", show_default=True,
+              help="local: this machine's engine; beam, ray, spark: the same job on that engine's workers "
+              "(same .out files; ray and spark start a local cluster unless given an address).")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="Ray cluster for --runner ray, e.g. ray://head:10001 or auto [default: a local cluster on this "
+              "machine's cores].")
+@click.option("--spark-master", default=None, metavar="URL",
+              help="Spark master for --runner spark, e.g. spark://host:7077, yarn, k8s://... [default: local[N], "
+              "this machine's cores].")
+@click.option("--workers", type=int, default=0, metavar="N",
+              help="Model workers for --runner ray/spark, each holding the model once [default: one per core of "
+              "the cluster].")
 @click.option("--beam-runner", default=None, metavar="NAME",
               help="Beam runner for --runner beam, e.g. DirectRunner, DataflowRunner, FlinkRunner, SparkRunner "
               "[default: DirectRunner].")
 @click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
               help="A Beam pipeline option for --runner beam (repeatable), e.g. direct_num_workers=2 or "
               "project=my-project.")
-def transform(model, input_url, output_url, env_pairs, progress, log_level, runner, beam_runner, beam_options,
-              **flags) -> None:
+def transform(model, input_url, output_url, env_pairs, progress, log_level, runner, ray_address, spark_master, workers,
+              beam_runner, beam_options, **flags) -> None:
     """Run a SageMaker-style batch transform of INPUT into OUTPUT on this machine.
 
     MODEL is any bundle `serve` accepts. INPUT and OUTPUT are local folders or fsspec URLs
@@ -113,11 +123,27 @@ def transform(model, input_url, output_url, env_pairs, progress, log_level, runn
             raise click.UsageError(exc.message) from None
     elif beam_runner or beam_options:
         raise click.UsageError("--beam-runner and --beam-option need --runner beam")
+    if ray_address and runner != "ray":
+        raise click.UsageError("--ray-address needs --runner ray")
+    if spark_master and runner != "spark":
+        raise click.UsageError("--spark-master needs --runner spark")
+    if workers and runner not in ("ray", "spark"):
+        raise click.UsageError("--workers needs --runner ray or --runner spark")
+    if workers < 0:
+        raise click.UsageError("--workers must be 0 (one per core) or more")
     try:
         if beam is not None:
             from tfservo.transform.beam_engine import run_beam_transform
 
             summary = run_beam_transform(job, beam, progress=progress)
+        elif runner == "ray":
+            from tfservo.transform.ray_engine import RaySettings, run_ray_transform
+
+            summary = run_ray_transform(job, RaySettings(ray_address, workers), progress=progress)
+        elif runner == "spark":
+            from tfservo.transform.spark_engine import SparkSettings, run_spark_transform
+
+            summary = run_spark_transform(job, SparkSettings(spark_master, workers), progress=progress)
         else:
             summary = run_transform(job, progress=progress)
     except JobError as exc:

@@ -112,5 +112,5 @@ def setup_logging(level: str = "info") -> None:
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     quiet_libraries(level)
-    for noisy in ("botocore", "s3fs", "fsspec", "aiobotocore", "urllib3"):
+    for noisy in ("botocore", "s3fs", "fsspec", "aiobotocore", "urllib3", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -13,8 +13,8 @@ from tfservo.logs import quiet_libraries
 
 quiet_libraries()
 
-from tfservo.beam.failures import ElementErrors, ElementFailure  # noqa: E402
 from tfservo.beam.handler import BundleModelHandler, ServingModelHandler  # noqa: E402
+from tfservo.pipelines.failures import ElementErrors, ElementFailure  # noqa: E402
 
 __all__ = [
     "BundleModelHandler",

@@ -33,7 +33,7 @@ from apache_beam.ml.inference import base
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms import core
 
-from tfservo.beam.failures import ElementErrors, ElementFailure
+from tfservo.pipelines.failures import ElementErrors, ElementFailure
 
 __all__ = ["RUN_INFERENCE_DEAD_LETTER_TAG", "dead_letter_tag", "with_dead_letters"]
 

@@ -25,12 +25,12 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from tfservo.beam import prediction_log
 from tfservo.beam.dead_letters import dead_letter_tag, with_dead_letters
-from tfservo.beam.elements import serialize_examples, split_outputs, stack_inputs
-from tfservo.beam.failures import ElementErrors, ElementFailure, is_transient
-from tfservo.beam.local import LoadedBundle, Selection
 from tfservo.beam.metrics import HandlerMetrics
-from tfservo.beam.target import INVOKE, Target, check_options
 from tfservo.errors import InvalidArgument
+from tfservo.pipelines.elements import serialize_examples, split_outputs, stack_inputs
+from tfservo.pipelines.failures import ElementErrors, ElementFailure, is_transient
+from tfservo.pipelines.loaded import LoadedBundle, Selection
+from tfservo.pipelines.target import INVOKE, Target, check_options
 
 __all__ = ["BundleModelHandler", "ServingModelHandler"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tfservo.beam.target import Target
+from tfservo.pipelines.target import Target
 from tfservo.tfserving.tensor_proto import write_tensor_proto
 
 __all__ = ["classify_logs", "predict_logs", "regress_logs"]

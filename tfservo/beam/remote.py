@@ -25,12 +25,19 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 
-from tfservo.beam.failures import error_from_response, is_transient
 from tfservo.beam.handler import ServingModelHandler
-from tfservo.beam.local import Selection
 from tfservo.beam.metrics import count_retry
-from tfservo.beam.target import INVOKE, LoadedTarget, Target, check_method, choose_method, merged_attributes
 from tfservo.errors import Code, InvalidArgument, ServingError, Unavailable
+from tfservo.pipelines.failures import error_from_response, is_transient
+from tfservo.pipelines.loaded import Selection
+from tfservo.pipelines.target import (
+    INVOKE,
+    LoadedTarget,
+    Target,
+    check_method,
+    choose_method,
+    merged_attributes,
+)
 from tfservo.retry import Backoff
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE, SignatureDef, signature_from_proto
 from tfservo.sagemaker.custom_attributes import HEADER as CUSTOM_ATTRIBUTES_HEADER

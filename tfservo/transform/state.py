@@ -108,6 +108,7 @@ class TransformSummary:
     records: int = 0
     seconds: float = 0.0
     report: str | None = None
+    workers: list[str] = field(default_factory=list)  # host:pid of each worker that took part (Ray, Spark)
 
     @property
     def ok(self) -> bool:
@@ -132,6 +133,7 @@ class TransformSummary:
             f"{len(self.failed)} failed" if self.failed else None,
             f"{self.records} records in {self.seconds:.1f}s ({rate:.1f} records/s)",
             f"{dead} records dead-lettered" if dead else None,
+            f"on {len(self.workers)} workers ({', '.join(self.workers)})" if self.workers else None,
         ]
         return "; ".join(p for p in parts if p)
 

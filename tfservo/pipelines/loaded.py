@@ -1,4 +1,5 @@
-"""A bundle loaded inside a Beam worker: the same ModelService `tfservo serve` builds.
+"""A bundle loaded inside a pipeline worker (Beam, Ray Data, Spark): the same ModelService
+`tfservo serve` builds.
 
 `LoadedBundle` is what BundleModelHandler.load_model returns and Beam shares per worker
 process (or, with share_model_across_processes, per machine through a proxy: so it is used
@@ -18,19 +19,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfservo.beam.failures import error_from_response
-from tfservo.beam.target import INVOKE, LoadedTarget, Target, check_method, choose_method, merged_attributes
 from tfservo.config import resolve_settings
 from tfservo.errors import BundleError, NotFound, ServingError
 from tfservo.logs import quiet_libraries
 from tfservo.loopback import LoopbackServer, start_handler_endpoints
+from tfservo.pipelines.failures import error_from_response
+from tfservo.pipelines.target import (
+    INVOKE,
+    LoadedTarget,
+    Target,
+    check_method,
+    choose_method,
+    merged_attributes,
+)
 from tfservo.runtime.signatures import DEFAULT_SIGNATURE
 from tfservo.sagemaker.custom_attributes import parse_custom_attributes
 from tfservo.sagemaker.service import ModelService, build_service
 
 __all__ = ["LoadedBundle", "Selection"]
 
-log = logging.getLogger("tfservo.beam")
+log = logging.getLogger("tfservo.pipelines")
 
 
 @dataclass(frozen=True)
