@@ -64,7 +64,9 @@ def bundle_predict_udf(
     the only one, `response` for raw bodies). `return_type` is the Spark type of that column,
     e.g. "double" or "array<float>". With on_error="column" a failed row's value is null.
     """
-    from pyspark.sql.functions import pandas_udf
+    import warnings
+
+    from pyspark.sql.functions import PandasUDFType, pandas_udf
 
     def predict(*series: Any) -> Any:
         import pandas as pd
@@ -75,7 +77,9 @@ def bundle_predict_udf(
         chosen = output or _only_output(predictor, out)
         return pd.Series(_cells(out[chosen]))
 
-    return pandas_udf(predict, returnType=return_type)  # type: ignore[call-overload]
+    with warnings.catch_warnings():  # the explicit type (its hints are strings here) is "deprecated"
+        warnings.simplefilter("ignore", UserWarning)
+        return pandas_udf(predict, returnType=return_type, functionType=PandasUDFType.SCALAR)
 
 
 def _default_inputs(predictor: ColumnPredictor, given: int) -> list[str]:
