@@ -133,7 +133,8 @@ class TransformSummary:
             f"{len(self.failed)} failed" if self.failed else None,
             f"{self.records} records in {self.seconds:.1f}s ({rate:.1f} records/s)",
             f"{dead} records dead-lettered" if dead else None,
-            f"on {len(self.workers)} workers ({', '.join(self.workers)})" if self.workers else None,
+            f"on {len(self.workers)} worker{'s' if len(self.workers) != 1 else ''} ({', '.join(self.workers)})"
+            if self.workers else None,
         ]
         return "; ".join(p for p in parts if p)
 
