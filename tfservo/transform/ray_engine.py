@@ -1,16 +1,19 @@
 """The transform job on a Ray cluster (`tfservo transform --runner ray`).
 
-Each object not done yet is split into requests by a Ray task (a streaming generator, so a
-large object's requests reach the model workers while it is still being read), the requests
-go to a pool of model actors (one loaded ModelService per actor, `--max-concurrent-transforms`
-calls at a time in each), and when an object's answers are all in, a Ray task writes its .out
-atomically (distributed.write_object). Request and answer bytes move between workers through
+A pool of model actors (one loaded ModelService per actor, `--max-concurrent-transforms` model
+calls at a time in each) does everything: an actor splits each object not done yet into
+requests (a streaming generator, so a large object's requests reach the other actors while it
+is still being read), the requests go to the least busy actor, and when an object's answers
+are all in, an actor writes its .out atomically (distributed.write_object). Splitting and
+writing run in the actors' own I/O threads: as Ray tasks each needed a worker process of its
+own, started on demand, which cost more than the model calls on small jobs. Request and answer bytes move between workers through
 Ray's object store; the driver sees only small progress records. Without an address it
 starts a local cluster on this machine's cores and stops it at the end.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -74,15 +77,11 @@ def _connected(settings: RaySettings) -> Iterator[Any]:
         ray.shutdown()
 
 
-def _remote_parts(ray: Any, job: TransformJob, concurrency: int) -> tuple[Any, Any, Any]:
-    """The split task, the model actor class and the write task, for this job."""
+def _actor_class(ray: Any, concurrency: int) -> Any:
+    """The model worker: an actor holding the model that also splits objects and writes them
+    (in its own threads), so no task needs a worker process of its own."""
 
-    @ray.remote(num_cpus=0)
-    def split(obj: InputObject, job: TransformJob) -> Iterator[tuple | Tail]:
-        for _rel, part in split_object(obj, job):
-            yield part  # request wires, then the Tail
-
-    @ray.remote(num_cpus=1, max_concurrency=concurrency)
+    @ray.remote(num_cpus=1, concurrency_groups={"model": concurrency, "io": 2})
     class ModelWorker:
         def __init__(self, job: TransformJob) -> None:
             self.job = job
@@ -92,18 +91,23 @@ def _remote_parts(ray: Any, job: TransformJob, concurrency: int) -> tuple[Any, A
         def ready(self) -> str:
             return self.id
 
-        @ray.method(num_returns=2)
+        @ray.method(concurrency_group="io")
+        def split(self, obj: InputObject) -> Iterator[tuple | Tail]:
+            for _rel, part in split_object(obj, self.job):
+                yield part  # request wires, then the Tail
+
+        @ray.method(num_returns=2, concurrency_group="model")
         def call(self, rel: str, wire: tuple) -> tuple[tuple, tuple]:
             part = Request.unwire(wire)
             answer = call_request(self.invoker, self.job, rel, part)
             ok = answer.failure is None
             return (answer.records if ok else 0, part.nbytes, self.id), answer.wire()
 
-    @ray.remote(num_cpus=0)
-    def write(job: TransformJob, tail: Tail, stale: set[str], *answers: tuple) -> bytes:
-        return write_wired(job, tail, answers, stale)
+        @ray.method(concurrency_group="io")
+        def write(self, tail: Tail, stale: set[str], *answers: tuple) -> bytes:
+            return write_wired(self.job, tail, answers, stale)
 
-    return split, ModelWorker, write
+    return ModelWorker
 
 
 class _Object:
@@ -134,7 +138,7 @@ def _drive(
 ) -> tuple[list[ObjectOutcome], set[str]]:
     job = run.job
     count = settings.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    split, ModelWorker, write = _remote_parts(ray, job, job.concurrency)
+    ModelWorker = _actor_class(ray, job.concurrency)
     actors = [ModelWorker.options(scheduling_strategy="SPREAD").remote(job) for _ in range(count)]
     try:
         ids = ray.get([a.ready.remote() for a in actors])
@@ -151,6 +155,7 @@ def _drive(
     workers: set[str] = set()
     todo = list(run.todo)
     window = max(2, count)  # objects being split at once
+    turn = itertools.count()  # splits and writes go round the actors
 
     def dispatch(state: _Object, ref: Any) -> None:
         actor = min(busy, key=busy.__getitem__)
@@ -162,13 +167,14 @@ def _drive(
 
     def maybe_write(state: _Object) -> None:
         if state.tail is not None and state.waiting == 0:
-            writes[write.remote(job, state.tail, run.stale_dead_letters, *state.answers)] = state
+            writer = actors[next(turn) % count]
+            writes[writer.write.remote(state.tail, run.stale_dead_letters, *state.answers)] = state
 
     try:
         while todo or objects or answers or writes:
             while todo and len(objects) < window:
                 obj = todo.pop(0)
-                objects[split.remote(obj, job)] = _Object(obj)
+                objects[actors[next(turn) % count].split.remote(obj)] = _Object(obj)
             room = sum(busy.values()) < limit * count
             waitables = [*(g for g in objects if room), *answers, *writes]
             if not waitables:  # every actor is full: wait for an answer
