@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfservo.errors import BundleError
+from tfservo.errors import BundleError, BundleNotFound
 
 __all__ = [
     "ARCHIVE_MODEL_NAME",
@@ -265,7 +265,7 @@ def _local_root(path: str, source: str, work: _WorkDir) -> tuple[str, bool]:
     if os.path.isdir(path):
         return path, False
     if not os.path.exists(path):
-        raise BundleError(f"model path {source} does not exist; check the path. {_LAYOUTS}")
+        raise BundleNotFound(f"model path {source} does not exist; check the path. {_LAYOUTS}")
     if not tarfile.is_tarfile(path):
         raise BundleError(f"model path {source} is a file but not a tar archive; {_LAYOUTS}")
     st = os.stat(path)
@@ -370,7 +370,7 @@ def _fetch_remote(url: str, work: _WorkDir) -> tuple[str, bool]:
     except BundleError:
         raise
     except FileNotFoundError as e:
-        raise BundleError(f"model URL {url} does not exist or is empty; check the bucket and prefix") from e
+        raise BundleNotFound(f"model URL {url} does not exist or is empty; check the bucket and prefix") from e
     except PermissionError as e:
         raise BundleError(f"access denied reading {url}: {e}; check the credentials") from e
     except Exception as e:  # backends raise their own types (botocore's NoCredentialsError, ...)

@@ -11,6 +11,7 @@ import enum
 __all__ = [
     "AlreadyExists",
     "BundleError",
+    "BundleNotFound",
     "Code",
     "FailedPrecondition",
     "first_line",
@@ -110,6 +111,11 @@ class BundleError(ServingError):
     """A bundle (model dir, archive, URL) is not usable; the message says why and where."""
 
     code = Code.INVALID_ARGUMENT
+
+
+class BundleNotFound(BundleError):
+    """The bundle's path or URL does not exist (still a client's mistake, 400, where a bundle is
+    given; callers that look a bundle up by name, like target models, answer 404)."""
 
 
 class HandlerError(ServingError):

@@ -34,9 +34,7 @@ _PRINTABLE_ID = re.compile(r"\S[\x20-\x7e]*")
 
 
 class RuntimeValidationError(InvalidArgument):
-    """A request the runtime API itself refuses: botocore's ValidationError (400)."""
-
-    error_type = "ValidationError"
+    """A request the runtime API itself refuses: botocore's ValidationError (400, runtime_error)."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,14 @@ from collections import OrderedDict
 from concurrent.futures import Future
 
 from tfservo.bundle import ArchiveLimits, ModelSource, open_bundle
-from tfservo.errors import BundleError, InvalidArgument, NotFound, PermissionDenied, ServingError
+from tfservo.errors import (
+    BundleError,
+    BundleNotFound,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ServingError,
+)
 from tfservo.sagemaker.model_snapshot import copy_file_confined
 from tfservo.sagemaker.multi_model import InsufficientMemory, MultiModelEndpoint, available_memory_bytes
 
@@ -138,9 +145,9 @@ class TargetModels:
                 ) from None
         try:
             bundle = open_bundle(archive, cache_dir=os.path.join(private, "x"), limits=self.archive_limits)
+        except BundleNotFound as exc:
+            raise NotFound(f"target model {target} is not under the model root {root}: {exc}") from None
         except BundleError as exc:
-            if "does not exist" in str(exc) or "No such" in str(exc) or "not found" in str(exc):
-                raise NotFound(f"target model {target} is not under the model root {root}: {exc}") from None
             raise InvalidArgument(f"target model {target} cannot be loaded: {exc}") from None
         finally:
             if not self.endpoint.remote_root and os.path.exists(archive):
