@@ -81,12 +81,12 @@ def main(work: Path, results: Path, quick: bool) -> dict:
 
     built = build_all(work)
     resnet = Path(built["resnet50"])
-    n_images = 60 if quick else 200
+    n_images = 200 if quick else 600
     small_images = n_images // 4
     images, one_image = work / "clusters" / f"jpegs-{n_images}", work / "clusters" / f"jpegs-{small_images}"
     make_jpegs(images, n_images)
     make_jpegs(one_image, small_images)
-    records = 2_000_000 if quick else 8_000_000
+    records = 10_000_000 if quick else 30_000_000
     small_records = records // 4
     csv, one_csv = work / "clusters" / f"csv-{records}", work / "clusters" / f"csv-{small_records}"
     csv_input(csv, records, 8)
@@ -126,9 +126,13 @@ def main(work: Path, results: Path, quick: bool) -> dict:
             "records/s (Invoker.invoke on 10,000-value CSV requests). Steady rates = (work of the full input − "
             "work of a quarter of it) / (time of the full run − time of the quarter run): cluster start, "
             "model loads in every worker and process start cancel out; the seconds shown are whole commands.",
-            "All three use both cores. Ray and Spark add a driver, per-worker model copies (2 × the model's "
-            "memory), pickling of requests and answers and the object store / shuffle; the local engine "
-            "runs the same steps in one process with one model (bench/cluster_bench.py).",
+            "All three use both cores. Where the cluster engines' time goes: two model copies instead of one, "
+            "and Ray starts each 1-CPU actor with OMP_NUM_THREADS=1 (seen in its workers), so each copy's "
+            "oneDNN convolutions run on one thread where the local engine's one model uses both; every "
+            "request and answer is pickled and copied between processes (Ray's object store; Spark's "
+            "repartition and groupByKey shuffles through the JVM, twice); the driver dispatches each request "
+            "(Ray) and Spark's stages wait for each other. Start-up (local cluster, JVM, a model load per "
+            "worker) adds 10–20 s per run, excluded from the steady rates (bench/cluster_bench.py).",
         ],
     }
     (results / "clusters.json").write_text(json.dumps(doc, indent=1))
