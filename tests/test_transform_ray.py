@@ -117,3 +117,22 @@ def test_ray_data_adapter_keeps_keys_and_reports_bad_rows(cluster):
     assert json.loads(by_id["a"]["response"]) == {"predictions": [3.5]} and by_id["a"]["error"] is None
     assert by_id["b"]["response"] is None and "oops" in by_id["b"]["error"]
     assert np.isclose(json.loads(by_id["c"]["response"])["predictions"][0], 4.5)
+
+
+def test_s3_in_and_out_with_the_workers_environment_from_env_flags(cluster, tmp_path, s3_endpoint, s3_bucket):
+    """Workers started before the job get the S3 settings through the job's --env (as on a real
+    cluster, whose nodes do not share the driver's environment)."""
+    from s3_server import s3_client, upload_dir
+
+    write(tmp_path / "in" / "q1.csv", "a,1\nb,2\n")
+    write(tmp_path / "in" / "deep" / "q2.csv", "c,3\n")
+    upload_dir(s3_endpoint, s3_bucket, "jobs/in", tmp_path / "in")
+    env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+                                      "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION") if k in os.environ}
+    summary = run_ray_transform(TransformJob(str(HALF_PLUS_THREE), f"s3://{s3_bucket}/jobs/in/",
+                                             f"s3://{s3_bucket}/jobs/out/", env=env, **INSURANCE), progress="none")
+    assert summary.done == 2 and summary.ok
+    client = s3_client(s3_endpoint)
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket, Prefix="jobs/out/")["Contents"])
+    assert keys == ["jobs/out/deep/q2.csv.out", "jobs/out/q1.csv.out"]
+    assert client.get_object(Bucket=s3_bucket, Key="jobs/out/q1.csv.out")["Body"].read() == b"a,3.5\nb,4.0\n"
