@@ -55,7 +55,7 @@ class LoopbackServer:
             threading.Event().wait(0.01)
         self.service.rest_base = self.base_url
         loopback = self.service.settings.replace(host="127.0.0.1", grpc_port=0)
-        self._grpc = start_grpc(self.service, loopback, log_level=logging.DEBUG)
+        self._grpc = start_grpc(self.service, loopback, log_level=logging.DEBUG, v2=self._app.hot.v2)
         return self
 
     def stop(self) -> None:

@@ -96,9 +96,15 @@ def build_app(
     Without batching, quick and small model calls run on the event loop (call_placement); with
     it, small predicts are queued from the loop and answered from the batch thread.
     """
+    from tfservo.v2.dataplane import V2DataPlane
+
     batched = service.batches
+    # The one V2 data plane of this server: its REST routes and (run.py, loopback.py) its gRPC
+    # service; with --multi-model its repository extension loads from the multi-model root.
+    v2 = V2DataPlane(service.api, service.unavailable_models, repository=multi_model)
     hot = HotRoutes(
         service,
+        v2=v2,
         max_request_bytes=max_request_bytes,
         calls=CallPlacement(_THREADS, "tfservo-call", inline=not batched),
         invocations=CallPlacement(_THREADS, "tfservo-invoke", inline=not batched),
@@ -206,8 +212,6 @@ def build_app(
         Route("/v1/models/{rest:path}", tfs_rest, methods=["GET", "POST"]),
     ]
     from tfservo.server.v2_routes import v2_routes
-
-    hot.v2.repository = multi_model  # the model repository extension loads from the multi-model root
 
     routes += v2_routes(hot.v2)
     routes += [  # answered as hot routes; listed so that a wrong method is 405 and metrics name them

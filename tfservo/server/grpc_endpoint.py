@@ -28,9 +28,10 @@ def start_grpc(
     reuse_port: bool = False,
     log_level: int = logging.INFO,
     draining: Callable[[], bool] = lambda: False,
-    v2: V2DataPlane | None = None,
+    v2: V2DataPlane,
 ) -> GrpcServer | None:
-    """Serve gRPC on settings.grpc_port (0 picks a free port; None: no gRPC) and tell handlers where.
+    """Serve gRPC on settings.grpc_port (0 picks a free port; None: no gRPC) and tell handlers where;
+    `v2` is the HTTP app's V2 data plane, so both transports answer from one.
 
     `log_level` is the level of the "gRPC on HOST:PORT" line (a loopback server's is DEBUG)."""
     if settings.grpc_port is None:
@@ -49,8 +50,7 @@ def start_grpc(
     )
     from tfservo.v2.grpc_service import v2_handler
 
-    plane = v2 or V2DataPlane(service.api, service.unavailable_models)
-    server.add_service(v2_handler(plane, metrics.v2_scope if metrics is not None else plain_scope))
+    server.add_service(v2_handler(v2, metrics.v2_scope if metrics is not None else plain_scope))
     server.start()
     service.grpc_port = server.port
     log.log(log_level, "gRPC%s on %s:%d", " (TLS)" if settings.ssl_config_file else "", host, server.port)

@@ -38,6 +38,7 @@ from tfservo.tfserving.api import METHODS
 
 if TYPE_CHECKING:
     from tfservo.sagemaker.target_models import TargetModels
+    from tfservo.v2.dataplane import V2DataPlane
 
 __all__ = [
     "CUSTOM_ATTRIBUTES",
@@ -166,6 +167,7 @@ class HotRoutes:
         self,
         service: ModelService,
         *,
+        v2: V2DataPlane,
         max_request_bytes: int,
         calls: CallPlacement,
         invocations: CallPlacement,
@@ -193,9 +195,7 @@ class HotRoutes:
         self.request_timeout = request_timeout  # TF Serving REST calls (0: none)
         self.invocation_timeout = invocation_timeout  # invocations, handlers included (0: none)
         self.on_timeout = on_timeout  # (route, model, limit): the metrics' count and log line
-        from tfservo.v2.dataplane import V2DataPlane
-
-        self.v2 = V2DataPlane(service.api, service.unavailable_models)
+        self.v2 = v2  # the Open Inference Protocol's data plane (build_app makes the one the server has)
 
     def route(self, scope: Scope) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
         """The hot route for a POST to this path, or None (then Starlette answers it)."""
