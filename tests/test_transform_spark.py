@@ -6,6 +6,7 @@ a b64 handler; and the pandas UDF and mapInPandas adapters on a keyed DataFrame.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,18 @@ def spark(tmp_path_factory):
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     with spark_standalone(tmp_path_factory.mktemp("spark")) as master:
-        session = (SparkSession.builder.master(master).appName("tfservo tests").config("spark.ui.enabled", "false")
-                   .config("spark.executor.memory", "1g").config("spark.python.worker.reuse", "true").getOrCreate())
+        builder = (SparkSession.builder.master(master).appName("tfservo tests").config("spark.ui.enabled", "false")
+                   .config("spark.executor.memory", "1g").config("spark.python.worker.reuse", "true"))
+        for attempt in range(3):
+            # Seen once in a full run (a Ray module had run in this worker, the other worker busy):
+            # the driver's JVM gateway exited at start without a word; the next try starts it.
+            try:
+                session = builder.getOrCreate()
+                break
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(5)
         session.sparkContext.setLogLevel("ERROR")
         try:
             yield session
