@@ -149,7 +149,7 @@ def raw_tf_signature(version_dir: Path, data, batch: int) -> dict:
 
 
 def raw_tfservo_runtime(version_dir: Path, data, batch: int) -> dict:
-    from tfservo.runtime.savedmodel import load_saved_model
+    from tfservo.models.savedmodel import load_saved_model
 
     t0 = time.perf_counter()
     model = load_saved_model(str(version_dir))

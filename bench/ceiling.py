@@ -72,13 +72,13 @@ def keep_best(old: dict, new: dict) -> dict:
 
 
 def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = None) -> dict:
-    from tfservo.logs import quiet_tensorflow
+    from tfservo.core.logs import quiet_tensorflow
 
     quiet_tensorflow()
     import tensorflow as tf
     from PIL import Image
 
-    from tfservo.runtime.savedmodel import load_saved_model
+    from tfservo.models.savedmodel import load_saved_model
 
     work = Path(workdir)
     scale = 0.3 if quick else 1.0

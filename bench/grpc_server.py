@@ -36,7 +36,7 @@ def convert() -> None:
     import tensorflow as tf
     from tensorflow.core.framework import tensor_pb2
 
-    from tfservo.tfserving.tensor_proto import to_ndarray, to_tensor_proto
+    from tfservo.codecs.tensor_proto import to_ndarray, to_tensor_proto
 
     for shape in [(1, 1), (32, 784), (32, 1000)]:
         a = np.random.default_rng(0).random(shape, dtype=np.float32)
@@ -64,7 +64,7 @@ def convert() -> None:
 
 
 def _service(model_dir: str):
-    from tfservo.sagemaker.service import ModelService
+    from tfservo.core.service import ModelService
 
     service = ModelService()
     service.add_bundle(model_dir)
@@ -74,7 +74,7 @@ def _service(model_dir: str):
 def serve_sync(model_dir: str, port: int) -> None:
     import threading
 
-    from tfservo.tfserving.grpc_service import GrpcServer
+    from tfservo.grpc.tfserving import GrpcServer
 
     GrpcServer(_service(model_dir).api, port=port).start()
     print("ready", flush=True)
@@ -88,7 +88,7 @@ def serve_aio(model_dir: str, port: int) -> None:
     import grpc
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-    from tfservo.tfserving.grpc_service import PredictionServicer
+    from tfservo.grpc.tfserving import PredictionServicer
 
     logic = PredictionServicer(_service(model_dir).api)
     pool = concurrent.futures.ThreadPoolExecutor(64)

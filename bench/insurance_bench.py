@@ -60,7 +60,10 @@ def model_only(source: Path, model: Path, rows: int, seconds: float) -> float:
     transform's reading, filters, join and writing — best pass, with the code at `source`."""
     code = f"""
 import random, time
-from tfservo.transform.run import load_service
+try:
+    from tfservo.batch.run import load_service
+except ImportError:  # a baseline from before the packages by role
+    from tfservo.transform.run import load_service
 service = load_service({str(model)!r})
 rng = random.Random(1)
 body = "".join(f"{{rng.uniform(0, 1000):.3f}}\\n" for _ in range({rows})).encode()

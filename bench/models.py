@@ -156,7 +156,7 @@ def build_all(workdir: str | os.PathLike[str]) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    from tfservo.logs import quiet_tensorflow
+    from tfservo.core.logs import quiet_tensorflow
 
     quiet_tensorflow()
     print(json.dumps(build_all(sys.argv[1] if len(sys.argv) > 1 else "bench/work"), indent=1))

@@ -69,13 +69,13 @@ def make_jpegs(folder: Path, n: int) -> list[Path]:
 
 def raw_in_process(bundle_version: Path, paths: list[Path]) -> dict:
     """Decode + model call per image in this process, after loading (load time reported apart)."""
-    from tfservo.logs import quiet_tensorflow
+    from tfservo.core.logs import quiet_tensorflow
 
     quiet_tensorflow()
     import numpy as np
     import tensorflow as tf
 
-    from tfservo.runtime.savedmodel import load_saved_model
+    from tfservo.models.savedmodel import load_saved_model
 
     t0 = time.perf_counter()
     model = load_saved_model(str(bundle_version))

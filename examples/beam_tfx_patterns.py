@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 
-from tfservo.logs import quiet_tensorflow
+from tfservo.core.logs import quiet_tensorflow
 
 if __name__ == "__main__":  # before TensorFlow loads; importing this file (tests do) changes nothing
     quiet_tensorflow()

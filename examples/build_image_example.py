@@ -17,7 +17,7 @@ import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if __name__ == "__main__":
-    from tfservo.logs import quiet_tensorflow
+    from tfservo.core.logs import quiet_tensorflow
 
     quiet_tensorflow()  # TF 2.21's native start-up lines
 

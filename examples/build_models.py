@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tfservo.logs import quiet_tensorflow
+from tfservo.core.logs import quiet_tensorflow
 
 quiet_tensorflow()
 

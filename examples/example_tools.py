@@ -75,6 +75,6 @@ def tfservo(*args: str) -> None:
 
 def quiet_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tfservo.logs import quiet_tensorflow as quiet
+    from tfservo.core.logs import quiet_tensorflow as quiet
 
     quiet()

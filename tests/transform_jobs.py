@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import SMC
 
-from tfservo.transform.run import load_service
-from tfservo.transform.state import REPORT_NAME, TransformSummary
+from tfservo.batch.run import load_service
+from tfservo.batch.state import REPORT_NAME, TransformSummary
 
 HALF_PLUS_THREE = SMC / "resources" / "models" / "half_plus_three"
 # `id,value` lines in, `id,prediction` lines out: the model sees only the value

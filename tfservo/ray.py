@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfservo.logs import quiet_libraries
-from tfservo.pipelines.columns import ColumnPredictor
+from tfservo.batch.worker.columns import ColumnPredictor
+from tfservo.core.logs import quiet_libraries
 
 __all__ = ["BundlePredictor"]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from tfservo.logs import quiet_libraries
-from tfservo.pipelines.columns import ColumnPredictor
+from tfservo.batch.worker.columns import ColumnPredictor
+from tfservo.core.logs import quiet_libraries
 
 __all__ = ["bundle_predict_frames", "bundle_predict_udf"]
 
@@ -83,7 +83,7 @@ def bundle_predict_udf(
 
 
 def _default_inputs(predictor: ColumnPredictor, given: int) -> list[str]:
-    from tfservo.pipelines.columns import BODY_COLUMN, EXAMPLES_COLUMN
+    from tfservo.batch.worker.columns import BODY_COLUMN, EXAMPLES_COLUMN
 
     t = predictor.target
     if t.method == "invoke":
@@ -99,7 +99,7 @@ def _default_inputs(predictor: ColumnPredictor, given: int) -> list[str]:
 
 
 def _only_output(predictor: ColumnPredictor, out: dict[str, Any]) -> str:
-    from tfservo.pipelines.columns import ERROR_COLUMN
+    from tfservo.batch.worker.columns import ERROR_COLUMN
 
     t = predictor.target
     if t.method == "invoke":

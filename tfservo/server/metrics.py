@@ -25,17 +25,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tfservo.errors import Code, FailedPrecondition
-from tfservo.server.hot_routes import ROUTE_KEY, TFS_PATH
+from tfservo.core.api import METHODS
+from tfservo.core.errors import Code, FailedPrecondition
+from tfservo.core.request_labels import RequestLabels, tracking
+from tfservo.core.request_labels import current as current_labels
+from tfservo.core.status import http_status
+from tfservo.http.hot_routes import ROUTE_KEY, TFS_PATH
+from tfservo.models.servables import ServableVersion, State
 from tfservo.server.tfs_metrics import TFServingMetrics
-from tfservo.tfserving.api import METHODS
-from tfservo.tfserving.request_labels import RequestLabels, tracking
-from tfservo.tfserving.request_labels import current as current_labels
-from tfservo.tfserving.servables import ServableVersion, State
-from tfservo.tfserving.status import http_status
 
 if TYPE_CHECKING:
-    from tfservo.sagemaker.service import ModelService
+    from tfservo.core.service import ModelService
 
 __all__ = [
     "BATCH_BUCKETS",

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from starlette.types import ASGIApp
 
-from tfservo.config import Settings
+from tfservo.core.settings import Settings
 from tfservo.server.metrics import Metrics
 from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.workers import Supervisor, WorkerLink
 
 if TYPE_CHECKING:
-    from tfservo.sagemaker.service import ModelService
-    from tfservo.server.app import ServingApp
+    from tfservo.core.service import ModelService
+    from tfservo.http.app import ServingApp
 
 __all__ = ["bind_socket", "serve", "serve_process", "start_worker", "uvicorn_config"]
 
@@ -38,13 +38,13 @@ def start_worker(
 ) -> tuple[ModelService, ASGIApp, ServingApp]:
     """Everything one serving process needs: the loaded service, its ASGI app (with /metrics) and
     the serving app inside it (its call placements)."""
-    from tfservo.sagemaker.service import build_service
-    from tfservo.server.app import build_app
-    from tfservo.server.decode_budget import default_decoding_bytes
+    from tfservo.core.service import build_service
+    from tfservo.http.app import build_app
+    from tfservo.http.decode_budget import default_decoding_bytes
 
     metrics = metrics or Metrics()
     if settings.monitoring_config_file:
-        from tfservo.server.tfs_configs import read_monitoring_config
+        from tfservo.core.tfs_configs import read_monitoring_config
 
         monitoring = read_monitoring_config(settings.monitoring_config_file)
         if monitoring.enable:
@@ -59,8 +59,8 @@ def start_worker(
     service.rest_base = f"http://{local_host}:{port}"
     multi_model = targets = None
     if settings.multi_model:
-        from tfservo.sagemaker.multi_model import MultiModelEndpoint
-        from tfservo.sagemaker.target_models import TargetModels
+        from tfservo.models.multi_model import MultiModelEndpoint
+        from tfservo.models.target_models import TargetModels
 
         multi_model = MultiModelEndpoint(service, settings.model_root, memory_factor=settings.memory_factor)
         targets = TargetModels(
@@ -135,7 +135,7 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, *
     `log_config=None`: uvicorn's default dictConfig() would close every logging handler in
     the process (a notebook's, a Beam worker's, a test runner's), not only its own; its
     loggers propagate to ours instead."""
-    from tfservo.server.protocol import default_max_connections, protocol_class
+    from tfservo.http.protocol import default_max_connections, protocol_class
 
     level = (log_level or settings.log_level).lower()
     return uvicorn.Config(
@@ -180,7 +180,7 @@ def serve(settings: Settings) -> None:
 
 def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | None = None) -> None:
     """One serving process on `sock` until SIGINT/SIGTERM; with `link`, one of several workers."""
-    from tfservo.server.grpc_endpoint import start_grpc
+    from tfservo.grpc.endpoint import start_grpc
 
     port = sock.getsockname()[1]
     metrics, drain = Metrics(), Drain()
@@ -191,12 +191,12 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
                              v2=serving_app.hot.v2)
     config_poll = None
     if settings.model_config_file and settings.model_config_poll_seconds > 0:
-        from tfservo.sagemaker.model_config_reloader import ConfigFilePoller
+        from tfservo.models.config_reloader import ConfigFilePoller
 
         config_poll = ConfigFilePoller(service, settings.model_config_file, settings.model_config_poll_seconds).start()
     reloader = None
     if settings.reload_code:
-        from tfservo.sagemaker.code_reload import CodeReloader
+        from tfservo.handlers.reload import CodeReloader
 
         reloader = CodeReloader(service).start()
 

@@ -25,8 +25,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-from tfservo.config import Settings
-from tfservo.errors import ServingError
+from tfservo.core.errors import ServingError
+from tfservo.core.settings import Settings
 from tfservo.server.metrics import MULTIPROC_ENV, mark_worker_dead
 
 __all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
@@ -93,7 +93,7 @@ class WorkerLink:
 
 def _worker_main(target: WorkerTarget, settings: Settings, sock: socket.socket, conn: Connection) -> None:
     """Entry point of a spawned worker: serve, or report why it could not start."""
-    from tfservo.logs import quiet_tensorflow, setup_logging
+    from tfservo.core.logs import quiet_tensorflow, setup_logging
 
     quiet_tensorflow()
     setup_logging(settings.log_level)

@@ -1,0 +1,138 @@
+"""`transform --runner ray` on a real Ray cluster with two raylets (one CPU each): the local
+engine's .out bytes, failures and dead letters for CSV with filters and join, JSON lines, one
+large object split across workers and images through a b64 handler; a killed run resumes to
+identical bytes; and the Ray Data adapter on a keyed dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clusters import image_example, ray_cluster
+from transform_jobs import HALF_PLUS_THREE, INSURANCE, counts, hp3, insurance_input, report, tree, write  # noqa: F401
+
+from tfservo.batch.engines.ray import RaySettings, run_ray_transform
+from tfservo.batch.job import TransformJob
+from tfservo.batch.run import load_service, run_transform
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_cluster() as address:
+        yield address
+
+
+def both(service, model: Path, source: Path, tmp_path: Path, **flags):
+    """The job by the local engine into tmp/local and on Ray into tmp/ray; checks they agree."""
+    local = run_transform(TransformJob(str(model), str(source), str(tmp_path / "local"), **flags),
+                          service=service, progress="none")
+    on_ray = run_ray_transform(TransformJob(str(model), str(source), str(tmp_path / "ray"), **flags), RaySettings(),
+                               progress="none")
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert report(tmp_path / "ray") == report(tmp_path / "local")
+    assert counts(on_ray) == counts(local)
+    return local, on_ray
+
+
+def test_csv_with_filters_join_and_one_large_object_across_both_workers(cluster, hp3, tmp_path):
+    source = insurance_input(tmp_path / "in")
+    _, on_ray = both(hp3, HALF_PLUS_THREE, source, tmp_path, **INSURANCE, max_payload_mb=0.0005)  # quotes: ~40 requests
+    assert (on_ray.done, len(on_ray.failed), on_ray.records) == (3, 1, 304)
+    assert len(on_ray.workers) == 2, on_ray.workers  # both raylets' actors answered
+    assert "on 2 workers" in on_ray.line()
+
+
+def test_json_lines_with_skipped_records_and_dead_letters(cluster, hp3, tmp_path):
+    rows = [{"id": f"r{i}", "features": float(i)} for i in range(40)]
+    rows[7]["features"] = "seven"
+    write(tmp_path / "in" / "data.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    _, on_ray = both(hp3, HALF_PLUS_THREE, tmp_path / "in", tmp_path, split_type="Line", assemble_with="Line",
+                     input_filter="$.features", join_source="Input", on_record_error="skip", max_payload_mb=0.0002)
+    assert on_ray.ok and [(o.obj.rel, o.dead_letters) for o in on_ray.dead_lettered] == [("data.jsonl", 1)]
+
+
+def test_images_through_a_b64_handler_on_each_worker(cluster, tmp_path):
+    example = image_example()
+    model = Path(example.build_model(str(tmp_path / "model")))
+    example.write_images(str(tmp_path / "images"))
+    service = load_service(str(model))
+    try:
+        both(service, model, tmp_path / "images", tmp_path, content_type="application/x-image")
+    finally:
+        service.close()
+    assert list((tmp_path / "ray").rglob("*.out"))
+
+
+def test_a_killed_run_resumes_to_identical_bytes(cluster, hp3, tmp_path):
+    for i in range(60):
+        write(tmp_path / "in" / f"part-{i:03d}.csv", "".join(f"k{i}-{j},{j}.5\n" for j in range(50)))
+    flags = ["--content-type", "text/csv", "--split-type", "Line", "--assemble-with", "Line",
+             "--input-filter", "$[1:]", "--join-source", "Input"]
+    command = [str(Path(sys.executable).with_name("tfservo")), "transform", str(HALF_PLUS_THREE), str(tmp_path / "in"),
+               str(tmp_path / "ray"), *flags, "--runner", "ray", "--ray-address", cluster, "--max-payload", "0.0002"]
+    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not list((tmp_path / "ray").glob("*.out")) and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and its actors' owner, mid-run
+    driver.wait()
+    written = len(list((tmp_path / "ray").glob("*.out")))
+    assert 0 < written < 60, f"{written} objects were written before the kill; the test needs a run cut short"
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "already done" in resumed.stderr
+    run_transform(TransformJob(str(HALF_PLUS_THREE), str(tmp_path / "in"), str(tmp_path / "local"), content_type="text/csv",
+                               split_type="Line", assemble_with="Line", input_filter="$[1:]", join_source="Input",
+                               max_payload_mb=0.0002), service=hp3, progress="none")
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+
+
+def test_ray_data_adapter_keeps_keys_and_reports_bad_rows(cluster):
+    import ray
+
+    from tfservo.ray import BundlePredictor
+
+    rows = [{"id": f"k{i}", "x": float(i)} for i in range(40)]
+    ds = ray.data.from_items(rows).map_batches(
+        BundlePredictor, fn_constructor_args=(str(HALF_PLUS_THREE),), compute=ray.data.ActorPoolStrategy(size=2),
+        batch_size=8, batch_format="numpy",
+    )
+    got = sorted(ds.take_all(), key=lambda r: int(r["id"][1:]))
+    assert [(r["id"], float(r["y"])) for r in got] == [(f"k{i}", i / 2 + 3) for i in range(40)]
+
+    bodies = [{"id": "a", "body": b"1.0"}, {"id": "b", "body": b"oops"}, {"id": "c", "body": b"3.0"}]
+    ds = ray.data.from_items(bodies).map_batches(
+        BundlePredictor, fn_constructor_args=(str(HALF_PLUS_THREE),),
+        fn_constructor_kwargs={"content_type": "text/csv", "on_error": "column"},
+        compute=ray.data.ActorPoolStrategy(size=1), batch_size=3, batch_format="numpy",
+    )
+    by_id = {r["id"]: r for r in ds.take_all()}
+    assert json.loads(by_id["a"]["response"]) == {"predictions": [3.5]} and by_id["a"]["error"] is None
+    assert by_id["b"]["response"] is None and "oops" in by_id["b"]["error"]
+    assert np.isclose(json.loads(by_id["c"]["response"])["predictions"][0], 4.5)
+
+
+def test_s3_in_and_out_with_the_workers_environment_from_env_flags(cluster, tmp_path, s3_endpoint, s3_bucket):
+    """Workers started before the job get the S3 settings through the job's --env (as on a real
+    cluster, whose nodes do not share the driver's environment)."""
+    from s3_server import s3_client, upload_dir
+
+    write(tmp_path / "in" / "q1.csv", "a,1\nb,2\n")
+    write(tmp_path / "in" / "deep" / "q2.csv", "c,3\n")
+    upload_dir(s3_endpoint, s3_bucket, "jobs/in", tmp_path / "in")
+    env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+                                      "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION") if k in os.environ}
+    summary = run_ray_transform(TransformJob(str(HALF_PLUS_THREE), f"s3://{s3_bucket}/jobs/in/",
+                                             f"s3://{s3_bucket}/jobs/out/", env=env, **INSURANCE), progress="none")
+    assert summary.done == 2 and summary.ok
+    client = s3_client(s3_endpoint)
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket, Prefix="jobs/out/")["Contents"])
+    assert keys == ["jobs/out/deep/q2.csv.out", "jobs/out/q1.csv.out"]
+    assert client.get_object(Bucket=s3_bucket, Key="jobs/out/q1.csv.out")["Body"].read() == b"a,3.5\nb,4.0\n"

@@ -1,0 +1,385 @@
+"""Drop-in for TF Serving deployments: `tensorflow_model_server` with KServe's and TF Serving's
+Docker argument lists, TF Serving's clients (REST, gRPC stubs, grpc.health.v1), its metric
+names, time limits (504, DEADLINE_EXCEEDED, rows dropped from a batch) and TLS."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from conftest import TFS, grpc_predict_request, tfs_grpc, write_code
+from server_process import ServerProcess
+
+from tfservo.cli.tfs import parse_tfs_args, settings_from_tfs_args
+from tfservo.core.settings import ConfigError
+
+HALF_PLUS_TWO = TFS / "saved_model_half_plus_two_cpu"
+TFMS = str(Path(sys.executable).with_name("tensorflow_model_server"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TFServingProcess(ServerProcess):
+    """`tensorflow_model_server ARGS` (ServerProcess reads the same start-up log lines)."""
+
+    def __init__(self, args, env=None):
+        super().__init__([], env=env)
+        self.args = [TFMS, *args]
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+KSERVE_ARGS = [  # kserve-tensorflow-serving ServingRuntime, {{.Name}} filled in
+    "--model_name=half_plus_two", "--port=9000", "--rest_api_port=8080", "--model_base_path=/mnt/models",
+    "--rest_api_timeout_in_ms=60000",
+]
+
+
+def test_kserve_and_tf_serving_docker_argument_lists_mean_what_they_mean_there(tmp_path):
+    settings = settings_from_tfs_args(KSERVE_ARGS, env={})
+    assert (settings.port, settings.grpc_port, settings.host) == (8080, 9000, "0.0.0.0")
+    assert settings.request_timeout == 60.0 and settings.paths == ()
+    config = Path(settings.model_config_file).read_text()
+    assert 'name: "half_plus_two"' in config and 'base_path: "/mnt/models"' in config
+    # TF Serving's image: MODEL_NAME and MODEL_BASE_PATH
+    settings = settings_from_tfs_args(["--port=8500", "--rest_api_port=8501"], env={"MODEL_NAME": "m", "MODEL_BASE_PATH": "/models"})
+    assert 'base_path: "/models/m"' in Path(settings.model_config_file).read_text()
+    assert settings.file_system_poll_wait_seconds == 1.0  # TF Serving's default
+    given, ignored = parse_tfs_args(["--enable_batching", "--noenable_model_warmup", "--grpc_max_threads", "4",
+                                     "--rest_api_num_threads=8"])
+    assert given == {"enable_batching": True, "enable_model_warmup": False, "grpc_max_threads": 4,
+                     "rest_api_num_threads": 8}
+    assert ignored == ["grpc_max_threads", "rest_api_num_threads"]
+    with pytest.raises(ConfigError, match="unknown flag --rest_api_prot; did you mean --rest_api_port"):
+        parse_tfs_args(["--rest_api_prot=8501"])
+    with pytest.raises(ConfigError, match="needs int value"):
+        parse_tfs_args(["--port=eighty"])
+    with pytest.raises(ConfigError, match="nothing to serve"):
+        settings_from_tfs_args(["--port=1"], env={})
+
+
+def test_a_misspelt_flag_stops_start_up_naming_it():
+    done = subprocess.run([TFMS, "--model_base_path=/x", "--enable_batchin"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "unknown flag --enable_batchin; did you mean --enable_batching?" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def tfs(tmp_path_factory):
+    """tensorflow_model_server as KServe runs it, with a monitoring config (and a config to poll)."""
+    work = tmp_path_factory.mktemp("tfms")
+    monitoring = work / "monitoring.config"
+    monitoring.write_text('prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }\n')
+    rest, grpc_port = free_port(), free_port()
+    args = [a for a in KSERVE_ARGS if not a.startswith(("--port", "--rest_api_port", "--model_base_path"))]
+    server = TFServingProcess(
+        [*args, f"--port={grpc_port}", f"--rest_api_port={rest}", f"--model_base_path={HALF_PLUS_TWO}",
+         f"--monitoring_config_file={monitoring}", "--grpc_max_threads=8"],
+    ).start()
+    server.grpc_target = f"127.0.0.1:{grpc_port}"
+    yield server
+    server.stop()
+
+
+def test_tf_serving_clients_talk_to_it(tfs):
+    assert "0.0.0.0" in tfs.output  # all interfaces, like TF Serving
+    assert "--grpc_max_threads is accepted for compatibility and has no effect" in tfs.output
+    with tfs.client() as http:
+        got = http.post("/v1/models/half_plus_two:predict", json={"instances": [1.0, 2.0]})
+        assert got.json() == {"predictions": [2.5, 3.0]}
+        listing = http.get("/v1/models").json()
+        assert listing["models"][0]["name"] == "half_plus_two"
+        assert listing["models"][0]["model_version_status"][0]["state"] == "AVAILABLE"
+    with tfs_grpc(tfs.grpc_target) as (predict, _):
+        answer = predict.Predict(grpc_predict_request("half_plus_two", np.array([4.0], np.float32)), timeout=30)
+        assert list(answer.outputs["y"].float_val) == [4.0]
+
+
+def test_grpc_health_probes(tfs):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(tfs.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status == serving
+        assert health.Check(health_pb2.HealthCheckRequest(service="half_plus_two"), timeout=10).status == serving
+        with pytest.raises(grpc.RpcError) as caught:
+            health.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_tf_serving_metric_names_appear_and_move(tfs):
+    def count(text: str, line_start: str) -> float:
+        for line in text.splitlines():
+            if line.startswith(line_start):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    ok = ':tensorflow:serving:request_count{model_name="half_plus_two",status="OK"}'
+    with tfs.client() as http:
+        before = http.get("/monitoring/prometheus/metrics").text
+        for _ in range(3):
+            http.post("/v1/models/half_plus_two:predict", json={"instances": [1.0]})
+        http.post("/v1/models/half_plus_two:predict", json={"instances": "bad"})
+        after = http.get("/monitoring/prometheus/metrics").text
+        assert http.get("/metrics").status_code == 200  # tfservo's own stay
+    assert count(after, ok) == count(before, ok) + 3
+    assert count(after, ':tensorflow:serving:request_count{model_name="half_plus_two",status="INVALID_ARGUMENT"}') >= 1
+    assert "# TYPE :tensorflow:serving:request_latency histogram" in after
+    assert ':tensorflow:serving:request_latency_bucket{API="predict",entrypoint="REST",model_name="half_plus_two",le="10"}' in after
+    assert count(after, ':tensorflow:serving:runtime_latency_count{API="predict",model_name="half_plus_two",runtime="TF1"}') >= 3
+    assert count(after, ":tensorflow:core:graph_runs") > count(before, ":tensorflow:core:graph_runs")
+    assert ":tensorflow:cc:saved_model:load_attempt_count{" in after and 'status="success"} 1' in after
+
+
+# -- time limits ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory) -> Path:
+    """x float32[-1] → x + 1 after 1 s (TF's sleep op, no Python)."""
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing as tf_data_testing
+
+    class Slow(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def serve(self, x):
+            delayed = tf.data.Dataset.from_tensors(x).apply(tf_data_testing.sleep(1_000_000))
+            return {"y": delayed.get_single_element() + 1.0}
+
+    root = tmp_path_factory.mktemp("slow") / "slow"
+    module = Slow()
+    tf.saved_model.save(module, str(root / "1"), signatures={"serving_default": module.serve.get_concrete_function()})
+    return root
+
+
+def test_a_hanging_handler_gets_504_and_others_keep_answering(tmp_path):
+    bundle = tmp_path / "bundle"
+    write_code(
+        bundle / "code",
+        """
+        import json, time
+
+        def handler(data, context):
+            body = data.read().decode()
+            if body == "hang":
+                time.sleep(3600)
+            return json.dumps({"echo": body}), "application/json"
+        """,
+    )
+    import shutil
+
+    shutil.copytree(HALF_PLUS_TWO, bundle / "half_plus_two")
+    server = ServerProcess([str(bundle)], env={"SAGEMAKER_GUNICORN_TIMEOUT_SECONDS": "1"}).start()
+    try:
+        with server.client() as http:
+            hung: list[httpx.Response] = []
+            threads = [
+                threading.Thread(target=lambda: hung.append(http.post("/invocations", content=b"hang")))
+                for _ in range(3)
+            ]
+            for t in threads:
+                t.start()
+            answers = [http.post("/invocations", content=f"{i}".encode()) for i in range(20)]  # meanwhile
+            for t in threads:
+                t.join(30)
+            assert [a.json() for a in answers] == [{"echo": f"{i}"} for i in range(20)]
+            assert [r.status_code for r in hung] == [504] * 3
+            assert "limit of 1 s" in hung[0].json()["error"]
+            metrics = http.get("/metrics").text
+        assert 'tfservo_timeouts_total{model="half_plus_two",route="/invocations"} 3.0' in metrics
+        assert sum("timeout: /invocations for model half_plus_two" in line for line in server.lines) == 3
+    finally:
+        server.stop(timeout=5)
+
+
+def test_rest_timeout_and_grpc_deadline_against_a_slow_model(slow_model):
+    server = ServerProcess([str(slow_model), "--request-timeout", "0.3"]).start()
+    try:
+        with server.client() as http:
+            got = http.post("/v1/models/slow:predict", json={"instances": [1.0]})
+            assert got.status_code == 504 and "limit of 0.3 s" in got.json()["error"]
+        with tfs_grpc(server.grpc_target) as (predict, _):
+            with pytest.raises(grpc.RpcError) as caught:
+                predict.Predict(grpc_predict_request("slow", np.array([1.0], np.float32)), timeout=0.2)
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            answer = predict.Predict(grpc_predict_request("slow", np.array([1.0], np.float32)), timeout=30)
+            assert list(answer.outputs["y"].float_val) == [2.0]
+    finally:
+        server.stop()
+
+
+def test_rows_whose_deadline_passed_in_the_queue_are_dropped_from_the_batch():
+    from tfservo.core import deadlines
+    from tfservo.models.batching.batcher import Batcher
+    from tfservo.models.batching.options import BatchingOptions
+
+    seen: list[int] = []
+    gate = threading.Event()
+
+    def runner(signature, inputs, output_keys):
+        gate.wait(10)
+        seen.append(len(inputs["x"]))
+        return {"y": inputs["x"] + 1}
+
+    options = BatchingOptions(max_batch_size=8, batch_timeout_micros=0, num_batch_threads=1, max_enqueued_batches=8)
+    batcher = Batcher(runner, options, name="m")
+    try:
+        first = threading.Thread(target=lambda: batcher("s", {"x": np.ones(1, np.float32)}))
+        first.start()  # occupies the batch thread until the gate opens
+        time.sleep(0.2)
+        results: dict[str, object] = {}
+
+        def call(name, seconds):
+            try:
+                with deadlines.within(seconds):
+                    results[name] = batcher("s", {"x": np.ones(2, np.float32)})
+            except deadlines.DeadlineExceeded as exc:
+                results[name] = exc
+
+        late = threading.Thread(target=call, args=("late", 0.1))
+        patient = threading.Thread(target=call, args=("patient", 30))
+        late.start()
+        patient.start()
+        late.join(5)
+        assert isinstance(results["late"], deadlines.DeadlineExceeded)
+        gate.set()
+        patient.join(10)
+        first.join(10)
+        assert isinstance(results["patient"], dict)
+        assert seen == [1, 2]  # the late caller's 2 rows never ran
+    finally:
+        batcher.close()
+
+
+# -- TLS --------------------------------------------------------------------------------------------
+
+
+def _certificates(where: Path) -> dict[str, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def make(name, issuer_key=None, issuer_name=None, *, ca=False, san=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        builder = (
+            x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name or subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        cert = builder.sign(issuer_key or key, hashes.SHA256())
+        return key, cert
+
+    import ipaddress
+
+    ca_key, ca_cert = make("tfservo test CA", ca=True)
+    files = {}
+    for role, san in (("server", [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                      ("client", None)):
+        key, cert = make(role, ca_key, ca_cert.subject, san=san)
+        files[f"{role}.key"] = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        files[f"{role}.crt"] = cert.public_bytes(serialization.Encoding.PEM)
+    files["ca.crt"] = ca_cert.public_bytes(serialization.Encoding.PEM)
+    paths = {}
+    for name, data in files.items():
+        (where / name).write_bytes(data)
+        paths[name] = where / name
+    return paths
+
+
+def test_mutual_tls_on_rest_and_grpc(tmp_path):
+    pem = _certificates(tmp_path)
+    ssl_config = tmp_path / "ssl.config"
+    ssl_config.write_text(
+        f'server_key: "{pem["server.key"].read_text()}"\nserver_cert: "{pem["server.crt"].read_text()}"\n'
+        f'custom_ca: "{pem["ca.crt"].read_text()}"\nclient_verify: true\n'
+    )
+    server = ServerProcess([
+        str(HALF_PLUS_TWO), "--tls-cert", str(pem["server.crt"]), "--tls-key", str(pem["server.key"]),
+        "--tls-ca", str(pem["ca.crt"]), "--ssl-config-file", str(ssl_config),
+    ]).start()
+    try:
+        assert server.url.startswith("https://")
+        import requests
+
+        client_cert = (str(pem["client.crt"]), str(pem["client.key"]))
+        got = requests.post(f"{server.url}/v1/models/saved_model_half_plus_two_cpu:predict",
+                            json={"instances": [1.0]}, cert=client_cert, verify=str(pem["ca.crt"]), timeout=30)
+        assert got.json() == {"predictions": [2.5]}
+        with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):  # no client cert
+            requests.get(f"{server.url}/v1/models", verify=str(pem["ca.crt"]), timeout=30)
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=pem["ca.crt"].read_bytes(), private_key=pem["client.key"].read_bytes(),
+            certificate_chain=pem["client.crt"].read_bytes(),
+        )
+        from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+        with grpc.secure_channel(server.grpc_target, credentials) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            answer = stub.Predict(grpc_predict_request("saved_model_half_plus_two_cpu", np.array([2.0], np.float32)), timeout=30)
+            assert list(answer.outputs["y"].float_val) == [3.0]
+        anonymous = grpc.ssl_channel_credentials(root_certificates=pem["ca.crt"].read_bytes())
+        with grpc.secure_channel(server.grpc_target, anonymous) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Predict(grpc_predict_request("saved_model_half_plus_two_cpu", np.array([2.0], np.float32)), timeout=10)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop()
+
+
+def test_a_worker_stuck_past_the_hard_limit_is_replaced(tmp_path):
+    bundle = tmp_path / "bundle"
+    write_code(
+        bundle / "code",
+        """
+        import json, time
+
+        def handler(data, context):
+            if data.read() == b"hang":
+                time.sleep(3600)
+            return json.dumps({"ok": True}), "application/json"
+        """,
+    )
+    import shutil
+
+    shutil.copytree(HALF_PLUS_TWO, bundle / "half_plus_two")
+    server = ServerProcess([str(bundle), "--workers", "2", "--invocation-timeout", "1"]).start()
+    try:
+        with server.client() as http:
+            assert http.post("/invocations", content=b"hang").status_code == 504
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not any("after it was replaced" in line for line in server.lines):
+                time.sleep(0.5)
+            assert any("is replaced: a call has run" in line and "hard limit of 2 s" in line for line in server.lines), (
+                server.output
+            )
+            assert any("after it was replaced" in line for line in server.lines), server.output
+            answers = [http.post("/invocations", content=b"x").status_code for _ in range(10)]
+            assert answers == [200] * 10
+        assert server.stop() == 0  # the server itself stops cleanly: the replaced worker is no failure
+    finally:
+        if server.proc and server.proc.poll() is None:
+            server.stop()

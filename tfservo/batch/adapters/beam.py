@@ -1,0 +1,296 @@
+"""`BundleModelHandler`: a Beam RunInference ModelHandler for any bundle `tfservo serve` accepts.
+
+    import apache_beam as beam
+    from apache_beam.ml.inference.base import RunInference
+    from tfservo.beam import BundleModelHandler
+
+    results = examples | RunInference(BundleModelHandler("s3://bucket/model.tar.gz"))
+
+The model is loaded once per worker process (Beam's shared handle), or once per machine with
+share_model_across_processes=True; keys work through Beam's KeyedModelHandler and
+MaybeKeyedModelHandler. The run_inference logic lives in `ServingModelHandler` and is shared
+with the remote handler: only what answers (a LoadedBundle or an endpoint client) differs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+from tfservo.batch.adapters import prediction_log
+from tfservo.batch.adapters.beam_dead_letters import dead_letter_tag, with_dead_letters
+from tfservo.batch.adapters.beam_metrics import HandlerMetrics
+from tfservo.batch.worker.elements import serialize_examples, split_outputs, stack_inputs
+from tfservo.batch.worker.failures import ElementErrors, ElementFailure, is_transient
+from tfservo.batch.worker.loaded import LoadedBundle, Selection
+from tfservo.batch.worker.target import INVOKE, Target, check_options
+from tfservo.core.errors import InvalidArgument
+
+__all__ = ["BundleModelHandler", "ServingModelHandler"]
+
+
+class ServingModelHandler(ModelHandler[Any, Any, Any]):
+    """Batches elements for one signature (or /invocations), runs them, splits results per element.
+
+    Subclasses implement load_model, returning an object with the methods of LoadedBundle
+    (target, take_load_millis, predict, classify, regress, invoke).
+    """
+
+    def __init__(
+        self,
+        *,
+        model_name: str | None = None,
+        version: int | None = None,
+        signature_name: str | None = None,
+        method: str | None = None,
+        content_type: str | None = None,
+        accept: str | None = None,
+        custom_attributes: str | None = None,
+        output: str = "prediction_result",
+        min_batch_size: int | None = None,
+        max_batch_size: int | None = None,
+        max_batch_duration_secs: int | None = None,
+        large_model: bool = False,
+        model_copies: int | None = None,
+        share_model_across_processes: bool = False,
+        per_element_failures: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        unknown = sorted(set(kwargs) - _BEAM_OPTIONS)
+        if unknown:
+            hints = [f"{k} (did you mean {_CLOSE[k]}?)" if k in _CLOSE else k for k in unknown]
+            raise TypeError(
+                f"{type(self).__name__} got unexpected keyword argument(s): {', '.join(hints)}; it takes "
+                "model_name, version, signature_name, method, content_type, accept, custom_attributes, "
+                f"output and Beam's batching options ({', '.join(sorted(_BEAM_OPTIONS))})"
+            )
+        check_options(method, output, content_type, accept)
+        super().__init__(
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+            max_batch_duration_secs=max_batch_duration_secs,
+            large_model=large_model,
+            model_copies=model_copies,
+            **kwargs,
+        )
+        if share_model_across_processes:
+            self._share_across_processes = True
+        self._selection = Selection(
+            model_name, version, signature_name, method, content_type, accept, custom_attributes
+        )
+        self._output = output
+        self._metrics: HandlerMetrics | None = None
+        # Opt-in: only the bad elements of a failed batch go to failed_inferences (dead_letters.py).
+        self.per_element_failures = per_element_failures
+
+    # -- Beam's ModelHandler interface ------------------------------------------------------
+
+    def run_inference(
+        self, batch: Sequence[Any], model: Any, inference_args: dict[str, Any] | None = None
+    ) -> Iterable[Any]:
+        """Run one batch; a failed batch is retried element by element so only the bad ones fail.
+
+        Under RunInference(...).with_exception_handling() each bad element goes to the dead-letter
+        output on its own and the good ones come through; otherwise ElementErrors names them.
+        """
+        self.validate_inference_args(inference_args)
+        batch = list(batch)
+        if not batch:
+            return []
+        metrics = self._metrics_cells()
+        load_millis = model.take_load_millis()
+        if load_millis is not None:
+            metrics.model_load_millis.update(load_millis)
+        target: Target = model.target()
+        t0 = time.perf_counter()
+        failed = len(batch)  # an overload/outage error fails the whole batch
+        try:
+            if target.method == INVOKE:
+                outputs = self._invoke_batch(batch, model, target)
+            else:
+                try:
+                    outputs = self._run(batch, model, target)
+                except Exception as exc:  # any failure: find the element(s) behind it
+                    if is_transient(exc):
+                        raise
+                    if len(batch) == 1:
+                        outputs = [ElementFailure(0, batch[0], exc)]
+                    else:
+                        outputs = self._one_by_one(batch, model, target)
+            failures = [o for o in outputs if isinstance(o, ElementFailure)]
+            failed = len(failures)
+        finally:
+            metrics.batch(len(batch), time.perf_counter() - t0, failed)
+        if not failures:
+            return outputs
+        tag = dead_letter_tag(self)
+        if tag is None:
+            raise ElementErrors(failures, len(batch), target.describe()) from failures[0].error
+        return with_dead_letters(outputs, tag, len(batch), target.describe())
+
+    def validate_inference_args(self, inference_args: dict[str, Any] | None) -> None:
+        if inference_args:
+            raise ValueError(
+                f"tfservo handlers take no inference_args (got {sorted(inference_args)}); choose "
+                "the signature and method with signature_name= and method= instead"
+            )
+
+    def get_num_bytes(self, batch: Sequence[Any]) -> int:
+        return sum(_num_bytes(element) for element in batch)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _run(self, batch: list[Any], model: Any, target: Target) -> list[Any]:
+        log = self._output == "prediction_log"
+        if target.method == INVOKE:  # one request per element: only ever called with one
+            body = _request_body(batch[0])
+            return [PredictionResult(batch[0], model.invoke(body), target.model_id)]
+        if target.method == "predict":
+            assert target.signature is not None
+            inputs = stack_inputs(batch, target.signature)
+            outputs = model.predict(inputs)
+            rows = split_outputs(outputs, len(batch), target.describe())
+            if log:
+                return prediction_log.predict_logs(target, inputs, outputs, len(batch))
+            return [PredictionResult(e, row, target.model_id) for e, row in zip(batch, rows)]
+        examples = serialize_examples(batch, target.feature_types)
+        if target.method == "classify":
+            classes = model.classify(examples)
+            if log:
+                return prediction_log.classify_logs(target, examples, classes)
+            return [PredictionResult(e, c, target.model_id) for e, c in zip(batch, classes)]
+        values = model.regress(examples)
+        if log:
+            return prediction_log.regress_logs(target, examples, values)
+        return [PredictionResult(e, v, target.model_id) for e, v in zip(batch, values)]
+
+    def _invoke_batch(self, batch: list[Any], model: Any, target: Target) -> list[Any]:
+        """Raw request bodies through the invocation path, batched as their content type allows;
+        each element gets its own answer or ElementFailure (overload/outage is re-raised)."""
+        outputs: list[Any] = [None] * len(batch)
+        bodies: list[tuple[int, bytes]] = []
+        for i, element in enumerate(batch):
+            try:
+                bodies.append((i, _request_body(element)))
+            except Exception as exc:
+                outputs[i] = ElementFailure(i, element, exc)
+        answers = model.invoke_many([body for _, body in bodies]) if bodies else []
+        for (i, _), answer in zip(bodies, answers):
+            if isinstance(answer, Exception):
+                if is_transient(answer):
+                    raise answer
+                outputs[i] = ElementFailure(i, batch[i], answer)
+            else:
+                outputs[i] = PredictionResult(batch[i], answer, target.model_id)
+        return outputs
+
+    def _one_by_one(self, batch: list[Any], model: Any, target: Target) -> list[Any]:
+        """Each element alone: its result, or an ElementFailure (overload/outage is re-raised)."""
+        outputs: list[Any] = []
+        for i, element in enumerate(batch):
+            try:
+                outputs.extend(self._run([element], model, target))
+            except Exception as exc:  # reported per element
+                if is_transient(exc):
+                    raise
+                outputs.append(ElementFailure(i, element, exc))
+        return outputs
+
+    def _metrics_cells(self) -> HandlerMetrics:
+        if self._metrics is None:
+            self._metrics = HandlerMetrics()
+        return self._metrics
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_metrics"] = None  # recreated where the handler runs
+        return state
+
+
+class BundleModelHandler(ServingModelHandler):
+    """RunInference on a tfservo bundle (local path, model.tar.gz or s3:// URL), loaded in the worker.
+
+    Elements: an input value or a dict of input name → value (predict); a tf.train.Example, its
+    serialized bytes or a dict of features (classify, regress, string-input predict); or, with
+    content_type=, raw request bodies that go through content conversion and inference.py
+    exactly as POST /invocations does. Results: PredictionResult(example, inference, model_id)
+    with inference = dict of output name → array (predict), [(label, score), ...] (classify),
+    float (regress) or the response body bytes (content_type=); or TF Serving PredictionLog
+    protos with output="prediction_log".
+
+    model_name, version, signature_name and method default to what `tfservo serve` picks
+    (custom_attributes' tfs-* values, $SAGEMAKER_TFS_DEFAULT_MODEL_NAME, the highest version,
+    serving_default, and the signature's own method). min_batch_size, max_batch_size and
+    max_batch_duration_secs go to Beam's BatchElements; large_model / model_copies /
+    share_model_across_processes load one copy per machine instead of one per process.
+    """
+
+    def __init__(
+        self,
+        bundle: str,
+        *,
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 0,
+        **options: Any,
+    ) -> None:
+        if not isinstance(bundle, str) or not bundle:
+            raise ValueError(f"bundle must be a path or URL string, got {bundle!r}")
+        super().__init__(**options)
+        self._bundle = bundle
+        self._threads = (intra_op_threads, inter_op_threads)
+
+    def load_model(self) -> LoadedBundle:
+        """Open the bundle, load its models and resolve what runs (once per worker, shared)."""
+        intra, inter = self._threads
+        return LoadedBundle(self._bundle, self._selection, intra_op_threads=intra, inter_op_threads=inter)
+
+    def update_model_path(self, model_path: str | None = None) -> None:
+        """Beam's model refresh (watch_model_pattern / side input) points at a new bundle."""
+        if model_path:
+            self._bundle = model_path
+
+    def __repr__(self) -> str:
+        s = self._selection
+        chosen = ", ".join(f"{k}={v!r}" for k, v in vars(s).items() if v is not None)
+        return f"BundleModelHandler({self._bundle!r}{', ' + chosen if chosen else ''})"
+
+
+# Keyword arguments Beam's ModelHandler itself takes (besides the ones named above).
+_BEAM_OPTIONS = frozenset(
+    name
+    for name, param in inspect.signature(ModelHandler.__init__).parameters.items()
+    if param.kind is inspect.Parameter.KEYWORD_ONLY
+) | {"env_vars"}
+_CLOSE = {"signature": "signature_name", "model": "model_name", "model_version": "version", "accept_type": "accept"}
+
+
+def _request_body(element: Any) -> bytes:
+    if isinstance(element, (bytes, bytearray, memoryview)):
+        return bytes(element)
+    if isinstance(element, str):
+        return element.encode("utf-8")
+    raise InvalidArgument(
+        f"element is a {type(element).__name__}; with content_type= each element is one request "
+        "body (bytes or str)"
+    )
+
+
+def _num_bytes(element: Any) -> int:
+    if isinstance(element, np.ndarray):
+        return int(element.nbytes)
+    if isinstance(element, (bytes, bytearray, str)):
+        return len(element)
+    if hasattr(element, "ByteSize"):
+        return int(element.ByteSize())
+    if isinstance(element, Mapping):
+        return sum(_num_bytes(v) for v in element.values())
+    try:
+        return len(pickle.dumps(element))
+    except Exception:
+        return 0

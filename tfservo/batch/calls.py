@@ -1,0 +1,218 @@
+"""One request for a batch of records, through the invocation path, back to output pieces.
+
+The answer stays arrays (Invoker.call): when every record's answer is plain numbers, the
+batch's output lines are cut straight from them and filters and join run over the whole
+batch at once. Otherwise — and for any batch that fails, or whose answer cannot be split per
+record — the records are taken one at a time, so an error names the record that caused it
+and, with --on-record-error skip, only that record is replaced by a placeholder and
+dead-lettered.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import orjson
+
+from tfservo.batch.assemble import (
+    RecordOutput,
+    SplitError,
+    assemble_piece,
+    split_response,
+    whole_response,
+)
+from tfservo.batch.job import TransformJob
+from tfservo.batch.joiner import DataProcessing, FilterError
+from tfservo.batch.records import Item, RecordBatch, excerpt, payload, where
+from tfservo.batch.state import DeadLetter, RecordFailure
+from tfservo.codecs.media_types import CSV, JSON_TYPES, essence
+from tfservo.codecs.rows import answer_rows
+from tfservo.core.invocation import Invoker
+
+__all__ = ["BatchCaller", "BatchResult"]
+
+log = logging.getLogger("tfservo.batch")
+
+
+@dataclass
+class BatchResult:
+    """What one batch adds to its object's output, in order."""
+
+    pieces: list[bytes] = field(default_factory=list)
+    records: int = 0
+    dead: list[DeadLetter] = field(default_factory=list)
+    failure: RecordFailure | None = None  # --on-record-error fail: the first record that failed
+
+
+class _RecordFailed(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BatchCaller:
+    """Sends batches of one object's records to `invoker` and turns answers into output pieces."""
+
+    def __init__(self, invoker: Invoker, job: TransformJob, processing: DataProcessing, content_type: str) -> None:
+        self.invoker = invoker
+        self.job = job
+        self.processing = processing
+        self.content_type = content_type
+        self.per_record = job.per_record
+        self.line_end = b"\n" if job.assemble_with == "Line" else b""
+        self.placeholder = job.placeholder.encode()
+
+    def run(self, batch: RecordBatch) -> BatchResult:
+        """Transform one batch; never raises for bad records or model errors."""
+        if self.per_record and not batch.errors and self.job.split_type != "None":
+            fast = self._fast(batch)
+            if fast is not None:
+                return fast
+        return self.run_items(batch.items())
+
+    def _fast(self, batch: RecordBatch) -> BatchResult | None:
+        """The batch's output from a plain-number answer in a few list operations; None when a
+        record needs the per-record path (which also words every error)."""
+        sent = batch.sent()
+        if not sent:
+            return None
+        body = batch.body()
+        try:
+            result = self.invoker.call(body, self.content_type, self.job.accept, self.job.custom_attributes)
+        except Exception:
+            return None
+        if not result.ok or result.answer is None:
+            return None
+        rows = answer_rows(result.answer)
+        kind = _record_kind(result.content_type)
+        if rows is None or len(rows) != len(sent) or kind is None:
+            return None
+        records = [batch.data[i] for i in sent]
+        lines = self.processing.finish_rows(records, rows.json, rows.csv, kind)
+        if lines is None:
+            return None
+        end = self.line_end
+        if len(sent) == len(batch):
+            out = end.join(lines) + end if end else b"".join(lines)
+        else:
+            pieces = [end] * len(batch)
+            for i, line in zip(sent, lines):
+                pieces[i] = line + end
+            out = b"".join(pieces)
+        return BatchResult([out], len(batch))
+
+    def run_items(self, batch: list[Item]) -> BatchResult:
+        """Transform one batch a record at a time where need be; never raises for bad records."""
+        sent = [item for item in batch if item.payload is not None]
+        answers: dict[int, RecordOutput | bytes | str] = {}
+        if sent:
+            answers = self._call(sent)
+        result = BatchResult()
+        for item in batch:
+            if item.error is not None:
+                answer: RecordOutput | bytes | str | None = item.error
+            elif item.payload is None:
+                answer = None  # a blank line: kept as a blank line, never sent
+            else:
+                answer = answers.get(id(item))
+                if answer is None:
+                    break  # not tried: an earlier record failed the object
+            if not self._add(result, item, answer):
+                break
+        return result
+
+    def _add(self, result: BatchResult, item: Item, answer: RecordOutput | bytes | str | None) -> bool:
+        record = item.record
+        if answer is None:
+            if self.per_record:
+                result.pieces.append(self.line_end)
+            result.records += 1
+            return True
+        if isinstance(answer, RecordOutput):
+            try:
+                answer = self.processing.finish(record.data, answer) + self.line_end
+            except FilterError as exc:
+                answer = str(exc)
+        if isinstance(answer, str):
+            split = self.job.split_type
+            if self.job.on_record_error == "fail":
+                result.failure = RecordFailure(where(record, split), answer, excerpt(record.data))
+                return False
+            result.dead.append(DeadLetter(where(record, split), record.index, record.data, answer))
+            piece = self.placeholder + self.line_end if self.per_record else assemble_piece(self.placeholder, self.job.assemble_with)
+            result.pieces.append(piece)
+        else:
+            result.pieces.append(answer)
+        result.records += 1
+        return True
+
+    def _call(self, sent: list[Item]) -> dict[int, RecordOutput | bytes | str]:
+        """Per sent item: its output (RecordOutput per record, bytes per request) or an error."""
+        try:
+            return self._try(sent)
+        except _RecordFailed as exc:
+            if len(sent) == 1:
+                return {id(sent[0]): exc.message}
+            log.debug("batch of %d records failed (%s); retrying them one at a time", len(sent), exc.message)
+        answers: dict[int, RecordOutput | bytes | str] = {}
+        for item in sent:
+            try:
+                answers.update(self._try([item]))
+            except _RecordFailed as exc:
+                answers[id(item)] = exc.message
+                if self.job.on_record_error == "fail":
+                    break
+        return answers
+
+    def _try(self, sent: list[Item]) -> dict[int, RecordOutput | bytes | str]:
+        body = payload(sent, self.job.split_type)
+        try:
+            result = self.invoker.invoke(body, self.content_type, self.job.accept, self.job.custom_attributes)
+        except Exception as exc:  # a bug below us must fail records, not the run
+            log.exception("invocation raised")
+            raise _RecordFailed(f"the invocation raised {type(exc).__name__}: {exc}") from None
+        if not result.ok:
+            raise _RecordFailed(f"the model answered {result.status}: {_error_text(result.body)}")
+        whole = self.job.split_type == "None"  # the record is the object: its output is the whole answer
+        rows = answer_rows(result.answer) if self.per_record and not whole and result.answer is not None else None
+        kind = _record_kind(result.content_type)
+        if rows is not None and kind is not None and len(rows) == len(sent):
+            lines = rows.json if kind == "json" else rows.csv
+            if kind == "csv":
+                return {id(item): RecordOutput(line, kind) for item, line in zip(sent, lines)}
+            return {id(item): RecordOutput(line, kind, orjson.loads(line)) for item, line in zip(sent, lines)}
+        if not self.per_record:
+            if len(sent) == 1:
+                return {id(sent[0]): assemble_piece(result.body, self.job.assemble_with)}
+            # one body for the whole request: it belongs to the batch, carried by its first record
+            out: dict[int, RecordOutput | bytes | str] = {id(item): b"" for item in sent}
+            out[id(sent[0])] = assemble_piece(result.body, self.job.assemble_with)
+            return out
+        if whole:
+            return {id(sent[0]): whole_response(result.body)}
+        try:
+            outputs = split_response(result.body, result.content_type, len(sent))
+        except SplitError as exc:
+            raise _RecordFailed(f"{exc} (content type {result.content_type})") from None
+        return {id(item): output for item, output in zip(sent, outputs)}
+
+
+def _record_kind(content_type: str) -> str | None:
+    """How split_response reads an answer of this type per record: "json", "csv", or None."""
+    kind = essence(content_type)
+    if kind == CSV:
+        return "csv"
+    if kind in JSON_TYPES:
+        return "json"
+    return None
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return excerpt(body, 400)
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        return doc["error"]
+    return excerpt(body, 400)

@@ -1,0 +1,345 @@
+"""What every distributed transform engine (Beam, Ray, Spark) shares: an object split into
+requests, a request answered by the worker's model, an object's answers written as its .out.
+
+Each engine only moves these between its workers: `split_object` where the input is read,
+`call_request` in a worker holding the model (`worker_service`, loaded once per process),
+`write_object` where the answers of one object meet. So the .out files, dead letters and
+failures are the local engine's, byte for byte, whatever engine ran them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tfservo.batch.calls import BatchCaller, BatchResult
+from tfservo.batch.engines.local import failure_from, object_format, request_batches
+from tfservo.batch.job import TransformJob
+from tfservo.batch.joiner import DataProcessing
+from tfservo.batch.progress import Progress
+from tfservo.batch.records import RecordBatch, where
+from tfservo.batch.sinks import OutputStore
+from tfservo.batch.sources import InputObject, OpenedInput
+from tfservo.batch.state import (
+    DeadLetter,
+    ObjectOutcome,
+    RecordFailure,
+    TransformSummary,
+    bundle_versions,
+    check_settings,
+    dead_letter_name,
+    job_description,
+    open_output,
+    write_report,
+)
+from tfservo.core.logs import quiet_libraries
+
+__all__ = [
+    "Answer",
+    "DriverRun",
+    "Request",
+    "Tail",
+    "call_request",
+    "outcome_from_json",
+    "outcome_json",
+    "outcome_name",
+    "release_services",
+    "run_on_cluster",
+    "split_object",
+    "start_driver_run",
+    "worker_id",
+    "worker_service",
+    "write_object",
+    "write_wired",
+]
+
+log = logging.getLogger("tfservo.batch")
+
+
+# Requests and answers cross the shuffles as tuples of bytes, ints and strings, which Beam's
+# coder writes natively; as dataclasses they went through pickle, 7x slower end to end.
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of an object: its place in the object's order and the records it carries."""
+
+    seq: int
+    content_type: str
+    record_format: str | None
+    batch: RecordBatch
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the (decompressed) object its records span, for progress."""
+        return self.batch.nbytes
+
+    def wire(self) -> tuple:
+        return ("q", self.seq, self.content_type, self.record_format, self.batch.wire())
+
+    @staticmethod
+    def unwire(wire: tuple) -> Request:
+        _, seq, content_type, fmt, batch = wire
+        return Request(seq, content_type, fmt, RecordBatch.unwire(batch))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one request added to its object's output: its pieces joined in order."""
+
+    seq: int
+    body: bytes
+    records: int
+    dead: list[DeadLetter]
+    failure: RecordFailure | None
+
+    def wire(self) -> tuple:
+        dead = [(d.where, d.index, d.data, d.error) for d in self.dead]
+        failure = None if self.failure is None else (self.failure.where, self.failure.error, self.failure.record)
+        return ("a", self.seq, self.body, self.records, dead, failure)
+
+    @staticmethod
+    def unwire(wire: tuple) -> Answer:
+        _, seq, body, records, dead, failure = wire
+        return Answer(seq, body, records, [DeadLetter(*d) for d in dead], None if failure is None else RecordFailure(*failure))
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The end of one object's requests: how many there are and whether reading it failed."""
+
+    obj: InputObject
+    requests: int
+    read_complete: bool
+    read_failure: RecordFailure | None = None
+
+
+def split_object(obj: InputObject, job: TransformJob) -> Iterator[tuple[str, tuple | Tail]]:
+    """(object name, request) for each request of `obj`, then its Tail; never raises for bad input."""
+    seq = 0
+    try:
+        content_type, fmt = object_format(job, obj)
+        processing = _processing(job, fmt)
+        opened = OpenedInput(obj, job.compression_type)
+        try:
+            for batch in request_batches(opened, job, processing):
+                yield obj.rel, Request(seq, content_type, fmt, batch).wire()
+                seq += 1
+        finally:
+            opened.close()
+    except Exception as exc:
+        yield obj.rel, Tail(obj, seq, False, failure_from(exc, obj))
+        return
+    yield obj.rel, Tail(obj, seq, True)
+
+
+def _processing(job: TransformJob, fmt: str | None) -> DataProcessing:
+    return DataProcessing(fmt, job.input_filter_path, job.output_filter_path, job.join_source == "Input")
+
+
+# -- one loaded model per worker process --------------------------------------------------------
+
+_services: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, Any]] = {}
+_services_lock = threading.Lock()
+
+
+def worker_service(job: TransformJob) -> Any:
+    """The job's ModelService in this process, loaded once (with --env applied, and a loopback
+    server when the bundle has handlers, as `transform` and `serve` do)."""
+    from tfservo.batch.run import apply_env, load_service
+    from tfservo.server.loopback import start_handler_endpoints
+
+    quiet_libraries()  # a worker in another process: TF's and Beam's noise off there too
+    key = (job.model, tuple(sorted(job.env.items())))
+    with _services_lock:
+        if key not in _services:
+            apply_env(job.env)
+            started = time.monotonic()
+            service = load_service(job.model)
+            loopback = start_handler_endpoints(service)
+            log.info("loaded %s in %.1fs in worker process %d", job.model, time.monotonic() - started, os.getpid())
+            _services[key] = (service, loopback)
+        return _services[key][0]
+
+
+def release_services() -> None:
+    """Close the services this process loaded (the driver, after an in-process runner)."""
+    with _services_lock:
+        for service, loopback in _services.values():
+            if loopback is not None:
+                loopback.stop()
+            service.close()
+        _services.clear()
+
+
+def worker_id() -> str:
+    """This worker process, as the job's summary names it: host:pid."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def call_request(invoker: Any, job: TransformJob, rel: str, part: Request) -> Answer:
+    """One request of object `rel` through the worker's /invocations path, as its Answer; a bug
+    of ours fails the object (logged), never the job."""
+    caller = BatchCaller(invoker, job, _processing(job, part.record_format), part.content_type)
+    try:
+        result = caller.run(part.batch)
+    except Exception as exc:
+        log.exception("transforming %s failed", rel)
+        result = BatchResult(failure=RecordFailure(
+            where(part.batch.record(0), job.split_type), f"internal error: {type(exc).__name__}: {exc}"
+        ))
+    return Answer(part.seq, b"".join(result.pieces), result.records, result.dead, result.failure)
+
+
+def write_object(
+    job: TransformJob, store: OutputStore, state: OutputStore, tail: Tail, answers: Iterable[Answer],
+    stale_dead_letters: set[str],
+) -> ObjectOutcome:
+    """Put one object's answers in order and publish its .out atomically (or nothing, when a
+    record failed), with its dead letters in the state location."""
+    obj = tail.obj
+    ordered = sorted(answers, key=lambda a: a.seq)
+    if len(ordered) != tail.requests:
+        error = f"internal error: {tail.requests} requests but {len(ordered)} answers"
+        return ObjectOutcome(obj, "failed", 0, RecordFailure("the object", error))
+    failure, records, dead = None, 0, []
+    for answer in ordered:
+        if answer.failure is not None:
+            failure = answer.failure
+            break
+        records += answer.records
+        dead.extend(answer.dead)
+    # a record that failed before reading stopped is the first reason, else the reader's
+    failure = failure or tail.read_failure
+    if failure is not None:
+        return ObjectOutcome(obj, "failed", records, failure)
+    writer = None
+    try:
+        writer = store.writer(obj.out_name)
+        for answer in ordered:
+            writer.write(answer.body)
+        name = dead_letter_name(obj)
+        if dead:
+            state.put(name, b"".join(d.to_json(obj) for d in dead))
+        elif name in stale_dead_letters:
+            state.remove(name)
+        writer.commit()
+    except Exception as exc:
+        if writer is not None:
+            try:
+                writer.abort()
+            except Exception:
+                pass
+        error = f"could not write {store.display(obj.out_name)}: {type(exc).__name__}: {exc}"
+        return ObjectOutcome(obj, "failed", records, RecordFailure("the object", error))
+    return ObjectOutcome(obj, "done", records, None, len(dead))
+
+
+def write_wired(job: TransformJob, tail: Tail, answers: Iterable[tuple], stale_dead_letters: set[str]) -> bytes:
+    """write_object for a worker that got the answers as wire tuples; the outcome as JSON."""
+    store, state = OutputStore(job.output), OutputStore(job.state_url)
+    outcome = write_object(job, store, state, tail, [Answer.unwire(a) for a in answers], stale_dead_letters)
+    return outcome_json(outcome)
+
+
+def outcome_name(folder: str, rel: str) -> str:
+    """Where an engine whose driver cannot collect outcomes leaves the one of `rel`."""
+    return f"{folder}/{hashlib.sha1(rel.encode()).hexdigest()}.json"
+
+
+def outcome_json(outcome: ObjectOutcome) -> bytes:
+    failure = outcome.failure
+    return orjson.dumps({
+        "object": outcome.obj.rel,
+        "status": outcome.status,
+        "records": outcome.records,
+        "dead_letters": outcome.dead_letters,
+        "failure": None if failure is None else {"where": failure.where, "error": failure.error, "record": failure.record},
+    })
+
+
+def outcome_from_json(obj: InputObject, data: bytes) -> ObjectOutcome:
+    doc = orjson.loads(data)
+    failure = doc["failure"]
+    return ObjectOutcome(
+        obj, doc["status"], doc["records"], RecordFailure(**failure) if failure else None, doc["dead_letters"]
+    )
+
+
+# -- the driver's start and end, the same for every engine ----------------------------------------
+
+
+@dataclass
+class DriverRun:
+    """One run of a job as a distributed engine's driver sees it: what to do, and the summary."""
+
+    job: TransformJob
+    store: OutputStore
+    state: OutputStore
+    todo: list[InputObject]
+    stale_dead_letters: set[str]
+    summary: TransformSummary
+    started: float = field(default_factory=time.monotonic)
+
+    def progress(self, mode: str, interval: float) -> Progress:
+        """The run's progress display (by bytes when every object's size is known)."""
+        sizes = [o.size for o in self.todo]
+        return Progress(len(self.todo), sum(s for s in sizes if s) if all(sizes) else None, mode=mode, interval=interval)
+
+    def finish(self, outcomes: Iterable[ObjectOutcome], workers: Iterable[str] = ()) -> TransformSummary:
+        """Count the outcomes (an object without one failed), name the workers that took part,
+        write the failure report."""
+        outcomes = list(outcomes)
+        seen = {o.obj.rel for o in outcomes}
+        outcomes += [ObjectOutcome(obj, "failed", 0, RecordFailure("the object", "the run ended without it"))
+                     for obj in self.todo if obj.rel not in seen]
+        for outcome in outcomes:
+            self.summary.add(outcome)
+        self.summary.workers = sorted(set(workers))
+        self.summary.seconds = time.monotonic() - self.started
+        self.summary.report = write_report(self.state, self.job, self.summary)
+        return self.summary
+
+
+def start_driver_run(job: TransformJob) -> DriverRun:
+    """Validate the job, list INPUT, check the settings against an earlier run's and prepare
+    OUTPUT (as the local engine does), before any worker starts."""
+    from tfservo.batch.engines.local import list_job_inputs
+    from tfservo.core.settings import archive_limits_from_env
+    from tfservo.models.bundle import open_bundle
+
+    started = time.monotonic()
+    job = job.validated()
+    objects = list_job_inputs(job)
+    store, state = OutputStore(job.output), OutputStore(job.state_url)
+    check_settings(state, job, job_description(job))  # changed flags stop the job before the bundle is read
+    versions = bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(os.environ))])
+    existing, todo, done = open_output(store, state, job, objects, versions)
+    summary = TransformSummary(objects=len(objects), skipped=len(done))
+    stale = {dead_letter_name(o) for o in todo} & existing
+    return DriverRun(job, store, state, todo, stale, summary, started)
+
+
+Drive = Callable[[Any, DriverRun], tuple[list[ObjectOutcome], set[str]]]
+
+
+def run_on_cluster(job: TransformJob, connect: Callable[[], AbstractContextManager[Any]], drive: Drive) -> TransformSummary:
+    """Ray's and Spark's run: prepare OUTPUT, connect to the cluster only when there is work,
+    let the engine `drive` the objects, then count, name the workers and report."""
+    run = start_driver_run(job)
+    if not run.todo:
+        return run.finish([])
+    with connect() as engine:
+        outcomes, workers = drive(engine, run)
+    return run.finish(outcomes, workers)

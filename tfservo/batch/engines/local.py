@@ -1,0 +1,432 @@
+"""The local transform engine: one loaded model, reads, model calls and writes overlapping.
+
+Reader threads open objects and cut them into requests; a pool of --max-concurrent-transforms
+threads sends them through `Invoker.invoke` (the /invocations path); each object's answers
+are written in order as they arrive, so one large object keeps every worker busy; a writer
+pool publishes finished objects. Requests in flight and objects open at once are bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from tfservo.batch.calls import BatchCaller, BatchResult
+from tfservo.batch.job import JobError, TransformJob, record_format
+from tfservo.batch.joiner import DataProcessing
+from tfservo.batch.progress import Progress
+from tfservo.batch.records import (
+    RecordBatch,
+    RecordChunk,
+    RecordError,
+    iter_record_chunks,
+    pack_batches,
+    where,
+)
+from tfservo.batch.sinks import ObjectWriter, OutputStore
+from tfservo.batch.sources import (
+    InputObject,
+    OpenedInput,
+    guess_content_type,
+    gzip_error,
+    is_local,
+    list_inputs,
+    url_to_fs,
+)
+from tfservo.batch.state import (
+    DeadLetter,
+    ObjectOutcome,
+    RecordFailure,
+    TransformSummary,
+    dead_letter_name,
+    open_output,
+    write_report,
+)
+from tfservo.codecs.media_types import JSON, X_IMAGE
+from tfservo.core.errors import ServingError
+from tfservo.core.invocation import Invoker
+
+__all__ = [
+    "WRITERS",
+    "check_output_outside_input",
+    "failure_from",
+    "list_job_inputs",
+    "object_format",
+    "request_batches",
+    "TransformEngine",
+]
+
+log = logging.getLogger("tfservo.batch")
+
+WRITERS = 4
+
+
+class TransformEngine:
+    """Runs one TransformJob on this machine through an Invoker."""
+
+    def __init__(
+        self,
+        job: TransformJob,
+        invoker: Invoker,
+        *,
+        progress: str = "auto",
+        progress_interval: float = 10.0,
+        versions: dict[str, list[int]] | None = None,
+    ) -> None:
+        self.job = job.validated()
+        self.invoker = invoker
+        self.versions = versions  # the bundle's, for the job's description in OUTPUT
+        self.progress_mode = progress
+        self.progress_interval = progress_interval
+        self.stopping = threading.Event()
+        self._processing: dict[str | None, DataProcessing] = {}
+
+    def run(self, objects: list[InputObject] | None = None) -> TransformSummary:
+        """Transform every object not done yet (listing INPUT unless `objects` are given)."""
+        started = time.monotonic()
+        job = self.job
+        store, self.state = OutputStore(job.output), OutputStore(job.state_url)
+        if objects is None:
+            objects = list_job_inputs(job)
+        self.existing, todo, done = open_output(store, self.state, job, objects, self.versions)
+        sizes = [o.size for o in todo]
+        total_bytes = sum(sizes) if sizes and all(s is not None for s in sizes) else None  # type: ignore[arg-type]
+        progress = Progress(len(todo), total_bytes, mode=self.progress_mode, interval=self.progress_interval)
+        try:
+            outcomes = self._run(todo, store, progress)
+        finally:
+            progress.close()
+        summary = TransformSummary(objects=len(objects), skipped=len(done))
+        for outcome in outcomes:
+            summary.add(outcome)
+        summary.seconds = time.monotonic() - started
+        summary.report = write_report(self.state, job, summary)
+        return summary
+
+    def _run(self, todo: list[InputObject], store: OutputStore, progress: Progress) -> list[ObjectOutcome]:
+        n = self.job.concurrency
+        readers = min(16, max(2, n))
+        self.model_pool = ThreadPoolExecutor(n, thread_name_prefix="tfservo-model")
+        self.write_pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="tfservo-write")
+        self.batch_slots = threading.Semaphore(2 * n)
+        self.object_slots = threading.Semaphore(readers + 2 * n + WRITERS)
+        self.store, self.progress = store, progress
+        runs = [_ObjectRun(self, obj) for obj in todo]
+        read_pool = ThreadPoolExecutor(readers, thread_name_prefix="tfservo-read")
+        try:
+            for run in runs:
+                read_pool.submit(run.read)
+            for run in runs:
+                while not run.finished.wait(0.2):
+                    pass
+        except KeyboardInterrupt:
+            self.stopping.set()
+            log.warning("interrupted: finishing requests in flight and removing partial outputs")
+            read_pool.shutdown(wait=True, cancel_futures=True)
+            self.model_pool.shutdown(wait=True)
+            self.write_pool.shutdown(wait=True)
+            raise
+        finally:
+            read_pool.shutdown(wait=True)
+            self.model_pool.shutdown(wait=True)
+            self.write_pool.shutdown(wait=True)
+        return [run.outcome for run in runs]
+
+    def processing(self, fmt: str | None) -> DataProcessing:
+        if fmt not in self._processing:
+            self._processing[fmt] = DataProcessing(
+                fmt,
+                self.job.input_filter_path,
+                self.job.output_filter_path,
+                self.job.join_source == "Input",
+            )
+        return self._processing[fmt]
+
+
+class _ObjectRun:
+    """One object on its way through the engine: batches out, answers back in order."""
+
+    def __init__(self, engine: TransformEngine, obj: InputObject) -> None:
+        self.engine = engine
+        self.obj = obj
+        self.lock = threading.Lock()
+        self.pending: dict[int, BatchResult] = {}
+        self.next = 0
+        self.submitted = 0
+        self.read_done = False
+        self.read_complete = False
+        self.finishing = False
+        self.failure: RecordFailure | None = None  # the first record that failed, in order
+        self.read_failure: RecordFailure | None = None  # the object could not be read to the end
+        self.dead: list[DeadLetter] = []
+        self.records = 0
+        self.writer: ObjectWriter | None = None
+        self.holds_slot = False
+        self.finished = threading.Event()
+        self.outcome = ObjectOutcome(obj, "failed")
+
+    # -- reading (a reader thread) -----------------------------------------------------------
+
+    def read(self) -> None:
+        engine, job, obj = self.engine, self.engine.job, self.obj
+        try:
+            if engine.stopping.is_set():
+                return
+            engine.object_slots.acquire()
+            self.holds_slot = True
+            content_type, fmt = object_format(job, obj)
+            processing = engine.processing(fmt)
+            caller = BatchCaller(engine.invoker, job, processing, content_type)
+            try:
+                self.writer = engine.store.writer(obj.out_name)
+            except OSError as exc:
+                raise _WriteError(
+                    f"cannot write {engine.store.display(obj.out_name)}: {type(exc).__name__}: {exc}"
+                ) from None
+            self._submit_batches(caller, processing)
+        except Exception as exc:
+            self._fail(failure_from(exc, self.obj))
+        finally:
+            with self.lock:
+                self.read_done = True
+                self._maybe_finish()
+
+    def _submit_batches(self, caller: BatchCaller, processing: DataProcessing) -> None:
+        engine, job = self.engine, self.engine.job
+        opened = OpenedInput(self.obj, job.compression_type)
+        seen = 0
+        try:
+            for batch in request_batches(opened, job, processing):
+                if self.failure is not None or self.read_failure is not None or engine.stopping.is_set():
+                    return
+                consumed = opened.consumed
+                engine.progress.add(nbytes=consumed - seen)
+                seen = consumed
+                engine.batch_slots.acquire()
+                with self.lock:
+                    seq = self.submitted
+                    self.submitted += 1
+                try:
+                    engine.model_pool.submit(self._call, seq, caller, batch)
+                except RuntimeError:  # the pool is shutting down (interrupted)
+                    engine.batch_slots.release()
+                    with self.lock:
+                        self.submitted -= 1
+                    return
+            self.read_complete = True
+        finally:
+            engine.progress.add(nbytes=max((self.obj.size or 0) - seen, 0))
+            opened.close()
+
+    # -- answers (model threads) -------------------------------------------------------------
+
+    def _call(self, seq: int, caller: BatchCaller, batch: RecordBatch) -> None:
+        try:
+            result = caller.run(batch)
+        except Exception as exc:  # a bug of ours: fail the object, keep the run going
+            log.exception("transforming %s failed", self.obj.url)
+            result = BatchResult(failure=RecordFailure(
+                where(batch.record(0), self.engine.job.split_type), f"internal error: {type(exc).__name__}: {exc}"
+            ))
+        finally:
+            self.engine.batch_slots.release()
+        with self.lock:
+            self.pending[seq] = result
+            while self.next in self.pending:
+                done = self.pending.pop(self.next)
+                self.next += 1
+                if self.failure is not None:
+                    continue
+                if done.failure is not None:
+                    self.failure = done.failure
+                    continue
+                assert self.writer is not None
+                for piece in done.pieces:
+                    self.writer.write(piece)
+                self.dead.extend(done.dead)
+                self.records += done.records
+                self.engine.progress.add(records=done.records)
+            self._maybe_finish()
+
+    def _fail(self, failure: RecordFailure) -> None:
+        with self.lock:
+            self.read_failure = failure
+
+    def _maybe_finish(self) -> None:
+        """Called with the lock held: hand the object to a writer once every answer is in."""
+        if self.read_done and self.next == self.submitted and not self.finishing:
+            self.finishing = True
+            try:
+                self.engine.write_pool.submit(self._finish)
+            except RuntimeError:
+                self._finish()
+
+    # -- publishing (a writer thread) --------------------------------------------------------
+
+    def _finish(self) -> None:
+        engine, obj = self.engine, self.obj
+        store = engine.store
+        try:
+            # a record that failed before the reader stopped is the first reason, else the reader's
+            self.failure = self.failure or self.read_failure
+            if self.failure is None and not self.read_complete:
+                self.failure = RecordFailure("the object", "interrupted before it was read to the end")
+            if self.failure is not None:
+                if self.writer is not None:
+                    self.writer.abort()
+                self.outcome = ObjectOutcome(obj, "failed", self.records, self.failure)
+                return
+            assert self.writer is not None
+            name = dead_letter_name(obj)
+            if self.dead:
+                engine.state.put(name, b"".join(d.to_json(obj) for d in self.dead))
+            elif name in engine.existing:
+                engine.state.remove(name)
+            self.writer.commit()
+            self.outcome = ObjectOutcome(obj, "done", self.records, None, len(self.dead))
+        except Exception as exc:
+            if self.writer is not None:
+                try:
+                    self.writer.abort()
+                except Exception:
+                    pass
+            error = f"could not write {store.display(obj.out_name)}: {type(exc).__name__}: {exc}"
+            self.outcome = ObjectOutcome(obj, "failed", self.records, RecordFailure("the object", error))
+        finally:
+            if self.holds_slot:
+                engine.object_slots.release()
+            engine.progress.add(objects=1, failed=int(self.outcome.status == "failed"))
+            self.finished.set()
+
+
+def object_format(job: TransformJob, obj: InputObject) -> tuple[str, str | None]:
+    """(content type, record format) of one object; JobError/RecordError when the job cannot
+    transform it (filters on a non-CSV/JSON object, a whole object over --max-payload)."""
+    content_type = job.content_type or JSON  # SageMaker sends this when the job names no ContentType
+    fmt = record_format(content_type)
+    if job.reads_records and fmt is None:
+        raise JobError(
+            f"--input-filter and --join-source need CSV or JSON records, "
+            f"but {obj.url} is sent as {content_type}; "
+            "set --content-type text/csv or application/jsonlines"
+        )
+    size = obj.size or 0
+    if job.split_type == "None" and job.compression_type == "None" and size > job.max_payload_bytes:
+        raise RecordError(
+            f"{obj.url} is {size / 2**20:.3g} MB, over --max-payload {job.max_payload_mb:g} MB, and "
+            "--split-type None sends each object whole; use --split-type Line/RecordIO/TFRecord "
+            "or raise --max-payload"
+        )
+    return content_type, fmt
+
+
+def request_batches(
+    opened: OpenedInput, job: TransformJob, processing: DataProcessing
+) -> Iterator[RecordBatch]:
+    """One object's requests in order: its records, filtered and packed up to --max-payload.
+    Every engine sends exactly these."""
+    obj = opened.obj
+    split = job.split_type
+    blank = _BLANK.get(split, _never_blank)
+
+    def prepared() -> Iterator[tuple[RecordChunk, list[bytes | None], dict[int, str]]]:
+        for chunk in iter_record_chunks(opened.stream, split, obj.url):
+            payloads, errors = processing.prepare_many(chunk.framed or chunk.data, blank)  # framing kept
+            yield chunk, payloads, errors
+
+    yield from pack_batches(
+        prepared(),
+        split_type=split,
+        batch_strategy=job.batch_strategy,
+        max_bytes=job.max_payload_bytes,
+        name=obj.url,
+        limit_mb=job.max_payload_mb,
+    )
+
+
+def _never_blank(record: bytes) -> bool:
+    return False
+
+
+# Records kept in the output but not sent: blank lines, and an empty object.
+_BLANK = {"Line": lambda record: not record.strip(), "None": lambda record: not record}
+
+
+class _WriteError(Exception):
+    pass
+
+
+def failure_from(exc: BaseException, obj: InputObject) -> RecordFailure:
+    """Why `obj` could not be read, split or written, from the exception that stopped it: the
+    record and message for the failure report (an unexpected one is logged with its traceback)."""
+    if isinstance(exc, _WriteError):
+        return RecordFailure("the object", str(exc))
+    if isinstance(exc, RecordError):
+        return RecordFailure(exc.where, exc.message)
+    if isinstance(exc, ServingError):
+        return RecordFailure("the object", exc.message)
+    if gzip_error(exc):
+        return RecordFailure(
+            "the object", f"{obj.url} is not valid gzip ({exc}); drop --compression-type Gzip or fix the file"
+        )
+    if isinstance(exc, OSError):
+        return RecordFailure("the object", f"cannot read {obj.url}: {type(exc).__name__}: {exc}")
+    log.error("reading %s failed", obj.url, exc_info=exc)
+    return RecordFailure("the object", f"internal error reading {obj.url}: {type(exc).__name__}: {exc}")
+
+
+def content_type_hint(job: TransformJob, objects: list[InputObject]) -> str | None:
+    """Without --content-type every object is sent as application/json, as SageMaker does for a
+    job without a ContentType; when objects look like images, say once which type image
+    handlers expect (they check for application/x-image and would refuse every object)."""
+    if job.content_type is not None:
+        return None
+    images = [o for o in objects if guess_content_type(o.rel, job.compression_type).startswith("image/")]
+    if not images:
+        return None
+    return (
+        f"{len(images)} of {len(objects)} input objects are images (e.g. {images[0].rel}); without "
+        f"--content-type they are sent as {JSON}, as SageMaker sends objects of a job that names no "
+        f"ContentType. SageMaker image handlers expect --content-type {X_IMAGE}"
+    )
+
+
+def list_job_inputs(job: TransformJob) -> list[InputObject]:
+    """The job's input objects, after checking that OUTPUT is a folder outside INPUT."""
+    out_fs, out_root = url_to_fs(job.output)
+    if is_local(out_fs) and os.path.exists(out_root) and not os.path.isdir(out_root):
+        raise JobError(f"OUTPUT {job.output} is a file; give a folder (it is made if missing)")
+    check_output_outside_input(job)
+    try:
+        objects = list_inputs(job)
+    except OSError as exc:
+        raise JobError(f"cannot list INPUT {job.input}: {type(exc).__name__}: {exc}") from None
+    hint = content_type_hint(job, objects)
+    if hint:
+        log.warning(hint)
+    return objects
+
+
+def check_output_outside_input(job: TransformJob) -> None:
+    """OUTPUT inside INPUT would make a rerun take outputs for inputs."""
+    if job.data_type != "S3Prefix":
+        return
+    in_fs, in_root = url_to_fs(job.input)
+    out_fs, out_root = url_to_fs(job.output)
+    if type(in_fs) is not type(out_fs):
+        return
+    if is_local(in_fs):
+        in_root, out_root = os.path.realpath(in_root), os.path.realpath(out_root)
+    in_root, out_root = in_root.rstrip("/"), out_root.rstrip("/")
+    inside = out_root == in_root or out_root.startswith(in_root + "/")
+    if not inside and out_root.startswith(in_root):
+        inside = not in_fs.isdir(in_root)  # an S3 key prefix takes every name starting with it
+    if inside:
+        raise JobError(
+            f"OUTPUT {job.output} is inside INPUT {job.input}; outputs would be read as inputs "
+            "on the next run. Write the outputs somewhere else"
+        )

@@ -1,0 +1,235 @@
+"""The transform job on a Ray cluster (`tfservo transform --runner ray`).
+
+A pool of model actors (one loaded ModelService per actor, `--max-concurrent-transforms` model
+calls at a time in each) does everything: an actor splits each object not done yet into
+requests (a streaming generator, so a large object's requests reach the other actors while it
+is still being read), the requests go to the least busy actor, and when an object's answers
+are all in, an actor writes its .out atomically (distributed.write_object). Splitting and
+writing run in the actors' own I/O threads: as Ray tasks each needed a worker process of its
+own, started on demand, which cost more than the model calls on small jobs. Request and answer bytes move between workers through
+Ray's object store; the driver sees only small progress records. Without an address it
+starts a local cluster on this machine's cores and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfservo.batch.engines.distributed import (
+    DriverRun,
+    Request,
+    Tail,
+    call_request,
+    outcome_from_json,
+    run_on_cluster,
+    split_object,
+    worker_id,
+    worker_service,
+    write_wired,
+)
+from tfservo.batch.job import JobError, TransformJob
+from tfservo.batch.sources import InputObject
+from tfservo.batch.state import ObjectOutcome, RecordFailure, TransformSummary
+
+__all__ = ["RaySettings", "run_ray_transform"]
+
+log = logging.getLogger("tfservo.batch")
+
+
+@dataclass
+class RaySettings:
+    """--ray-address and --workers: where the job runs and on how many model actors."""
+
+    address: str | None = None  # None: the cluster this process is connected to, else a new local one
+    workers: int = 0  # model actors; 0: one per CPU of the cluster
+    options: dict[str, Any] = field(default_factory=dict)  # more ray.init() arguments
+
+
+@contextmanager
+def _connected(settings: RaySettings) -> Iterator[Any]:
+    """Ray, connected: to `address`, to the cluster this process already joined, or to a new
+    local one (stopped at the end)."""
+    try:
+        import ray
+    except ImportError:
+        raise JobError("--runner ray needs Ray: pip install 'tfservo[ray]'") from None
+    if ray.is_initialized():
+        yield ray
+        return
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True, **settings.options}
+    if settings.address:
+        kwargs["address"] = settings.address
+    else:
+        kwargs.update(num_cpus=os.cpu_count() or 1, include_dashboard=False)
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise JobError(f"cannot reach the Ray cluster at {settings.address or 'a new local cluster'}: {exc}") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _actor_class(ray: Any, concurrency: int) -> Any:
+    """The model worker: an actor holding the model that also splits objects and writes them
+    (in its own threads), so no task needs a worker process of its own."""
+
+    @ray.remote(num_cpus=1, concurrency_groups={"model": concurrency, "io": 2})
+    class ModelWorker:
+        def __init__(self, job: TransformJob) -> None:
+            self.job = job
+            self.invoker = worker_service(job).invoker
+            self.id = worker_id()
+
+        def ready(self) -> str:
+            return self.id
+
+        @ray.method(concurrency_group="io")
+        def split(self, obj: InputObject) -> Iterator[tuple | Tail]:
+            for _rel, part in split_object(obj, self.job):
+                yield part  # request wires, then the Tail
+
+        @ray.method(num_returns=2, concurrency_group="model")
+        def call(self, rel: str, wire: tuple) -> tuple[tuple, tuple]:
+            part = Request.unwire(wire)
+            answer = call_request(self.invoker, self.job, rel, part)
+            ok = answer.failure is None
+            return (answer.records if ok else 0, part.nbytes, self.id), answer.wire()
+
+        @ray.method(concurrency_group="io")
+        def write(self, tail: Tail, stale: set[str], *answers: tuple) -> bytes:
+            return write_wired(self.job, tail, answers, stale)
+
+    return ModelWorker
+
+
+class _Object:
+    """One object in flight: its request generator, answers so far, and its tail once read."""
+
+    def __init__(self, obj: InputObject) -> None:
+        self.obj = obj
+        self.held: Any = None  # the newest ref: a request, or the Tail when the generator ends
+        self.answers: list[Any] = []
+        self.waiting = 0  # answers not in yet
+        self.tail: Tail | None = None
+
+
+def run_ray_transform(
+    job: TransformJob, settings: RaySettings | None = None, *, progress: str = "auto",
+    progress_interval: float = 10.0,
+) -> TransformSummary:
+    """Run `job` on Ray and wait for it: the local engine's outputs, report and summary, with the
+    workers that took part named in the summary."""
+    chosen = settings or RaySettings()
+    return run_on_cluster(
+        job, lambda: _connected(chosen), lambda engine, run: _drive(engine, run, chosen, progress, progress_interval)
+    )
+
+
+def _drive(
+    ray: Any, run: DriverRun, settings: RaySettings, progress_mode: str, interval: float
+) -> tuple[list[ObjectOutcome], set[str]]:
+    job = run.job
+    count = settings.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    ModelWorker = _actor_class(ray, job.concurrency)
+    actors = [ModelWorker.options(scheduling_strategy="SPREAD").remote(job) for _ in range(count)]
+    try:
+        ids = ray.get([a.ready.remote() for a in actors])
+    except ray.exceptions.RayActorError as exc:
+        raise JobError(f"the Ray workers could not load {job.model}: {exc}") from None
+    log.info("running %d objects on Ray: %d model workers (%s)", len(run.todo), count, ", ".join(sorted(set(ids))))
+    meter = run.progress(progress_mode, interval)
+    busy = {i: 0 for i in range(count)}
+    limit = 2 * job.concurrency  # requests queued per actor before splitting waits
+    objects: dict[Any, _Object] = {}  # generator → its object
+    answers: dict[Any, tuple[_Object, int]] = {}  # progress ref → (object, actor)
+    writes: dict[Any, _Object] = {}
+    outcomes: list[ObjectOutcome] = []
+    workers: set[str] = set()
+    todo = list(run.todo)
+    window = max(2, count)  # objects being split at once
+    turn = itertools.count()  # splits and writes go round the actors
+
+    def dispatch(state: _Object, ref: Any) -> None:
+        actor = min(busy, key=busy.__getitem__)
+        busy[actor] += 1
+        meta, answer = actors[actor].call.remote(state.obj.rel, ref)
+        state.answers.append(answer)
+        state.waiting += 1
+        answers[meta] = (state, actor)
+
+    def maybe_write(state: _Object) -> None:
+        if state.tail is not None and state.waiting == 0:
+            writer = actors[next(turn) % count]
+            writes[writer.write.remote(state.tail, run.stale_dead_letters, *state.answers)] = state
+
+    try:
+        while todo or objects or answers or writes:
+            while todo and len(objects) < window:
+                obj = todo.pop(0)
+                objects[actors[next(turn) % count].split.remote(obj)] = _Object(obj)
+            room = sum(busy.values()) < limit * count
+            waitables = [*(g for g in objects if room), *answers, *writes]
+            if not waitables:  # every actor is full: wait for an answer
+                waitables = list(answers)
+            ready, _ = ray.wait(waitables, num_returns=1, timeout=1.0)
+            if ready:  # and whatever else is ready now, handled together
+                ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)
+            metas = [r for r in ready if r in answers]
+            for ref, (records, nbytes, worker) in zip(metas, ray.get(metas)):
+                state, actor = answers.pop(ref)
+                busy[actor] -= 1
+                state.waiting -= 1
+                workers.add(worker)
+                meter.add(records=records, nbytes=nbytes)
+                maybe_write(state)
+            written = [r for r in ready if r in writes]
+            for ref, data in zip(written, ray.get(written)):
+                outcome = outcome_from_json(writes.pop(ref).obj, data)
+                outcomes.append(outcome)
+                meter.add(objects=1, failed=int(outcome.status != "done"))
+            for ref in ready:
+                if ref in objects:
+                    _advance(ray, ref, objects, dispatch, maybe_write)
+    except ray.exceptions.RayError as exc:
+        raise JobError(f"the Ray job failed: {exc}; run the same command again to resume") from None
+    finally:
+        meter.close()
+        for actor in actors:
+            ray.kill(actor)
+    return outcomes, workers
+
+
+def _advance(ray: Any, generator: Any, objects: dict[Any, _Object], dispatch: Any, maybe_write: Any) -> None:
+    """Take the next item of an object's split generator: the item before it was a request (sent
+    to a model worker); when the generator ends, the one held back is the object's Tail."""
+    state = objects[generator]
+    try:
+        ref = next(generator)
+    except StopIteration:
+        del objects[generator]
+        state.tail = _tail(ray, state)
+        maybe_write(state)
+        return
+    if state.held is not None:
+        dispatch(state, state.held)
+    state.held = ref
+
+
+def _tail(ray: Any, state: _Object) -> Tail:
+    """The object's Tail, the last item its split task yielded; when the task died instead
+    (a worker lost), a failed Tail counting the requests already sent."""
+    try:
+        item = ray.get(state.held) if state.held is not None else None
+    except ray.exceptions.RayError as exc:
+        return Tail(state.obj, len(state.answers), False, RecordFailure("the object", f"reading it on Ray failed: {exc}"))
+    if isinstance(item, Tail):
+        return item
+    return Tail(state.obj, len(state.answers), False, RecordFailure("the object", "its split task ended without its tail"))

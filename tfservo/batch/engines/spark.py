@@ -1,0 +1,185 @@
+"""The transform job on Spark (`tfservo transform --runner spark`).
+
+The same steps as the Beam pipeline, as RDD stages: the objects not done yet are split into
+requests where they are read, the requests are repartitioned across the executors, each
+Python worker holds one loaded ModelService (Spark reuses its Python workers, so the model is
+loaded once per worker process) and answers its partition --max-concurrent-transforms at a
+time, and the answers are grouped per object, put in order and written atomically
+(distributed.write_object). Without a master URL it runs on local[N], this machine's cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfservo.batch.engines.distributed import (
+    DriverRun,
+    Request,
+    Tail,
+    call_request,
+    outcome_from_json,
+    run_on_cluster,
+    split_object,
+    worker_id,
+    worker_service,
+    write_wired,
+)
+from tfservo.batch.job import JobError, TransformJob
+from tfservo.batch.state import ObjectOutcome, TransformSummary
+
+__all__ = ["SparkSettings", "run_spark_transform"]
+
+log = logging.getLogger("tfservo.batch")
+
+
+@dataclass
+class SparkSettings:
+    """--spark-master and --workers: where the job runs and how many partitions of requests."""
+
+    master: str | None = None  # None: the active SparkSession, else local[N] on this machine's cores
+    workers: int = 0  # parallel model workers; 0: Spark's default parallelism
+    conf: dict[str, str] = field(default_factory=dict)  # more Spark settings
+
+
+@contextmanager
+def _session(settings: SparkSettings) -> Iterator[Any]:
+    """A SparkSession: the active one (left running), or a new one on `master` (stopped at the end)."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise JobError("--runner spark needs PySpark: pip install 'tfservo[spark]' (and a Java 17 JRE)") from None
+    active = SparkSession.getActiveSession()
+    if active is not None and settings.master is None:
+        yield active
+        return
+    builder = SparkSession.builder.appName("tfservo transform").master(settings.master or f"local[{os.cpu_count() or 1}]")
+    defaults = {
+        "spark.ui.enabled": "false",
+        "spark.python.worker.reuse": "true",  # the model stays loaded between tasks
+        "spark.ui.showConsoleProgress": "false",
+    }
+    # Python workers run this interpreter (tfservo installed); PySpark reads only the variable.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    for key, value in {**defaults, **settings.conf}.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # Py4J/Java startup errors carry their own types
+        raise JobError(f"cannot start Spark on {settings.master or 'local'}: {type(exc).__name__}: {exc}") from None
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def run_spark_transform(
+    job: TransformJob, settings: SparkSettings | None = None, *, progress: str = "auto",
+    progress_interval: float = 10.0,
+) -> TransformSummary:
+    """Run `job` on Spark and wait for it: the local engine's outputs, report and summary, with
+    the workers that took part named in the summary."""
+    chosen = settings or SparkSettings()
+    return run_on_cluster(
+        job, lambda: _session(chosen), lambda engine, run: _drive(engine, run, chosen, progress, progress_interval)
+    )
+
+
+def _drive(
+    spark: Any, run: DriverRun, settings: SparkSettings, progress_mode: str, interval: float
+) -> tuple[list[ObjectOutcome], set[str]]:
+    from pyspark.accumulators import AccumulatorParam
+
+    class _Union(AccumulatorParam):
+        def zero(self, value: set[str]) -> set[str]:
+            return set()
+
+        def addInPlace(self, a: set[str], b: set[str]) -> set[str]:
+            a |= b
+            return a
+
+    sc = spark.sparkContext
+    job = run.job
+    parallel = settings.workers or sc.defaultParallelism
+    records, nbytes, seen = sc.accumulator(0), sc.accumulator(0), sc.accumulator(set(), _Union())
+    stale = run.stale_dead_letters
+    log.info("running %d objects on Spark (%s, %d parallel model workers)", len(run.todo), sc.master, parallel)
+    meter = run.progress(progress_mode, interval)
+    stop = threading.Event()
+
+    def follow() -> None:  # accumulators reach the driver as tasks finish
+        counted = [0, 0]
+        while not stop.wait(min(interval, 2.0)):
+            r, b = records.value, nbytes.value
+            meter.add(records=r - counted[0], nbytes=b - counted[1])
+            counted[:] = [r, b]
+
+    follower = threading.Thread(target=follow, daemon=True, name="tfservo-spark-progress")
+    follower.start()
+    try:
+        results = (
+            sc.parallelize(run.todo, len(run.todo))
+            .flatMap(lambda obj: split_object(obj, job))
+            .repartition(max(parallel * 2, 1))  # spread one object's requests over the workers
+            .mapPartitions(lambda parts: _call_partition(job, parts, records, nbytes, seen))
+            .groupByKey(max(parallel, 1))
+            .map(lambda grouped: _write(job, stale, grouped))
+            .collect()
+        )
+    except Exception as exc:  # Py4JJavaError and friends: the job did not finish
+        raise JobError(f"the Spark job failed: {type(exc).__name__}: {str(exc)[:2000]}; "
+                       "run the same command again to resume") from None
+    finally:
+        stop.set()
+        follower.join(timeout=5)
+        meter.close()
+    by_rel = {obj.rel: obj for obj in run.todo}
+    outcomes = [outcome_from_json(by_rel[rel], data) for rel, data in results]
+    for outcome in outcomes:
+        meter.add(objects=1, failed=int(outcome.status != "done"))
+    return outcomes, set(seen.value)
+
+
+def _call_partition(
+    job: TransformJob, parts: Iterable[tuple[str, tuple | Tail]], records: Any, nbytes: Any, seen: Any
+) -> Iterator[tuple[str, tuple | Tail]]:
+    """One partition's requests through this Python worker's model, --max-concurrent-transforms
+    at a time, in order; Tails pass through."""
+    invoker = worker_service(job).invoker
+    seen.add({worker_id()})
+    pending: list[Future] = []
+
+    def call(rel: str, part: Request) -> tuple[str, tuple]:
+        answer = call_request(invoker, job, rel, part)
+        records.add(answer.records if answer.failure is None else 0)
+        nbytes.add(part.nbytes)
+        return rel, answer.wire()
+
+    with ThreadPoolExecutor(job.concurrency, thread_name_prefix="tfservo-spark-model") as pool:
+        for rel, wire in parts:
+            if isinstance(wire, Tail):
+                yield rel, wire
+                continue
+            pending.append(pool.submit(call, rel, Request.unwire(wire)))
+            while pending and (pending[0].done() or len(pending) > 2 * job.concurrency):
+                yield pending.pop(0).result()
+        while pending:
+            yield pending.pop(0).result()
+
+
+def _write(job: TransformJob, stale: set[str], grouped: tuple[str, Iterable[tuple | Tail]]) -> tuple[str, bytes]:
+    """One object's answers → its .out (distributed.write_object) → its outcome as JSON."""
+    rel, parts = grouped[0], list(grouped[1])
+    tails = [p for p in parts if isinstance(p, Tail)]
+    answers = [p for p in parts if not isinstance(p, Tail)]
+    if len(tails) != 1:
+        raise RuntimeError(f"{rel}: expected one tail, got {len(tails)}")
+    return rel, write_wired(job, tails[0], answers, stale)

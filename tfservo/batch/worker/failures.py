@@ -1,0 +1,127 @@
+"""Per-element failures of a batch, and HTTP-style error answers turned back into ServingErrors.
+
+When a batch fails the handlers retry its elements one by one; each bad one becomes an
+ElementFailure, and ElementErrors' message names them (index in the batch, the element itself
+and its own error). Under `RunInference(...).with_exception_handling()` each bad element is
+dead-lettered on its own as `([element], (ElementErrors, repr(error), traceback))` (see
+dead_letters.py); elsewhere ElementErrors is raised for the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tfservo.core.errors import (
+    Code,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServingError,
+    Unavailable,
+    Unimplemented,
+)
+
+__all__ = ["describe_element", "ElementErrors", "ElementFailure", "error_from_response", "is_transient"]
+
+_SHOWN = 200  # characters of an element quoted in a message
+_TRANSIENT = (Code.UNAVAILABLE, Code.RESOURCE_EXHAUSTED, Code.DEADLINE_EXCEEDED)
+
+
+@dataclass(frozen=True)
+class ElementFailure:
+    """One element that failed on its own: its position in the batch, the element, its error."""
+
+    index: int
+    element: Any
+    error: BaseException
+
+
+class ElementErrors(ServingError):
+    """Some elements of a batch failed when run one by one; `failures` lists them."""
+
+    def __init__(self, failures: Sequence[ElementFailure], batch_size: int, where: str) -> None:
+        first = failures[0].error
+        code = first.code if isinstance(first, ServingError) else Code.INTERNAL
+        lines = [
+            f"element {f.index} ({describe_element(f.element)}): {_error_text(f.error)}" for f in failures
+        ]
+        super().__init__(
+            f"{len(failures)} of {batch_size} elements failed ({where}); " + "; ".join(lines),
+            code,
+        )
+        self.failures = list(failures)
+        self.batch_size = batch_size
+
+    def __reduce__(self):  # pickles across Beam's process boundaries with its message intact
+        return (_rebuild, (type(self), self.message, self.code))
+
+
+def _rebuild(cls: type, message: str, code: Code) -> ServingError:
+    error: Any = ServingError.__new__(cls)
+    ServingError.__init__(error, message, code)
+    error.failures, error.batch_size = [], 0
+    return error
+
+
+def is_transient(error: BaseException) -> bool:
+    """Overload or outage (retried with back-off, never split per element)."""
+    return isinstance(error, ServingError) and error.code in _TRANSIENT
+
+
+def describe_element(element: Any) -> str:
+    """A short, one-line rendering of an element for messages."""
+    if isinstance(element, np.ndarray):
+        text = f"array{list(element.shape)} {element.dtype}: " + np.array2string(
+            element, threshold=8, edgeitems=2, separator=","
+        ).replace("\n", "")
+    elif isinstance(element, (bytes, bytearray)):
+        text = repr(bytes(element[:_SHOWN]))
+    elif hasattr(element, "SerializeToString") and hasattr(element, "ListFields"):
+        from google.protobuf import text_format
+
+        text = f"{type(element).__name__} {{{text_format.MessageToString(element, as_one_line=True)}}}"
+    else:
+        text = repr(element)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + f"... ({len(text)} characters)"
+
+
+def _error_text(error: BaseException) -> str:
+    if isinstance(error, ServingError):
+        return error.message
+    return f"{type(error).__name__}: {error}"
+
+
+_BY_STATUS: dict[int, type[ServingError]] = {
+    400: InvalidArgument,
+    404: NotFound,
+    406: InvalidArgument,
+    413: InvalidArgument,
+    415: InvalidArgument,
+    429: ResourceExhausted,
+    501: Unimplemented,
+    503: Unavailable,
+}
+
+
+def error_from_response(status: int, body: bytes, what: str) -> ServingError:
+    """A non-2xx answer (`{"error": "..."}` or any body) as the ServingError of its kind."""
+    try:
+        doc = orjson.loads(body)
+        text = doc["error"] if isinstance(doc, dict) and isinstance(doc.get("error"), str) else None
+    except orjson.JSONDecodeError:
+        text = None
+    if text is None:
+        text = body[:_SHOWN].decode("utf-8", "replace").strip() or "(empty body)"
+    kind = _BY_STATUS.get(status)
+    if kind is None:
+        kind = FailedPrecondition if 400 <= status < 500 else Internal
+    if status == 504:
+        return ServingError(f"{what} answered {status}: {text}", Code.DEADLINE_EXCEEDED)
+    return kind(f"{what} answered {status}: {text}")

@@ -1,0 +1,239 @@
+"""`tensorflow_model_server`: TF Serving's command line, meaning what it means there, over the
+same settings resolution and server as `tfservo serve`.
+
+TF Serving parses flags with absl: `--name=value` or `--name value`, booleans also as `--name`,
+`--noname`, `--name=true/false`. In TF Serving `--port` is gRPC and `--rest_api_port` REST
+(0: no REST — tfservo always serves HTTP, so 0 means 8501 here), and it listens on every
+interface. `MODEL_NAME`/`MODEL_BASE_PATH` fill in `--model_name`/`--model_base_path` as TF
+Serving's Docker image does. Flags tfservo has no use for are accepted with a warning naming
+them; a flag TF Serving does not have stops start-up naming it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tfservo.core.logs import quiet_tensorflow, setup_logging
+from tfservo.core.settings import ConfigError, Settings, resolve_settings
+
+__all__ = ["TF_SERVING_FLAGS", "parse_tfs_args", "run", "settings_from_tfs_args"]
+
+log = logging.getLogger("tfservo.cli.tfs")
+
+DEFAULT_REST_PORT = 8501
+
+
+@dataclass(frozen=True)
+class Flag:
+    kind: type  # int, float, str or bool
+    default: Any
+    acted_on: bool = True  # False: accepted, warned about, ignored
+
+
+# TF Serving 2.x's flags (model_servers/main.cc) and their defaults.
+TF_SERVING_FLAGS: dict[str, Flag] = {
+    "port": Flag(int, 8500),
+    "rest_api_port": Flag(int, 0),
+    "rest_api_host": Flag(str, "0.0.0.0"),  # tfservo's: TF Serving always listens on all interfaces
+    "grpc_host": Flag(str, "0.0.0.0"),  # tfservo's
+    "rest_api_timeout_in_ms": Flag(int, 30000),
+    "model_name": Flag(str, "default"),
+    "model_base_path": Flag(str, ""),
+    "model_config_file": Flag(str, ""),
+    "model_config_file_poll_wait_seconds": Flag(int, 0),
+    "file_system_poll_wait_seconds": Flag(int, 1),
+    "enable_batching": Flag(bool, False),
+    "batching_parameters_file": Flag(str, ""),
+    "monitoring_config_file": Flag(str, ""),
+    "ssl_config_file": Flag(str, ""),
+    "tensorflow_intra_op_parallelism": Flag(int, 0),
+    "tensorflow_inter_op_parallelism": Flag(int, 0),
+    "tensorflow_session_parallelism": Flag(int, 0),
+    "enable_model_warmup": Flag(bool, True),
+    "allow_version_labels_for_unavailable_models": Flag(bool, False),
+    # accepted, not acted on
+    "grpc_socket_path": Flag(str, "", False),
+    "rest_api_num_threads": Flag(int, 0, False),
+    "rest_api_enable_cors_support": Flag(bool, False, False),
+    "enable_signature_method_name_check": Flag(bool, False, False),
+    "num_load_threads": Flag(int, 0, False),
+    "num_unload_threads": Flag(int, 0, False),
+    "max_num_load_retries": Flag(int, 5, False),
+    "load_retry_interval_micros": Flag(int, 60_000_000, False),
+    "flush_filesystem_caches": Flag(bool, True, False),
+    "tensorflow_session_config_file": Flag(str, "", False),
+    "platform_config_file": Flag(str, "", False),
+    "per_process_gpu_memory_fraction": Flag(float, 0.0, False),
+    "saved_model_tags": Flag(str, "serve", False),
+    "grpc_channel_arguments": Flag(str, "", False),
+    "grpc_max_threads": Flag(int, 0, False),
+    "num_request_iterations_for_warmup": Flag(int, 1, False),
+    "remove_unused_fields_from_bundle_metagraph": Flag(bool, True, False),
+    "prefer_tflite_model": Flag(bool, False, False),
+    "num_tflite_pools": Flag(int, 1, False),
+    "num_tflite_interpreters_per_pool": Flag(int, 1, False),
+    "num_tflite_interpreters": Flag(int, 1, False),
+    "xla_cpu_compilation_enabled": Flag(bool, False, False),
+    "enable_profiler": Flag(bool, True, False),
+    "thread_pool_factory_config_file": Flag(str, "", False),
+    "mixed_precision": Flag(str, "", False),
+    "skip_initialize_tpu": Flag(bool, False, False),
+    "use_alts_credentials": Flag(bool, False, False),
+    "use_tflite_model": Flag(bool, False, False),
+    "enable_grpc_healthcheck_service": Flag(bool, True, False),  # tfservo always serves grpc.health.v1
+}
+
+_TRUE, _FALSE = {"true", "1", "yes", "t", "y"}, {"false", "0", "no", "f", "n"}
+
+
+def parse_tfs_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """absl-style flags → ({name: value} of those given, names given but not acted on)."""
+    given: dict[str, Any] = {}
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("--help", "-h", "--helpfull"):
+            raise SystemExit(_usage())
+        if arg == "--version":
+            from tfservo import __version__
+
+            print(f"TensorFlow ModelServer: tfservo {__version__}")
+            raise SystemExit(0)
+        if not arg.startswith("-") or arg in ("-", "--"):
+            raise ConfigError(f"unexpected argument {arg!r}: tensorflow_model_server takes only --flags")
+        body = arg.lstrip("-")
+        name, has_value, text = body.partition("=")
+        flag = TF_SERVING_FLAGS.get(name)
+        if flag is None and name.startswith("no") and TF_SERVING_FLAGS.get(name[2:], Flag(str, "")).kind is bool:
+            name, flag, has_value, text = name[2:], TF_SERVING_FLAGS[name[2:]], "=", "false"
+        if flag is None:
+            close = difflib.get_close_matches(name, TF_SERVING_FLAGS, n=1)
+            hint = f"; did you mean --{close[0]}?" if close else "; tensorflow_model_server --help lists them"
+            raise ConfigError(f"unknown flag --{name}{hint}")
+        if not has_value:
+            if flag.kind is bool and (not args or args[0].startswith("-") or args[0].lower() not in _TRUE | _FALSE):
+                text = "true"
+            elif not args:
+                raise ConfigError(f"flag --{name} needs a value")
+            else:
+                text = args.pop(0)
+        given[name] = _convert(name, flag, text)
+    ignored = [name for name in given if not TF_SERVING_FLAGS[name].acted_on]
+    return given, ignored
+
+
+def _convert(name: str, flag: Flag, text: str) -> Any:
+    if flag.kind is bool:
+        low = text.lower()
+        if low not in _TRUE | _FALSE:
+            raise ConfigError(f"flag --{name} is true or false, got {text!r}")
+        return low in _TRUE
+    try:
+        return flag.kind(text)
+    except ValueError:
+        raise ConfigError(f"flag --{name} needs {flag.kind.__name__} value, got {text!r}") from None
+
+
+def settings_from_tfs_args(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, *, warn: Callable[[str], None] = log.warning
+) -> Settings:
+    """TF Serving's flags (and MODEL_NAME/MODEL_BASE_PATH) as tfservo's Settings."""
+    env = os.environ if env is None else env
+    given, ignored = parse_tfs_args(argv)
+    for name in ignored:
+        warn(f"--{name} is accepted for compatibility and has no effect in tfservo")
+    value = {name: given.get(name, flag.default) for name, flag in TF_SERVING_FLAGS.items()}
+    model_name = given.get("model_name") or env.get("MODEL_NAME") or value["model_name"]
+    base_path = value["model_base_path"]
+    if not base_path and "model_base_path" not in given and env.get("MODEL_BASE_PATH") and not value["model_config_file"]:
+        base_path = f"{env['MODEL_BASE_PATH'].rstrip('/')}/{model_name}"
+    config_file = value["model_config_file"] or None
+    if config_file and base_path:
+        raise ConfigError("give --model_config_file or --model_base_path, not both (as TF Serving requires)")
+    if not config_file:
+        if not base_path:
+            raise ConfigError(
+                "nothing to serve: give --model_base_path=/models/NAME (and --model_name), "
+                "--model_config_file, or MODEL_NAME and MODEL_BASE_PATH"
+            )
+        config_file = _single_model_config(model_name, base_path)
+    if value["allow_version_labels_for_unavailable_models"]:
+        warn("--allow_version_labels_for_unavailable_models: tfservo allows labels on any configured version")
+    if value["tensorflow_session_parallelism"] and not value["tensorflow_intra_op_parallelism"]:
+        value["tensorflow_intra_op_parallelism"] = value["tensorflow_session_parallelism"]
+        value["tensorflow_inter_op_parallelism"] = value["tensorflow_session_parallelism"]
+    timeout_ms = value["rest_api_timeout_in_ms"]
+    return resolve_settings(
+        host=value["rest_api_host"],
+        grpc_host=value["grpc_host"],
+        port=value["rest_api_port"] or DEFAULT_REST_PORT,
+        grpc_port=value["port"],
+        model_config_file=config_file,
+        model_config_poll_seconds=float(value["model_config_file_poll_wait_seconds"]),
+        file_system_poll_wait_seconds=float(value["file_system_poll_wait_seconds"]),
+        enable_batching=value["enable_batching"],
+        batching_parameters_file=value["batching_parameters_file"] or None,
+        request_timeout=timeout_ms / 1000 if timeout_ms > 0 else 0.0,
+        monitoring_config_file=value["monitoring_config_file"] or None,
+        ssl_config_file=value["ssl_config_file"] or None,
+        intra_op_threads=value["tensorflow_intra_op_parallelism"] or None,
+        inter_op_threads=value["tensorflow_inter_op_parallelism"] or None,
+        warmup=value["enable_model_warmup"],
+        multi_model=False,
+        serve_default_path=False,
+        env=env,
+    )
+
+
+def _single_model_config(name: str, base_path: str) -> str:
+    """--model_name/--model_base_path as a one-model ModelServerConfig, so both forms go the
+    config file's way (TF Serving builds the same config internally)."""
+    text = f'model_config_list {{ config {{ name: "{_escape(name)}" base_path: "{_escape(base_path)}" model_platform: "tensorflow" }} }}\n'
+    fd, path = tempfile.mkstemp(prefix="tfservo-model-config-", suffix=".config")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _usage() -> str:
+    lines = ["usage: tensorflow_model_server [--flag=value]...", "", "Flags (TF Serving's; * accepted, no effect):"]
+    for name, flag in TF_SERVING_FLAGS.items():
+        lines.append(f"  --{name}={flag.default!r}{'' if flag.acted_on else '  *'}")
+    return "\n".join(lines)
+
+
+def run(argv: Sequence[str] | None = None) -> None:
+    """The `tensorflow_model_server` console script."""
+    quiet_tensorflow()
+    setup_logging(os.environ.get("TFSERVO_LOG_LEVEL", "info"))
+    try:
+        settings = settings_from_tfs_args(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"tensorflow_model_server: {exc.message}", file=sys.stderr)
+        raise SystemExit(2) from None
+    from tfservo.core.errors import ServingError
+    from tfservo.server.run import serve
+
+    try:
+        serve(settings)
+    except ServingError as exc:
+        print(f"tensorflow_model_server: {exc.message}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as exc:
+        print(f"tensorflow_model_server: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    run()

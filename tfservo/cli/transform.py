@@ -1,0 +1,170 @@
+"""`tfservo transform`: SageMaker batch transform job flags → a TransformJob → the local engine."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tfservo.core.logs import setup_logging
+
+
+class _AnyCase(click.Choice):
+    """A choice shown in SageMaker's spelling (Line, MultiRecord) that accepts any case."""
+
+    def convert(self, value, param, ctx):
+        for choice in self.choices:
+            if isinstance(value, str) and value.lower() == str(choice).lower():
+                return choice
+        return super().convert(value, param, ctx)
+
+
+
+@click.command()
+@click.argument("model")
+@click.argument("input_url", metavar="INPUT")
+@click.argument("output_url", metavar="OUTPUT")
+@click.option("--content-type", default=None,
+              help="Content type of every request, e.g. text/csv, application/jsonlines, application/x-image "
+              "[default: application/json, as SageMaker sends for a job without a ContentType].")
+@click.option("--accept", default=None, help="Accept of each request [default: application/json].")
+@click.option("--split-type", type=_AnyCase(["None", "Line", "RecordIO", "TFRecord"]),
+              default="None", show_default=True,
+              help="How objects are cut into records; None sends each object whole.")
+@click.option("--batch-strategy", type=_AnyCase(["MultiRecord", "SingleRecord"]),
+              default="MultiRecord", show_default=True,
+              help="MultiRecord packs records up to --max-payload per request; SingleRecord sends one each.")
+@click.option("--max-payload", "max_payload_mb", type=float, default=6.0, show_default=True, metavar="MB",
+              help="Largest request body in MB (fractions allowed); a bigger single record fails its object.")
+@click.option("--max-concurrent-transforms", type=int, default=0, metavar="N",
+              help="Requests in flight at once [default: one per CPU core].")
+@click.option("--assemble-with", type=_AnyCase(["None", "Line"]), default="None", show_default=True,
+              help="Line: one output line per record (answers split per record); None: bodies concatenated.")
+@click.option("--input-filter", default=None, metavar="JSONPATH",
+              help="Part of each CSV/JSON record to send, e.g. '$[1:]' (drop an id column) or '$.features'.")
+@click.option("--output-filter", default=None, metavar="JSONPATH",
+              help="Part of each (joined) output record to keep, e.g. '$[0,-1]' or \"$['id','SageMakerOutput']\".")
+@click.option("--join-source", type=_AnyCase(["None", "Input"]), default="None", show_default=True,
+              help="Input: join each output to its input record (CSV: appended columns; JSON: SageMakerOutput).")
+@click.option("--compression-type", type=_AnyCase(["None", "Gzip"]), default="None",
+              show_default=True, help="Gzip: input objects are gzip files (outputs are not compressed).")
+@click.option("--data-type", type=_AnyCase(["S3Prefix", "ManifestFile"]), default="S3Prefix",
+              show_default=True,
+              help="S3Prefix: INPUT is a folder, file or prefix; ManifestFile: INPUT is a SageMaker manifest "
+              "([{\"prefix\": ...}, \"key\", ...]).")
+@click.option("--custom-attributes", default=None,
+              help="X-Amzn-SageMaker-Custom-Attributes sent with each request, e.g. 'tfs-model-name=m,tfs-method=regress'.")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Environment for the model service, set before it loads (repeatable), "
+              "e.g. SAGEMAKER_TFS_DEFAULT_MODEL_NAME=half_plus_three.")
+@click.option("--on-record-error", type=_AnyCase(["fail", "skip"]), default="fail", show_default=True,
+              help="fail: a bad record fails its object (SageMaker's way); skip: write --placeholder for it, "
+              "put it in <name>.deadletter.jsonl and go on.")
+@click.option("--placeholder", default="", metavar="TEXT",
+              help="Output line written for a skipped record [default: an empty line].")
+@click.option("--state-dir", default=None, metavar="URL",
+              help="Where the job's description (for resume), failure report and dead letters go, so that "
+              "OUTPUT holds only .out files [default: <OUTPUT>.tfservo-state, beside OUTPUT].")
+@click.option("--overwrite", is_flag=True, default=False,
+              help="Redo every object; by default objects whose .out exists are skipped (resume).")
+@click.option("--progress", type=click.Choice(["auto", "bar", "log", "none"]), default="auto", show_default=True,
+              help="auto: a progress bar on a terminal, a log line every 10 s otherwise. With --runner beam "
+              "live only when the workers run in this process (DirectRunner, not multi_processing); "
+              "Beam's counters are logged at the end.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True, help="Log level on stderr.")
+@click.option("--runner", type=click.Choice(["local", "beam", "ray", "spark"]), default="local", show_default=True,
+              help="local: this machine's engine; beam, ray, spark: the same job on that engine's workers "
+              "(same .out files; ray and spark start a local cluster unless given an address).")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="Ray cluster for --runner ray, e.g. ray://head:10001 or auto [default: a local cluster on this "
+              "machine's cores].")
+@click.option("--spark-master", default=None, metavar="URL",
+              help="Spark master for --runner spark, e.g. spark://host:7077, yarn, k8s://... [default: local[N], "
+              "this machine's cores].")
+@click.option("--workers", type=int, default=0, metavar="N",
+              help="Model workers for --runner ray/spark, each holding the model once [default: one per core of "
+              "the cluster].")
+@click.option("--beam-runner", default=None, metavar="NAME",
+              help="Beam runner for --runner beam, e.g. DirectRunner, DataflowRunner, FlinkRunner, SparkRunner "
+              "[default: DirectRunner].")
+@click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
+              help="A Beam pipeline option for --runner beam (repeatable), e.g. direct_num_workers=2 or "
+              "project=my-project.")
+def transform(model, input_url, output_url, env_pairs, progress, log_level, runner, ray_address, spark_master, workers,
+              beam_runner, beam_options, **flags) -> None:
+    """Run a SageMaker-style batch transform of INPUT into OUTPUT on this machine.
+
+    MODEL is any bundle `serve` accepts. INPUT and OUTPUT are local folders or fsspec URLs
+    (s3://bucket/prefix/; S3-compatible stores via AWS_ENDPOINT_URL). Each input object
+    gives OUTPUT/<its relative path>.out, which appears only when the whole object
+    succeeded; rerunning the same command skips objects already done. Exits 1 when an
+    object failed, after listing each with the record and error (also in the failure report,
+    failures.json in the state location, which is <OUTPUT>.tfservo-state unless --state-dir).
+    OUTPUT holds only .out files.
+    """
+    from tfservo.batch.job import JobError, TransformJob, parse_env
+    from tfservo.batch.run import run_transform
+    from tfservo.core.errors import ServingError
+
+    setup_logging(log_level)
+    try:
+        job = TransformJob(model=model, input=input_url, output=output_url, env=parse_env(env_pairs), **flags).validated()
+    except JobError as exc:
+        raise click.UsageError(exc.message) from None
+    beam = None
+    if runner == "beam":
+        from tfservo.batch.engines.beam import BeamSettings
+
+        beam = BeamSettings(beam_runner or "DirectRunner", list(beam_options))
+        try:
+            beam.flags()
+        except JobError as exc:
+            raise click.UsageError(exc.message) from None
+    elif beam_runner or beam_options:
+        raise click.UsageError("--beam-runner and --beam-option need --runner beam")
+    if ray_address and runner != "ray":
+        raise click.UsageError("--ray-address needs --runner ray")
+    if spark_master and runner != "spark":
+        raise click.UsageError("--spark-master needs --runner spark")
+    if workers and runner not in ("ray", "spark"):
+        raise click.UsageError("--workers needs --runner ray or --runner spark")
+    if workers < 0:
+        raise click.UsageError("--workers must be 0 (one per core) or more")
+    try:
+        if beam is not None:
+            from tfservo.batch.engines.beam import run_beam_transform
+
+            summary = run_beam_transform(job, beam, progress=progress)
+        elif runner == "ray":
+            from tfservo.batch.engines.ray import RaySettings, run_ray_transform
+
+            summary = run_ray_transform(job, RaySettings(ray_address, workers), progress=progress)
+        elif runner == "spark":
+            from tfservo.batch.engines.spark import SparkSettings, run_spark_transform
+
+            summary = run_spark_transform(job, SparkSettings(spark_master, workers), progress=progress)
+        else:
+            summary = run_transform(job, progress=progress)
+    except JobError as exc:
+        raise click.UsageError(exc.message) from None
+    except ServingError as exc:
+        raise click.ClickException(exc.message) from None
+    except OSError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    except KeyboardInterrupt:
+        click.echo("tfservo: interrupted; run the same command again to resume", err=True)
+        sys.exit(130)
+    for outcome in summary.failed:
+        failure = outcome.failure
+        click.echo(f"FAILED {outcome.obj.url}: {failure.where}: {failure.error}" if failure else
+                   f"FAILED {outcome.obj.url}", err=True)
+        if failure and failure.record is not None:
+            click.echo(f"    record: {failure.record}", err=True)
+    for outcome in summary.dead_lettered:
+        click.echo(f"skipped {outcome.dead_letters} bad records of {outcome.obj.url} (see its .deadletter.jsonl)", err=True)
+    click.echo(f"tfservo transform: {summary.line()}", err=True)
+    if summary.report:
+        click.echo(f"failure report: {summary.report}", err=True)
+    if not summary.ok:
+        sys.exit(1)

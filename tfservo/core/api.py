@@ -1,0 +1,249 @@
+"""TF Serving's API on top of the model manager: predict, classify, regress, metadata, status.
+
+One implementation behind every surface: a request is decoded once into a Call
+(tfserving.dataplane), run on the version a ServableHandle holds for the whole call, and
+answered as arrays; `rest` writes TF Serving's JSON at the edge. gRPC, pipelines and the
+batcher's callers use the array-level methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format
+
+from tfservo.codecs import tfs_json as json_codec
+from tfservo.codecs.examples import build_examples
+from tfservo.codecs.results import classification_results, regression_results
+from tfservo.core.dataplane import (
+    METHODS,
+    Answer,
+    Call,
+    Classification,
+    ExamplesCall,
+    PredictCall,
+    Prediction,
+    Regression,
+)
+from tfservo.core.errors import InvalidArgument
+from tfservo.models.model_status import model_status
+from tfservo.models.servables import ModelManager, ServableVersion
+from tfservo.models.signatures import (
+    CLASSIFY_METHOD,
+    DEFAULT_SIGNATURE,
+    REGRESS_METHOD,
+    SignatureDef,
+)
+
+__all__ = ["METHODS", "TFServingAPI", "signature_def_map", "signature_def_map_proto"]
+
+
+class TFServingAPI:
+    """The TF Serving API over a ModelManager."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self.manager = manager
+
+    # -- one call on one version -----------------------------------------------------------------
+
+    def run(self, sv: ServableVersion, call: Call) -> Answer:
+        """Run a decoded call on `sv` (held by the caller's handle, or loading: warmup)."""
+        if isinstance(call, PredictCall):
+            name = call.signature_name or DEFAULT_SIGNATURE
+            if call.signature is None:
+                sv.signature(name)  # a clear error naming the model before running anything
+            outputs = sv.run(name, call.inputs, call.output_keys)
+            return Prediction(sv.model_name, sv.version, name, outputs, call.row_format)
+        sig, outputs = self._run_examples(sv, call)
+        if call.method == "classify":
+            results = classification_results(outputs, sig, len(call.examples))
+            return Classification(sv.model_name, sv.version, sig.name, results)
+        return Regression(sv.model_name, sv.version, sig.name, regression_results(outputs, sig, len(call.examples)))
+
+    def _run_examples(self, sv: ServableVersion, call: ExamplesCall) -> tuple[SignatureDef, dict[str, np.ndarray]]:
+        method = CLASSIFY_METHOD if call.method == "classify" else REGRESS_METHOD
+        sig = sv.signature(call.signature_name or DEFAULT_SIGNATURE)
+        if sig.method_name != method:
+            raise InvalidArgument(
+                f"Expected {method.rsplit('/', 1)[-1]} signature method_name to be {method}. "
+                f"Was: {sig.method_name} (model {sv.model_name} version {sv.version}, "
+                f"signature {sig.name}); pick a signature with signature_name"
+            )
+        if len(sig.inputs) != 1:
+            raise InvalidArgument(
+                f"Expected one input Tensor in signature {sig.name} of model {sv.model_name}, "
+                f"found {len(sig.inputs)}"
+            )
+        if not call.examples:
+            raise InvalidArgument("Input is empty: send at least one example")
+        (key,) = sig.inputs
+        batch = np.empty(len(call.examples), dtype=object)
+        batch[:] = list(call.examples)
+        return sig, sv.run(sig.name, {key: batch})
+
+    # -- array level -------------------------------------------------------------------------
+
+    def call(self, name: str, version: int | None, label: str | None, call: Call) -> Answer:
+        """Run `call` on the version the request names, holding it for the call."""
+        with self.manager.acquire(name, version, label) as sv:
+            return self.run(sv, call)
+
+    def predict(
+        self,
+        name: str,
+        version: int | None,
+        label: str | None,
+        signature_name: str,
+        inputs: dict[str, np.ndarray],
+        output_keys: Sequence[str] | None = None,
+    ) -> Prediction:
+        keys = tuple(output_keys) if output_keys is not None else None
+        answer = self.call(name, version, label, PredictCall(signature_name, inputs, True, keys))
+        assert isinstance(answer, Prediction)
+        return answer
+
+    def classify(
+        self, name: str, version: int | None, label: str | None, signature_name: str, examples: Sequence[bytes]
+    ) -> Classification:
+        answer = self.call(name, version, label, ExamplesCall("classify", signature_name, examples))
+        assert isinstance(answer, Classification)
+        return answer
+
+    def regress(
+        self, name: str, version: int | None, label: str | None, signature_name: str, examples: Sequence[bytes]
+    ) -> Regression:
+        answer = self.call(name, version, label, ExamplesCall("regress", signature_name, examples))
+        assert isinstance(answer, Regression)
+        return answer
+
+    # -- REST level --------------------------------------------------------------------------
+
+    def decode_rest(self, method: str, body: bytes | dict[str, Any], sv: ServableVersion) -> Call:
+        """A TF Serving REST body (bytes, or a parsed request dict from a handler or a content
+        conversion) as the call it asks `sv` for."""
+        if method not in METHODS:
+            raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
+        doc = _request_doc(body)
+        if method == "predict":
+            return json_codec.decode_predict_request(doc, sv.signature)
+        ex = json_codec.decode_classify_regress_request(doc, method)
+        examples = build_examples(ex.examples, ex.context, sv.loaded.example_feature_types())
+        return ExamplesCall(method, ex.signature_name, examples)
+
+    def infer(
+        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
+    ) -> Answer:
+        """Decode a TF Serving REST body and run it: one version lookup, held for the call."""
+        if method not in METHODS:
+            raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
+        doc = _request_doc(body)  # first: a malformed body never resolves a version
+        with self.manager.acquire(name, version, label) as sv:
+            return self.run(sv, self.decode_rest(method, doc, sv))
+
+    def rest(
+        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
+    ) -> bytes:
+        """Run a TF Serving REST request (`:predict`, `:classify`, `:regress`) → its JSON answer."""
+        return json_codec.encode_answer(self.infer(method, name, version, label, body))
+
+    def submit_predict(
+        self,
+        name: str,
+        version: int | None,
+        label: str | None,
+        body: bytes,
+        done: Callable[[bytes | None, BaseException | None], None],
+    ) -> bool:
+        """A REST `:predict` that does not wait for its batch: decodes and queues it, and `done`
+        gets the encoded answer (or the error) from a batch thread.
+
+        False, with nothing queued, when the call must go through `rest` instead (no batching,
+        or more rows than one batch holds). Request errors raise here, as in `rest`.
+        """
+        doc = _request_doc(body)
+        handle = self.manager.acquire(name, version, label)
+        sv = handle.servable
+        try:
+            if sv.runner is None:
+                handle.release()
+                return False
+            call = self.decode_rest("predict", doc, sv)
+            assert isinstance(call, PredictCall)
+        except BaseException:
+            handle.release()
+            raise
+
+        def encode(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
+            handle.release()
+            if error is not None:
+                done(None, error)
+                return
+            assert outputs is not None
+            prediction = Prediction(sv.model_name, sv.version, call.signature_name or DEFAULT_SIGNATURE, outputs, call.row_format)
+            try:
+                answer = json_codec.encode_answer(prediction)
+            except Exception as exc:
+                done(None, exc)
+                return
+            done(answer, None)
+
+        try:
+            queued = sv.submit(call.signature_name or DEFAULT_SIGNATURE, call.inputs, encode)
+        except BaseException:
+            handle.release()
+            raise
+        if not queued:
+            handle.release()
+        return queued
+
+    # -- metadata and status -------------------------------------------------------------------
+
+    def metadata(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
+        """GET /v1/models/{m}/metadata: signature defs in TF Serving's JSON shape."""
+        sv = self.manager.resolve(name, version, label)
+        sig_map = signature_def_map(sv.loaded.meta_graph_def)
+        return {
+            "model_spec": {"name": name, "signature_name": "", "version": str(sv.version)},
+            "metadata": {"signature_def": sig_map},
+        }
+
+    def signature_defs(self, name: str, version: int | None, label: str | None) -> tuple[ServableVersion, Any]:
+        """The resolved version and its SignatureDefMap proto (gRPC GetModelMetadata)."""
+        sv = self.manager.resolve(name, version, label)
+        return sv, signature_def_map_proto(sv.loaded.meta_graph_def)
+
+    def status(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
+        """GET /v1/models/{m}: the state of every version, or of the one asked for (failed ones too)."""
+        return model_status(self.manager, name, version, label)
+
+
+def _request_doc(body: bytes | bytearray | str | dict) -> dict[str, Any]:
+    """A REST request body as its JSON object (a dict passes as it is: arrays from handlers)."""
+    doc = json_codec.parse_request(body) if isinstance(body, (bytes, bytearray, str)) else body
+    if not isinstance(doc, dict):
+        raise InvalidArgument(
+            "Request body must be a JSON object such as "
+            '{"instances": [...]}, {"inputs": ...} or {"examples": [...]}'
+        )
+    return doc
+
+
+def signature_def_map(meta_graph_def: Any) -> dict[str, Any]:
+    """A MetaGraphDef's signatures as TF Serving prints a SignatureDefMap in JSON."""
+    return json_format.MessageToDict(
+        signature_def_map_proto(meta_graph_def),
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+
+
+def signature_def_map_proto(meta_graph_def: Any) -> Any:
+    """A MetaGraphDef's signatures as TF Serving's SignatureDefMap proto."""
+    from tensorflow_serving.apis import get_model_metadata_pb2
+
+    sig_map = get_model_metadata_pb2.SignatureDefMap()
+    for key, sig in meta_graph_def.signature_def.items():
+        sig_map.signature_def[key].CopyFrom(sig)
+    return sig_map

@@ -1,0 +1,291 @@
+"""The one invocation path: bytes + content type + accept + custom attributes → response.
+
+`/invocations`, `/models/{name}/invoke`, `tfservo invoke`, `tfservo transform` and the Beam
+handler all call `Invoker.invoke`; none of them converts content or calls handlers itself.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from tfservo.codecs import content_types
+from tfservo.codecs.json_arrays import NumericTensor
+from tfservo.codecs.media_types import JSON
+from tfservo.core.api import TFServingAPI
+from tfservo.core.custom_attributes import CustomAttributes, parse_custom_attributes
+from tfservo.core.dataplane import Answer, answer_rows_slice
+from tfservo.core.errors import InvalidArgument, ServingError
+from tfservo.core.request_labels import note_method, note_model
+from tfservo.core.status import http_status
+from tfservo.handlers.bundle_code import Context, Handlers, make_requests_response
+
+__all__ = ["error_result", "InvocationResult", "Invoker"]
+
+log = logging.getLogger("tfservo.invocations")
+
+
+class InvocationResult:
+    """What an invocation answers: HTTP-style status, content type, and the body; without a
+    handler the body is written from the model's arrays (`answer`) only when first asked for."""
+
+    __slots__ = ("status", "content_type", "answer", "custom_attributes", "_body")
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes | None,
+        content_type: str,
+        answer: Answer | None = None,
+        custom_attributes: str | None = None,
+    ) -> None:
+        self.status = status
+        self.content_type = content_type
+        self.answer = answer
+        self.custom_attributes = custom_attributes  # a handler's, for X-Amzn-SageMaker-Custom-Attributes
+        self._body = body
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def body(self) -> bytes:
+        """The answer in the negotiated content type (ServingError if it cannot be written)."""
+        if self._body is None:
+            assert self.answer is not None
+            self._body = content_types.encode_answer(self.answer, self.content_type)
+        return self._body
+
+    def encoded(self) -> InvocationResult:
+        """This result with its body written; an answer that cannot be written is an error result."""
+        try:
+            self.body  # noqa: B018 - written now
+        except ServingError as exc:
+            return error_result(exc)
+        return self
+
+    def __repr__(self) -> str:
+        return f"InvocationResult({self.status}, {self.content_type!r}, {self._body!r:.80})"
+
+
+def error_result(exc: ServingError) -> InvocationResult:
+    """A ServingError as the protocol's error shape: {"error": "..."} with the mapped status."""
+    status = getattr(exc, "http_status", None) or http_status(exc.code)
+    return InvocationResult(status, orjson.dumps({"error": exc.message}), JSON)
+
+
+class Invoker:
+    """Selects the model, runs the handler or the content conversion, calls TF Serving's API."""
+
+    def __init__(
+        self,
+        api: TFServingAPI,
+        *,
+        handlers: Mapping[str, Handlers] | None = None,
+        universal_handlers: Handlers | None = None,
+        default_model: Callable[[], str | None] | None = None,
+        rest_base: Callable[[], str] | None = None,
+        grpc_port: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.api = api
+        self.handlers: dict[str, Handlers] = dict(handlers or {})
+        self.universal_handlers = universal_handlers
+        self._default_model = default_model or (lambda: None)
+        self._rest_base = rest_base
+        self._grpc_port = grpc_port or (lambda: None)
+        self._channel: tuple[str, Any] | None = None
+        self._channel_lock = threading.Lock()
+
+    def has_handlers(self) -> bool:
+        return bool(self.handlers) or self.universal_handlers is not None
+
+    def handlers_for(self, model_name: str) -> Handlers | None:
+        """A model's own inference.py wins over the bundle's universal one."""
+        return self.handlers.get(model_name) or self.universal_handlers
+
+    def invoke(
+        self,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None = None,
+        custom_attributes: str | None = None,
+        model_name: str | None = None,
+    ) -> InvocationResult:
+        """Run one invocation and write its answer; client mistakes come back as 4xx results,
+        never as exceptions."""
+        return self.call(body, content_type, accept, custom_attributes, model_name).encoded()
+
+    def call(
+        self,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None = None,
+        custom_attributes: str | None = None,
+        model_name: str | None = None,
+    ) -> InvocationResult:
+        """Run one invocation, leaving a model's answer as arrays until its body is asked for
+        (the transform splits it per record straight from them)."""
+        try:
+            return self._invoke(body, content_type, accept, custom_attributes, model_name)
+        except ServingError as exc:
+            return error_result(exc)
+
+    def call_many(
+        self,
+        bodies: Sequence[bytes],
+        content_type: str | None,
+        accept: str | None = None,
+        custom_attributes: str | None = None,
+        model_name: str | None = None,
+    ) -> list[InvocationResult]:
+        """Several invocations with the same headers, each answered as if it came alone, in as
+        few model calls as the content type allows: CSV and JSON lines bodies of a model without
+        an inference.py go as one request of all their instances, and the answer is cut back
+        per body. A body that fails alone fails alone."""
+        try:
+            attrs = parse_custom_attributes(custom_attributes)
+            name = model_name or attrs.model_name or self._default_model()
+            media = content_types.parse_content_type(content_type)
+            mergeable = (
+                len(bodies) > 1
+                and name is not None
+                and self.handlers_for(name) is None
+                and media.essence in content_types.RECORD_TYPES
+            )
+        except ServingError:
+            mergeable = False
+        if not mergeable:
+            return [self.call(body, content_type, accept, custom_attributes, model_name) for body in bodies]
+        results: list[InvocationResult | None] = [None] * len(bodies)
+        requests: dict[int, Any] = {}
+        for i, body in enumerate(bodies):
+            try:
+                request = content_types.to_tfs_request(body, content_type)
+            except ServingError as exc:
+                results[i] = error_result(exc)
+                continue
+            instances = request.get("instances")
+            if list(request) == ["instances"] and isinstance(instances, (list, NumericTensor)) and len(instances):
+                requests[i] = instances  # else: a request of its own kind, sent alone below
+        merged = content_types.merge_instances(list(requests.values()))
+        if merged is not None:
+            try:
+                answer_type = content_types.negotiate(content_types.parse_accept(accept), content_types.CONVERTIBLE_TYPES)
+                answer = self.api.infer(
+                    attrs.method or "predict", name, attrs.version_number, None, {"instances": merged}  # type: ignore[arg-type]
+                )
+            except ServingError:
+                answer = None  # some body is at fault: each is tried alone below, and says so
+            if answer is not None:
+                start, total = 0, sum(len(instances) for instances in requests.values())
+                for i, instances in requests.items():
+                    part = answer_rows_slice(answer, start, start + len(instances), total)
+                    if part is not None:
+                        results[i] = InvocationResult(200, None, answer_type, part)
+                    start += len(instances)
+        return [
+            result if result is not None else self.call(bodies[i], content_type, accept, custom_attributes, model_name)
+            for i, result in enumerate(results)
+        ]
+
+    def _invoke(
+        self,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None,
+        custom_attributes: str | None,
+        model_name: str | None,
+    ) -> InvocationResult:
+        attrs = parse_custom_attributes(custom_attributes)
+        name = model_name or attrs.model_name or self._default_model()
+        if not name:
+            raise InvalidArgument(
+                "Invocation request does not contain model name: set tfs-model-name in "
+                "X-Amzn-SageMaker-Custom-Attributes or call /models/{name}/invoke"
+            )
+        version = int(attrs.model_version) if attrs.model_version else None
+        method = attrs.method or "predict"
+        note_method(method)
+        handlers = self.handlers_for(name)
+        if handlers is not None:
+            if self.api.manager.has_model(name):  # the handler reaches it over HTTP, if at all
+                note_model(name)
+            return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
+        tfs_request = content_types.to_tfs_request(body, content_type or "")
+        answer_type = content_types.negotiate(content_types.parse_accept(accept), content_types.CONVERTIBLE_TYPES)
+        answer = self.api.infer(method, name, version, None, tfs_request)
+        return InvocationResult(200, None, answer_type, answer)
+
+    def _with_handlers(
+        self,
+        handlers: Handlers,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None,
+        attrs: CustomAttributes,
+        name: str,
+        version: int | None,
+        method: str,
+    ) -> InvocationResult:
+        context = Context(
+            model_name=name,
+            model_version=str(version) if version is not None else None,
+            method=method,
+            rest_uri=self.rest_uri(name, version, method),
+            grpc_port=self._grpc_port(),
+            grpc_uri=self.grpc_uri(),
+            channel=self.grpc_channel(),
+            custom_attributes=attrs.raw,
+            request_content_type=content_type or JSON,
+            accept_header=accept or JSON,
+            content_length=len(body),
+        )
+        out, out_type, out_attributes = handlers.call(io.BytesIO(body), context, self._tfs_call)
+        return InvocationResult(200, out, out_type or JSON, custom_attributes=out_attributes)
+
+    def _tfs_call(self, request_body: bytes | str | dict[str, Any], context: Context):
+        """In-process TF Serving REST call for input_handler/output_handler flows (a dict: arrays)."""
+        version = int(context.model_version) if context.model_version else None
+        data = request_body.encode() if isinstance(request_body, str) else request_body
+        try:
+            assert context.method is not None and context.model_name is not None  # Invoker set both
+            status, body = 200, self.api.rest(context.method, context.model_name, version, None, data)
+        except ServingError as exc:
+            res = error_result(exc)
+            status, body = res.status, res.body
+        return make_requests_response(status, body, JSON, context.rest_uri)
+
+    def rest_uri(self, name: str, version: int | None, method: str) -> str:
+        """The live TF Serving REST URL a handler can POST to."""
+        base = self._rest_base() if self._rest_base else "http://127.0.0.1:8501"
+        path = f"/v1/models/{name}" + (f"/versions/{version}" if version is not None else "")
+        return f"{base}{path}:{method}"
+
+    def grpc_uri(self) -> str | None:
+        """`host:port` of this server's gRPC API (on the REST host, which reaches this server)."""
+        port = self._grpc_port()
+        if not port:
+            return None
+        host = (urlsplit(self._rest_base()).hostname if self._rest_base else None) or "127.0.0.1"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def grpc_channel(self) -> Any:
+        """A grpc channel to this server, made on first use and shared (it connects lazily too)."""
+        uri = self.grpc_uri()
+        if uri is None:
+            return None
+        with self._channel_lock:
+            if self._channel is None or self._channel[0] != uri:
+                import grpc
+
+                # No 4 MB cap on answers: a handler may fetch outputs as large as REST would send.
+                options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+                self._channel = (uri, grpc.insecure_channel(uri, options=options))
+            return self._channel[1]

@@ -1,0 +1,305 @@
+"""The one service factory: settings → bundles loaded, handlers ready, one Invoker.
+
+`build_service` is the only place a running service is assembled. The HTTP and gRPC
+servers, `tfservo invoke`, `inspect`, every transform engine and the pipeline adapters call
+it with the same `tfservo.core.settings.Settings`, so every mode behaves the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+
+from tfservo.core.api import TFServingAPI
+from tfservo.core.errors import BundleError, ServingError
+from tfservo.core.invocation import Invoker
+from tfservo.core.settings import Settings
+from tfservo.handlers.bundle_code import (
+    Handlers,
+    install_requirements,
+    load_handlers,
+    reload_handlers,
+    unload_handlers,
+)
+from tfservo.models.bundle import Bundle, ModelSource, open_bundle
+from tfservo.models.config_reloader import ModelConfigReloader
+from tfservo.models.lifecycle import ModelLifecycle
+from tfservo.models.model_config import VersionPolicy
+from tfservo.models.servables import ModelManager, RunnerFactory, ServableVersion
+from tfservo.models.warmup import replay_warmup
+
+__all__ = ["BatchHook", "ModelService", "build_service"]
+
+log = logging.getLogger("tfservo.service")
+
+# A batcher's report of one batch: (model, rows, padded rows, seconds).
+BatchHook = Callable[[str, int, int, float, float], None]  # model, rows, padded, run s, queued s
+RunHook = Callable[[str, float], None]  # model, seconds of one unbatched model call
+
+
+class ModelService:
+    """Models, handlers, the TF Serving API and the invocation path of one or more bundles.
+
+    Built by `build_service`; constructing one directly gives an empty service (tests and
+    tools add bundles to it themselves).
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        on_event: Callable[[ServableVersion], None] | None = None,
+        on_batch: BatchHook | None = None,
+        on_run: RunHook | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        loader = functools.partial(
+            _load_saved_model,
+            intra=self.settings.intra_op_threads,
+            inter=self.settings.inter_op_threads,
+        )
+        self.manager = ModelManager(
+            loader,
+            runner_factory=_runner_factory(self.settings, on_batch),
+            on_event=on_event,
+            on_run=on_run,
+            warmup=(lambda sv: replay_warmup(self.api, sv)) if self.settings.warmup else None,
+        )
+        self.api = TFServingAPI(self.manager)
+        self.lifecycle = ModelLifecycle(self.manager)
+        self.model_config = ModelConfigReloader(self)
+        self.bundles: list[Bundle] = []
+        self.configured_models: list[str] = []
+        self._reloads = 0
+        self.rest_base: str | None = None
+        self.grpc_port: int | None = None
+        self.invoker = Invoker(
+            self.api,
+            default_model=self.default_model,
+            rest_base=lambda: self.rest_base or "http://127.0.0.1:8080",
+            grpc_port=lambda: self.grpc_port,
+        )
+
+    @property
+    def batches(self) -> bool:
+        """Whether model calls go through batchers (and so may wait for their batch)."""
+        return self.settings.batching is not None
+
+    # -- building ----------------------------------------------------------------------------
+
+    def add_bundle(self, path_or_url: str) -> Bundle:
+        """Open a bundle, prepare its code and load every model in it. The bundle's root code/
+        applies to its own models without a code/ of their own (not to other bundles' models)."""
+        bundle = open_bundle(path_or_url, limits=self.settings.archive_limits)
+        shared = None
+        if bundle.code_dir:
+            label = "bundle_" + hashlib.sha256(bundle.code_dir.encode()).hexdigest()[:10]
+            shared = self._prepare_code(bundle.code_dir, label)
+        for source in bundle.models.values():
+            self.add_model(source, handlers=shared)
+        self.bundles.append(bundle)
+        return bundle
+
+    def add_model(
+        self,
+        source: ModelSource,
+        policy: VersionPolicy | None = None,
+        labels: Mapping[str, int] | None = None,
+        *,
+        handlers: Handlers | None = None,
+    ) -> None:
+        """Load one model's versions (all of them unless `policy` says otherwise) and its own
+        code/ (else `handlers`, its bundle's root code/)."""
+        if source.name in self.manager.model_names():
+            raise BundleError(
+                f"Model name {source.name} appears twice (again in {source.base_path}); "
+                "rename one of the model dirs"
+            )
+        if source.code_dir:
+            handlers = self._prepare_code(source.code_dir, source.name) or handlers
+        if handlers is not None:
+            self.invoker.handlers[source.name] = handlers
+        if labels is None:
+            labels = self.settings.version_labels.get(source.name)
+        try:
+            self.lifecycle.watch(
+                source.name, source.base_path, policy or VersionPolicy.all(), labels, source.versions
+            )
+        except Exception:
+            self._drop_handlers(source.name)
+            raise
+        self.configured_models.append(source.name)
+
+    def set_universal_code(self, code_dir: str) -> None:
+        """Use `code_dir`/inference.py for every model without its own code/."""
+        self.invoker.universal_handlers = self._prepare_code(code_dir, "universal")
+
+    def remove_model(self, name: str) -> None:
+        self.lifecycle.unwatch(name)
+        self._drop_handlers(name)
+        if name in self.configured_models:
+            self.configured_models.remove(name)
+
+    def update_model(self, name: str, policy: VersionPolicy, labels: Mapping[str, int]) -> None:
+        """Apply a new version policy and labels to a served model (a model config reload)."""
+        self.lifecycle.update(name, policy, labels)
+
+    def code_dirs(self) -> list[str]:
+        """The code dirs whose inference.py this service runs."""
+        return sorted({os.path.dirname(h.path) for h in self._all_handlers()})
+
+    def reload_code(self, changed: Iterable[str] | None = None) -> list[str]:
+        """Import again the inference.py (and lib/, helper modules) of the code dirs under the
+        `changed` paths (all when None), without touching the loaded models. A handler that
+        fails to import is logged with its file and line and the previous one keeps answering.
+        Returns the code dirs reloaded."""
+        paths = None if changed is None else [os.path.abspath(p) for p in changed]
+        reloaded = []
+        for old in self._all_handlers():
+            code_dir = os.path.dirname(old.path)
+            if paths is not None and not any(p == code_dir or p.startswith(code_dir + os.sep) for p in paths):
+                continue
+            self._reloads += 1
+            try:
+                new = reload_handlers(old, f"{old.module.__name__.split('__r')[0]}__r{self._reloads}")
+            except ServingError as exc:
+                log.error("code in %s not reloaded, the previous handler keeps answering: %s", code_dir, exc.message)
+                continue
+            for name, handlers in list(self.invoker.handlers.items()):
+                if handlers is old:
+                    self.invoker.handlers[name] = new
+            if self.invoker.universal_handlers is old:
+                self.invoker.universal_handlers = new
+            reloaded.append(code_dir)
+            log.info("reloaded %s (models unchanged)", old.path)
+        return reloaded
+
+    def _all_handlers(self) -> list[Handlers]:
+        found: dict[int, Handlers] = {id(h): h for h in self.invoker.handlers.values()}
+        if self.invoker.universal_handlers is not None:
+            found[id(self.invoker.universal_handlers)] = self.invoker.universal_handlers
+        return list(found.values())
+
+    def _drop_handlers(self, name: str) -> None:
+        handlers = self.invoker.handlers.pop(name, None)
+        if handlers is not None and not any(h is handlers for h in self.invoker.handlers.values()):
+            unload_handlers(handlers)  # no other model of its bundle uses it
+
+    def _prepare_code(self, code_dir: str, label: str) -> Handlers | None:
+        target = os.path.join(
+            self.settings.requirements_dir or os.path.join(tempfile.gettempdir(), "tfservo-requirements"),
+            # keyed by what is installed, so a re-extracted archive reuses its earlier install
+            hashlib.sha256(label.encode() + _read_or_empty(os.path.join(code_dir, "requirements.txt"))).hexdigest()[:16],
+        )
+        install_requirements(code_dir, target)
+        module = f"tfservo_user_inference_{label.replace('.', '_').replace('-', '_')}"
+        return load_handlers(code_dir, module_name=module)
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        return self.manager.model_names()
+
+    def default_model(self) -> str | None:
+        """SAGEMAKER_TFS_DEFAULT_MODEL_NAME (or --default-model), else the first model by name."""
+        if self.settings.default_model_name:
+            return self.settings.default_model_name
+        if self.settings.multi_model:
+            return None  # a multi-model endpoint has no default: requests must name the model
+        names = self.manager.model_names()
+        return names[0] if names else None
+
+    def is_healthy(self) -> bool:
+        """Every configured model has at least one AVAILABLE version (multi-model mode: always)."""
+        return not self.unavailable_models()
+
+    def unavailable_models(self) -> list[str]:
+        """Configured models without an AVAILABLE version (none in multi-model mode)."""
+        if self.settings.multi_model:
+            return []
+        served = {m.name: m for m in self.manager.models()}
+        return [name for name in self.configured_models if name not in served or not served[name].available()]
+
+    def load_errors(self) -> list[str]:
+        """'model M version V: error' for every version that failed to load."""
+        return [
+            f"model {m.name} version {v.version}: {v.error}"
+            for m in self.manager.models()
+            for v in m.versions.values()
+            if v.error
+        ]
+
+    def close(self) -> None:
+        self.lifecycle.stop()
+        self.manager.close()
+        for name in list(self.invoker.handlers):
+            self._drop_handlers(name)
+        if self.invoker.universal_handlers is not None:
+            unload_handlers(self.invoker.universal_handlers)
+            self.invoker.universal_handlers = None
+
+
+def build_service(
+    settings: Settings,
+    *,
+    on_event: Callable[[ServableVersion], None] | None = None,
+    on_batch: BatchHook | None = None,
+    on_run: RunHook | None = None,
+) -> ModelService:
+    """The running service for `settings`: every bundle in settings.paths and the model
+    config file loaded, labels and the default model checked, file-system polling started."""
+    service = ModelService(settings, on_event=on_event, on_batch=on_batch, on_run=on_run)
+    try:
+        for path in settings.paths:
+            service.add_bundle(path)
+        if settings.model_config_file:
+            service.model_config.load_file(settings.model_config_file)
+        _check_selection(service, settings)
+        service.lifecycle.start_polling(settings.file_system_poll_wait_seconds)
+    except BaseException:
+        service.close()
+        raise
+    return service
+
+
+def _check_selection(service: ModelService, settings: Settings) -> None:
+    """Every labelled model and the default model must be served."""
+    names = service.manager.model_names()
+    where = ", ".join(settings.paths) or settings.model_config_file or "the served models"
+    for model in settings.version_labels:
+        if model not in names:
+            raise BundleError(
+                f"--version-label names model {model}, which is not in the bundle; models: {', '.join(names)}"
+            )
+    wanted = settings.default_model_name
+    if wanted and not settings.multi_model and wanted not in names:
+        raise BundleError(
+            f"SAGEMAKER_TFS_DEFAULT_MODEL_NAME={wanted!r} names no model in {where}; "
+            f"the models are: {', '.join(names) or '(none)'}. Set it to one of them or unset it."
+        )
+
+
+def _runner_factory(settings: Settings, on_batch: BatchHook | None) -> RunnerFactory | None:
+    if settings.batching is None:
+        return None
+    from tfservo.models.batching import make_runner_factory
+
+    return make_runner_factory(settings.batching, on_batch=on_batch)
+
+
+def _load_saved_model(path: str, *, intra: int, inter: int):  # -> runtime.savedmodel.LoadedModel
+    from tfservo.models.savedmodel import load_saved_model
+
+    return load_saved_model(path, intra_op_threads=intra, inter_op_threads=inter)
+
+
+def _read_or_empty(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

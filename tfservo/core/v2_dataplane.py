@@ -1,0 +1,145 @@
+"""The V2 data plane: server and model metadata, readiness and inference, over TF Serving's API
+(so V2 calls share model selection, batching and the runtime with every other caller). REST
+and gRPC both call it; neither knows the other."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tfservo import __version__
+from tfservo.codecs.v2 import V2_OF_TF, V2Error
+from tfservo.core.api import TFServingAPI
+from tfservo.core.errors import AlreadyExists, FailedPrecondition, NotFound
+from tfservo.models.bundle import is_model_name
+from tfservo.models.servables import State
+from tfservo.models.signatures import DEFAULT_SIGNATURE
+
+__all__ = ["EXTENSIONS", "InferRequest", "InferResponse", "V2DataPlane"]
+
+EXTENSIONS = ["binary_tensor_data", "model_repository"]
+PLATFORM = "tensorflow_savedmodel"
+
+
+@dataclass
+class InferRequest:
+    """A decoded V2 inference request."""
+
+    model: str
+    version: int | None
+    inputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    outputs: list[str] | None = None  # names asked for; None: all
+    output_parameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class InferResponse:
+    model: str
+    version: int
+    id: str | None
+    outputs: dict[str, np.ndarray]
+
+
+def parse_version(text: str | None) -> int | None:
+    if text in (None, ""):
+        return None
+    if not str(text).isdigit():
+        raise V2Error(f"model version must be a number, got {text!r}")
+    return int(str(text))
+
+
+class V2DataPlane:
+    """What V2 asks of a server, answered from the model manager and TF Serving's API."""
+
+    def __init__(
+        self, api: TFServingAPI, unavailable: Callable[[], list[str]] | None = None, repository: Any = None
+    ) -> None:
+        self.api = api
+        self._unavailable: Callable[[], list[str]] = unavailable or (lambda: [])
+        self.repository = repository  # multi-model mode's MultiModelEndpoint: the model repository extension
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "tfservo", "version": __version__, "extensions": EXTENSIONS}
+
+    def server_ready(self) -> bool:
+        return not self._unavailable()
+
+    def model_ready(self, name: str, version: int | None) -> bool:
+        if not self.api.manager.has_model(name):
+            raise NotFound(f"model {name} is not served")
+        versions = self.api.manager.model(name).versions
+        if version is not None:
+            sv = versions.get(version)
+            if sv is None:
+                raise NotFound(f"model {name} has no version {version}")
+            return sv.state is State.AVAILABLE
+        return any(v.state is State.AVAILABLE for v in versions.values())
+
+    def model_metadata(self, name: str, version: int | None, signature_name: str | None = None) -> dict[str, Any]:
+        """Inputs and outputs of the signature (serving_default unless named), V2 datatypes."""
+        with self.api.manager.acquire(name, version, None) as sv:
+            signature = sv.signature(signature_name or DEFAULT_SIGNATURE)
+            versions = [str(v) for v, s in sorted(self.api.manager.model(name).versions.items())
+                        if s.state is State.AVAILABLE]
+
+            def tensors(specs: dict[str, Any]) -> list[dict[str, Any]]:
+                return [{"name": key, "datatype": V2_OF_TF.get(spec.dtype, spec.dtype),
+                         "shape": list(spec.shape) if spec.shape is not None else [-1]}
+                        for key, spec in sorted(specs.items())]
+
+            return {"name": name, "versions": versions, "platform": PLATFORM,
+                    "inputs": tensors(signature.inputs), "outputs": tensors(signature.outputs)}
+
+    # -- the model repository extension: multi-model mode's model root --------------------------
+
+    def _root(self) -> Any:
+        if self.repository is None:
+            raise FailedPrecondition(
+                "the model repository extension needs tfservo serve --multi-model (a model root to load from)"
+            )
+        return self.repository
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model dir under the model root and every loaded model, with its state."""
+        endpoint = self._root()
+        loaded = set(endpoint.list_models())
+        names = set(loaded)
+        if not endpoint.remote_root and os.path.isdir(endpoint.model_root):
+            names |= {e.name for e in os.scandir(endpoint.model_root) if e.is_dir() and is_model_name(e.name)
+                      and e.name != "code"}
+        index = []
+        for name in sorted(names):
+            entry = {"name": name, "state": "READY" if name in loaded else "UNAVAILABLE"}
+            if name not in loaded:
+                entry["reason"] = "unloaded"
+            if not ready_only or name in loaded:
+                index.append(entry)
+        return index
+
+    def repository_load(self, name: str) -> None:
+        """Load the model dir `name` under the root (already loaded: nothing to do, as Triton)."""
+        endpoint = self._root()
+        if endpoint.is_loaded(name):
+            return
+        try:
+            endpoint.load(name, name)
+        except AlreadyExists:
+            pass
+
+    def repository_unload(self, name: str) -> None:
+        self._root().unload(name)
+
+    def infer(self, request: InferRequest) -> InferResponse:
+        """Run the request on its signature (`signature_name` parameter, else serving_default)."""
+        signature_name = request.parameters.get("signature_name") or DEFAULT_SIGNATURE
+        if not isinstance(signature_name, str):
+            raise V2Error("parameter signature_name must be a string")
+        answer = self.api.predict(request.model, request.version, None, signature_name, request.inputs,
+                                  request.outputs)
+        return InferResponse(answer.model_name, answer.version, request.id, answer.outputs)

@@ -1,0 +1,2 @@
+"""The gRPC front door: the server, TF Serving's PredictionService and ModelService, V2's
+GRPCInferenceService and grpc.health.v1."""

@@ -1,0 +1,400 @@
+"""TF Serving's gRPC API: PredictionService and ModelService over TFServingAPI.
+
+The servicers subclass the `tensorflow_serving.apis` *_pb2_grpc classes, so TF Serving's own
+client stubs work unchanged. Every call goes through TFServingAPI's array-level methods: the
+same model manager, runtime and batcher as REST. A ServingError aborts the call with the
+gRPC status of the same name (NOT_FOUND, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, …).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    inference_pb2,
+    model_management_pb2,
+    model_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+
+from tfservo.codecs.results import classification_result_proto, regression_result_proto
+from tfservo.codecs.tensor_proto import MAX_FILL_BYTES, to_ndarray, write_tensor_proto
+from tfservo.core import deadlines
+from tfservo.core.api import TFServingAPI
+from tfservo.core.dataplane import Answer, Classification, ExamplesCall, Regression
+from tfservo.core.errors import Code, InvalidArgument, ServingError, Unavailable, Unimplemented
+from tfservo.core.request_labels import RequestScope, plain_scope
+from tfservo.models.servables import ServableVersion
+from tfservo.models.signatures import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
+from tfservo.models.warmup import serialized_examples  # Input → tf.Examples, shared with warmup replay
+
+__all__ = [
+    "MODEL_SERVICE",
+    "PREDICTION_SERVICE",
+    "SIGNATURE_DEF_FIELD",
+    "grpc_status",
+    "GrpcCalls",
+    "GrpcServer",
+    "service_handler",
+    "ModelServicer",
+    "PredictionServicer",
+    "ReloadConfig",
+]
+
+log = logging.getLogger("tfservo.grpc")
+
+PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
+MODEL_SERVICE = "tensorflow.serving.ModelService"
+SIGNATURE_DEF_FIELD = "signature_def"
+
+# Applies a ModelServerConfig (HandleReloadConfigRequest); None while no one can reload models.
+ReloadConfig = Callable[[Any], None]
+_ExamplesResponse = TypeVar(
+    "_ExamplesResponse", classification_pb2.ClassificationResponse, regression_pb2.RegressionResponse
+)
+
+
+def _selection(spec: model_pb2.ModelSpec) -> tuple[str, int | None, str | None]:
+    """(name, version, label) a ModelSpec asks for."""
+    if not spec.name:
+        raise InvalidArgument("model_spec.name is empty; set it to the name of a served model")
+    choice = spec.WhichOneof("version_choice")
+    if choice == "version":
+        return spec.name, spec.version.value, None
+    if choice == "version_label":
+        return spec.name, None, spec.version_label
+    return spec.name, None, None
+
+
+def _answer_spec(
+    out: model_pb2.ModelSpec, answered: ServableVersion | Answer, signature_name: str | None
+) -> None:
+    out.name = answered.model_name
+    out.version.value = answered.version
+    if signature_name is not None:
+        out.signature_name = signature_name
+
+
+def grpc_status(code: Code | int) -> grpc.StatusCode:
+    """The gRPC status of a canonical code (the same numbering and names)."""
+    try:
+        return grpc.StatusCode[Code(code).name]
+    except (ValueError, KeyError):
+        return grpc.StatusCode.UNKNOWN
+
+
+class UndecodableRequest:
+    """What a request's bytes became when they are not the message the method takes."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _tolerant(message_class: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises: grpc answers INTERNAL for a deserializer that
+    does, where a client's bad bytes are INVALID_ARGUMENT."""
+    name = message_class.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except Exception as exc:
+            return UndecodableRequest(f"The request is not a valid {name} ({exc}); send a serialized {name}")
+
+    return parse
+
+
+def service_handler(service: str, servicer: Any, methods: dict[str, tuple[Any, Any]]) -> grpc.GenericRpcHandler:
+    """The unary methods of `service` on `servicer`, with tolerant request deserializers."""
+    return grpc.method_handlers_generic_handler(
+        service,
+        {
+            name: grpc.unary_unary_rpc_method_handler(
+                getattr(servicer, name),
+                request_deserializer=_tolerant(request),
+                response_serializer=response.SerializeToString,
+            )
+            for name, (request, response) in methods.items()
+        },
+    )
+
+
+class GrpcCalls:
+    """Runs one RPC inside a request scope and turns ServingErrors into gRPC statuses."""
+
+    def __init__(self, service: str, scope: RequestScope) -> None:
+        self._service = service
+        self._scope = scope
+
+    def run(
+        self, rpc: str, method: str, context: grpc.ServicerContext, fn: Callable[[], Any], request: Any = None
+    ) -> Any:
+        with self._scope(f"/{self._service}/{rpc}", method) as labels, deadlines.within(context.time_remaining()):
+            try:
+                if isinstance(request, UndecodableRequest):
+                    raise InvalidArgument(request.message)
+                if not context.is_active():  # the client gave up (deadline, cancel) while this waited
+                    raise deadlines.DeadlineExceeded(f"{rpc}: the client's deadline passed before the call started")
+                response = fn()
+            except ServingError as exc:
+                code = grpc_status(exc.code)
+                labels.status = code.name
+                context.abort(code, exc.message)
+            except Exception as exc:  # a bug must answer INTERNAL, not hang or kill the server
+                log.exception("%s/%s failed", self._service, rpc)
+                labels.status = grpc.StatusCode.INTERNAL.name
+                context.abort(grpc.StatusCode.INTERNAL, f"Internal error: {type(exc).__name__}: {exc}")
+            labels.status = grpc.StatusCode.OK.name
+            return response
+
+
+class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+    """tensorflow.serving.PredictionService: Predict, Classify, Regress, MultiInference, GetModelMetadata."""
+
+    def __init__(self, api: TFServingAPI, scope: RequestScope = plain_scope, max_fill_bytes: int = MAX_FILL_BYTES) -> None:
+        self.api = api
+        self.max_fill_bytes = max_fill_bytes  # what one value filling a shape may expand to
+        self._calls = GrpcCalls(PREDICTION_SERVICE, scope)
+
+    def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
+        return self._calls.run("Predict", "predict", context, lambda: self.predict(request), request)
+
+    def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext) -> Any:
+        return self._calls.run("Classify", "classify", context, lambda: self.classify(request), request)
+
+    def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext) -> Any:
+        return self._calls.run("Regress", "regress", context, lambda: self.regress(request), request)
+
+    def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext) -> Any:
+        return self._calls.run("MultiInference", "multi_inference", context, lambda: self.multi_inference(request), request)
+
+    def GetModelMetadata(
+        self, request: get_model_metadata_pb2.GetModelMetadataRequest, context: grpc.ServicerContext
+    ) -> Any:
+        return self._calls.run("GetModelMetadata", "metadata", context, lambda: self.metadata(request), request)
+
+    # -- the calls, without gRPC -----------------------------------------------------------------
+
+    def predict(self, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
+        name, version, label = _selection(request.model_spec)
+        signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+        inputs = {key: to_ndarray(proto, f"input '{key}'", self.max_fill_bytes) for key, proto in request.inputs.items()}
+        output_keys = list(request.output_filter) or None
+        if output_keys is not None and len(set(output_keys)) != len(output_keys):
+            dupes = sorted({k for k in output_keys if output_keys.count(k) > 1})
+            raise InvalidArgument(f"duplicate output tensor alias in output_filter: {', '.join(dupes)}")
+        answer = self.api.predict(name, version, label, signature_name, inputs, output_keys)
+        response = predict_pb2.PredictResponse()
+        _answer_spec(response.model_spec, answer, signature_name)
+        for key, value in answer.outputs.items():
+            write_tensor_proto(value, response.outputs[key], f"output '{key}'")
+        return response
+
+    def classify(self, request: classification_pb2.ClassificationRequest) -> classification_pb2.ClassificationResponse:
+        response = classification_pb2.ClassificationResponse()
+        return self._on_examples(request, self.api.classify, classification_result_proto, response)
+
+    def regress(self, request: regression_pb2.RegressionRequest) -> regression_pb2.RegressionResponse:
+        response = regression_pb2.RegressionResponse()
+        return self._on_examples(request, self.api.regress, regression_result_proto, response)
+
+    def _on_examples(
+        self,
+        request: Any,
+        call: Callable[[str, int | None, str | None, str, list[bytes]], Classification | Regression],
+        result_proto: Callable[[Any], Any],
+        response: _ExamplesResponse,
+    ) -> _ExamplesResponse:
+        """Classify or Regress: run `call` (the API's classify/regress) on the request's examples
+        and fill `response` with the version that answered and the results as `result_proto`."""
+        name, version, label = _selection(request.model_spec)
+        signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+        answer = call(name, version, label, signature_name, serialized_examples(request.input))
+        _answer_spec(response.model_spec, answer, signature_name)
+        response.result.CopyFrom(result_proto(answer.results))
+        return response
+
+    def multi_inference(self, request: inference_pb2.MultiInferenceRequest) -> inference_pb2.MultiInferenceResponse:
+        """Several classify/regress signatures of one model version on the same examples."""
+        if not request.tasks:
+            raise InvalidArgument("MultiInferenceRequest has no tasks; add at least one InferenceTask")
+        name, version, label = _selection(request.tasks[0].model_spec)
+        seen: set[str] = set()
+        for task in request.tasks:
+            if task.model_spec.name != name:
+                raise InvalidArgument(
+                    "All ModelSpecs in a MultiInferenceRequest must access the same model name "
+                    f"(got {name} and {task.model_spec.name})"
+                )
+            signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+            if signature_name in seen:
+                raise InvalidArgument(f"Duplicate evaluation of signature: {signature_name}")
+            seen.add(signature_name)
+            if task.method_name not in (CLASSIFY_METHOD, REGRESS_METHOD):
+                raise InvalidArgument(
+                    f"Unsupported signature method_name: {task.method_name!r}; "
+                    f"use {CLASSIFY_METHOD} or {REGRESS_METHOD}"
+                )
+        examples = serialized_examples(request.input)
+        response = inference_pb2.MultiInferenceResponse()
+        # Every task runs on the one version the handle holds, even if a newer one arrives meanwhile.
+        with self.api.manager.acquire(name, version, label) as sv:
+            for task in request.tasks:
+                signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+                result = response.results.add()
+                method = "classify" if task.method_name == CLASSIFY_METHOD else "regress"
+                answer = self.api.run(sv, ExamplesCall(method, signature_name, examples))
+                if isinstance(answer, Classification):
+                    result.classification_result.CopyFrom(classification_result_proto(answer.results))
+                else:
+                    assert isinstance(answer, Regression)
+                    result.regression_result.CopyFrom(regression_result_proto(answer.results))
+                _answer_spec(result.model_spec, answer, signature_name)
+        return response
+
+    def metadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest) -> get_model_metadata_pb2.GetModelMetadataResponse:
+        name, version, label = _selection(request.model_spec)
+        if not request.metadata_field:
+            raise InvalidArgument(
+                f"GetModelMetadataRequest must specify at least one metadata_field; use '{SIGNATURE_DEF_FIELD}'"
+            )
+        for field in request.metadata_field:
+            if field != SIGNATURE_DEF_FIELD:
+                raise InvalidArgument(f"Metadata field {field} is not supported; use '{SIGNATURE_DEF_FIELD}'")
+        sv, sig_map = self.api.signature_defs(name, version, label)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        _answer_spec(response.model_spec, sv, None)
+        response.metadata[SIGNATURE_DEF_FIELD].Pack(sig_map)
+        return response
+
+
+class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
+    """tensorflow.serving.ModelService: GetModelStatus and HandleReloadConfigRequest."""
+
+    def __init__(
+        self,
+        api: TFServingAPI,
+        scope: RequestScope = plain_scope,
+        reload_config: Callable[[], ReloadConfig | None] = lambda: None,
+    ) -> None:
+        self.api = api
+        self._calls = GrpcCalls(MODEL_SERVICE, scope)
+        self._reload_config = reload_config
+
+    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context: grpc.ServicerContext) -> Any:
+        return self._calls.run("GetModelStatus", "status", context, lambda: self.status(request), request)
+
+    def HandleReloadConfigRequest(
+        self, request: model_management_pb2.ReloadConfigRequest, context: grpc.ServicerContext
+    ) -> Any:
+        return self._calls.run("HandleReloadConfigRequest", "reload_config", context, lambda: self.reload(request), request)
+
+    def status(self, request: get_model_status_pb2.GetModelStatusRequest) -> get_model_status_pb2.GetModelStatusResponse:
+        name, version, label = _selection(request.model_spec)
+        # The REST status document is the JSON form of GetModelStatusResponse: one source for both.
+        doc = self.api.status(name, version, label)
+        return json_format.ParseDict(doc, get_model_status_pb2.GetModelStatusResponse())
+
+    def reload(self, request: model_management_pb2.ReloadConfigRequest) -> model_management_pb2.ReloadConfigResponse:
+        reload_config = self._reload_config()
+        if reload_config is None:
+            raise Unimplemented(
+                "HandleReloadConfigRequest is not available: this server was not started with a "
+                "model config it can reload (start it with --model-config-file)"
+            )
+        reload_config(request.config)
+        response = model_management_pb2.ReloadConfigResponse()
+        response.status.error_code = 0  # OK
+        return response
+
+
+class GrpcServer:
+    """TF Serving's gRPC services on one port, answered by a thread pool."""
+
+    def __init__(
+        self,
+        api: TFServingAPI,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9000,
+        max_message_bytes: int = 100 * 2**20,
+        workers: int = 64,
+        scope: RequestScope = plain_scope,
+        reload_config: Callable[[], ReloadConfig | None] = lambda: None,
+        reuse_port: bool = False,
+        credentials: grpc.ServerCredentials | None = None,
+        draining: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc"),
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", -1),
+                # Off unless several worker processes share the port: a second server on a
+                # taken port must fail rather than silently take half the traffic.
+                ("grpc.so_reuseport", 1 if reuse_port else 0),
+            ],
+        )
+        self._server.add_generic_rpc_handlers((
+            service_handler(PREDICTION_SERVICE, PredictionServicer(api, scope, max(MAX_FILL_BYTES, max_message_bytes)), {
+                "Predict": (predict_pb2.PredictRequest, predict_pb2.PredictResponse),
+                "Classify": (classification_pb2.ClassificationRequest, classification_pb2.ClassificationResponse),
+                "Regress": (regression_pb2.RegressionRequest, regression_pb2.RegressionResponse),
+                "MultiInference": (inference_pb2.MultiInferenceRequest, inference_pb2.MultiInferenceResponse),
+                "GetModelMetadata": (
+                    get_model_metadata_pb2.GetModelMetadataRequest, get_model_metadata_pb2.GetModelMetadataResponse,
+                ),
+            }),
+            service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), {
+                "GetModelStatus": (get_model_status_pb2.GetModelStatusRequest, get_model_status_pb2.GetModelStatusResponse),
+                "HandleReloadConfigRequest": (
+                    model_management_pb2.ReloadConfigRequest, model_management_pb2.ReloadConfigResponse,
+                ),
+            }),
+        ))
+        from grpc_health.v1 import health_pb2_grpc
+
+        from tfservo.grpc.health import HealthService
+
+        self.health = HealthService(api.manager, draining)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.host = host
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            if credentials is not None:
+                self.port = self._server.add_secure_port(address, credentials)
+            else:
+                self.port = self._server.add_insecure_port(address)
+        except RuntimeError:
+            self.port = 0
+        if not self.port:
+            raise Unavailable(f"cannot listen for gRPC on {address} (port in use?); pick another --grpc-port")
+        self._stopped: threading.Event | None = None
+
+    def add_service(self, handler: grpc.GenericRpcHandler) -> None:
+        """Serve another service on this port (before `start`): the front door adds V2's."""
+        self._server.add_generic_rpc_handlers((handler,))
+
+    def start(self) -> GrpcServer:
+        self._server.start()
+        return self
+
+    def stop(self, grace: float | None = 30.0) -> threading.Event:
+        """Refuse new calls now; calls in flight get `grace` seconds. Set when all have ended."""
+        if self._stopped is None:
+            self._stopped = self._server.stop(grace)
+        return self._stopped

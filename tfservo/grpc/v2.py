@@ -1,0 +1,151 @@
+"""`inference.GRPCInferenceService` (the Open Inference Protocol over gRPC) on the server's gRPC
+port, beside TF Serving's services: ServerLive, ServerReady, ModelReady, ServerMetadata,
+ModelMetadata and ModelInfer (tensors in `contents` or `raw_input_contents`; answers in
+`raw_output_contents`, as Triton's clients read them). Errors are gRPC statuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import numpy as np
+
+from tfservo.codecs.v2 import DTYPE_OF_V2, V2Error, decode_inputs, encode_outputs
+from tfservo.core.request_labels import RequestScope, plain_scope
+from tfservo.core.v2_dataplane import InferRequest, V2DataPlane, parse_version
+from tfservo.grpc.tfserving import GrpcCalls, service_handler
+from tfservo.grpc.v2_protocol import SERVICE, messages
+
+__all__ = ["V2Servicer", "v2_handler"]
+
+_CONTENTS = {  # V2 datatype → InferTensorContents field
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def _parameters(entries: Any) -> dict[str, Any]:
+    out = {}
+    for key, value in entries.items():
+        choice = value.WhichOneof("parameter_choice")
+        out[key] = getattr(value, choice) if choice else None
+    return out
+
+
+class V2Servicer:
+    """The V2 calls, each through the one V2 data plane."""
+
+    def __init__(self, plane: V2DataPlane, scope: RequestScope = plain_scope) -> None:
+        self.plane = plane
+        self._calls = GrpcCalls(SERVICE, scope)
+
+    def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._calls.run("ServerLive", "live", context, lambda: messages["ServerLiveResponse"](live=True), request)
+
+    def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._calls.run("ServerReady", "ready", context,
+                               lambda: messages["ServerReadyResponse"](ready=self.plane.server_ready()), request)
+
+    def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def run() -> Any:
+            ready = self.plane.model_ready(request.name, parse_version(request.version))
+            return messages["ModelReadyResponse"](ready=ready)
+
+        return self._calls.run("ModelReady", "ready", context, run, request)
+
+    def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._calls.run("ServerMetadata", "metadata", context,
+                               lambda: messages["ServerMetadataResponse"](**self.plane.server_metadata()), request)
+
+    def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def run() -> Any:
+            meta = self.plane.model_metadata(request.name, parse_version(request.version))
+            answer = messages["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"],
+                                                       platform=meta["platform"])
+            for side in ("inputs", "outputs"):
+                for tensor in meta[side]:
+                    getattr(answer, side).add(name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"])
+            return answer
+
+        return self._calls.run("ModelMetadata", "metadata", context, run, request)
+
+    def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def run() -> Any:
+            answer = messages["RepositoryIndexResponse"]()
+            for entry in self.plane.repository_index(request.ready):
+                answer.models.add(**entry)
+            return answer
+
+        return self._calls.run("RepositoryIndex", "repository", context, run, request)
+
+    def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def run() -> Any:
+            self.plane.repository_load(request.model_name)
+            return messages["RepositoryModelLoadResponse"]()
+
+        return self._calls.run("RepositoryModelLoad", "load", context, run, request)
+
+    def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
+        def run() -> Any:
+            self.plane.repository_unload(request.model_name)
+            return messages["RepositoryModelUnloadResponse"]()
+
+        return self._calls.run("RepositoryModelUnload", "unload", context, run, request)
+
+    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._calls.run("ModelInfer", "predict", context, lambda: self._infer(request), request)
+
+    def _infer(self, request: Any) -> Any:
+        raw = list(request.raw_input_contents)
+        if raw and len(raw) != len(request.inputs):
+            raise V2Error(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send one per input")
+        tensors, binary = [], b""
+        for i, tensor in enumerate(request.inputs):
+            doc: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+            if raw:
+                doc["parameters"] = {"binary_data_size": len(raw[i])}
+                binary += raw[i]
+            else:
+                field = _CONTENTS.get(tensor.datatype)
+                if field is None:
+                    raise V2Error(f"input {tensor.name}: datatype {tensor.datatype!r} is not one tfservo takes; "
+                                  f"use one of {', '.join(DTYPE_OF_V2)}")
+                values = list(getattr(tensor.contents, field))
+                doc["data"] = [v.decode("utf-8", "surrogateescape") for v in values] if field == "bytes_contents" else values
+            tensors.append(doc)
+        inputs = decode_inputs(tensors, binary)
+        if not raw:  # BYTES from contents: keep the exact bytes
+            for tensor in request.inputs:
+                if tensor.datatype == "BYTES":
+                    array = np.empty(len(tensor.contents.bytes_contents), dtype=object)
+                    array[:] = list(tensor.contents.bytes_contents)
+                    inputs[tensor.name] = array.reshape(list(tensor.shape))
+        names = [o.name for o in request.outputs] or None
+        infer = InferRequest(request.model_name, parse_version(request.model_version), inputs, request.id or None,
+                             _parameters(request.parameters), names)
+        response = self.plane.infer(infer)
+        listed, parts = encode_outputs(response.outputs, {name: True for name in response.outputs})
+        answer = messages["ModelInferResponse"](model_name=response.model, model_version=str(response.version),
+                                                id=request.id)
+        for entry in listed:
+            answer.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
+        answer.raw_output_contents.extend(parts)
+        return answer
+
+
+def v2_handler(plane: V2DataPlane, scope: RequestScope = plain_scope) -> grpc.GenericRpcHandler:
+    """The V2 service as a generic handler for GrpcServer."""
+    calls = {
+        "ServerLive": ("ServerLiveRequest", "ServerLiveResponse"),
+        "ServerReady": ("ServerReadyRequest", "ServerReadyResponse"),
+        "ModelReady": ("ModelReadyRequest", "ModelReadyResponse"),
+        "ServerMetadata": ("ServerMetadataRequest", "ServerMetadataResponse"),
+        "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
+        "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
+        "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
+        "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
+        "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
+    }
+    return service_handler(SERVICE, V2Servicer(plane, scope),
+                           {rpc: (messages[req], messages[resp]) for rpc, (req, resp) in calls.items()})

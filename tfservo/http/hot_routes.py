@@ -1,0 +1,457 @@
+"""The inference routes as plain ASGI: TF Serving's POST :predict/:classify/:regress,
+SageMaker's POST /invocations and /models/{name}/invoke, and its runtime API's POST
+/endpoints/{name}/invocations (what boto3, the AWS CLI and the SDK call).
+
+These carry nearly all traffic, and Starlette's request objects, routing and exception
+middleware were ~20 % of a small request's CPU (docs/performance.md), so `ServingApp` sends
+them here directly; every other request (GETs, unknown paths, wrong methods) goes to Starlette.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import anyio
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from tfservo.codecs.media_types import JSON
+from tfservo.core import deadlines
+from tfservo.core.api import METHODS
+from tfservo.core.errors import InvalidArgument, NotFound, ServingError
+from tfservo.core.invocation import InvocationResult, error_result
+from tfservo.core.service import ModelService
+from tfservo.http.call_placement import INLINE_BODY_BYTES, CallPlacement
+from tfservo.http.decode_budget import DecodeBudget
+from tfservo.http.runtime_api import (
+    DEFAULT_VARIANT,
+    RuntimeError_,
+    RuntimeValidationError,
+    check_request,
+    model_error,
+    runtime_error,
+)
+
+if TYPE_CHECKING:
+    from tfservo.core.v2_dataplane import V2DataPlane
+    from tfservo.models.target_models import TargetModels
+
+__all__ = [
+    "CUSTOM_ATTRIBUTES",
+    "ROUTE_KEY",
+    "TFS_PATH",
+    "ClientDisconnected",
+    "HotRoutes",
+    "parse_version",
+    "PayloadTooLarge",
+    "read_body",
+    "request_header",
+    "send_response",
+    "send_result",
+]
+
+log = logging.getLogger("tfservo.http")
+
+T = TypeVar("T")
+
+ROUTE_KEY = "tfservo.route"  # scope key: the route template a hot route answered (for metrics)
+CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
+
+TFS_PATH = re.compile(
+    r"^/v1/models/(?P<name>[^/:]+)"
+    r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
+    r"(?::(?P<method>[^/:]+)|/(?P<meta>metadata))?/?$"
+)
+_INVOKE_PATH = re.compile(r"^/models/(?P<name>[^/]+)/invoke/?$")
+_RUNTIME_PATH = re.compile(r"^/endpoints/(?P<endpoint>[^/]*)/invocations/?$")
+_V2_INFER = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
+TARGET_MODEL = b"x-amzn-sagemaker-target-model"
+
+
+class PayloadTooLarge(ServingError):
+    http_status = 413
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body arrived; there is no one to answer."""
+
+
+async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
+    """The request body, refusing (413) anything over the limit before reading it all."""
+    declared = request_header(scope, b"content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidArgument(f"Content-Length {declared!r} is not a number")
+        if int(declared) > limit_bytes:
+            raise PayloadTooLarge(_too_large(int(declared), limit_bytes))
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit_bytes:
+                raise PayloadTooLarge(_too_large(size, limit_bytes))
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> str:
+    return (
+        f"Request body of {size} bytes is over the limit of {limit} bytes "
+        f"({limit / 2**20:g} MB); send less or start the server with a larger --max-request-mb"
+    )
+
+
+async def send_response(
+    send: Send, status: int, body: bytes, content_type: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """One complete HTTP response (text types get `charset=utf-8`, as Starlette adds it)."""
+    if content_type.startswith("text/") and "charset=" not in content_type:
+        content_type += "; charset=utf-8"
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", content_type.encode("latin-1")), (b"content-length", str(len(body)).encode()), *headers,
+        ],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_result(
+    send: Send, result: InvocationResult, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    if result.custom_attributes is not None:  # a handler's, passed on as SageMaker does
+        headers = (*headers, (CUSTOM_ATTRIBUTES, result.custom_attributes.encode("latin-1")))
+    await send_response(send, result.status, result.body, result.content_type, headers)
+
+
+def request_header(scope: Scope, name: bytes) -> str | None:
+    """A request header's value (latin-1), or None; `name` in lower case."""
+    for key, value in scope["headers"]:
+        if key == name:  # ASGI servers give header names in lower case
+            return value.decode("latin-1")
+    return None
+
+
+def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def parse_version(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise InvalidArgument(f"Model version must be a number, got {text!r}")
+    return int(text)
+
+
+class HotRoutes:
+    """The inference routes of one service, each a plain ASGI callable."""
+
+    def __init__(
+        self,
+        service: ModelService,
+        *,
+        v2: V2DataPlane,
+        max_request_bytes: int,
+        calls: CallPlacement,
+        invocations: CallPlacement,
+        is_loaded: Callable[[str], bool] | None = None,
+        batched: bool = False,
+        budget: DecodeBudget | None = None,
+        targets: TargetModels | None = None,
+        endpoint_name: str | None = None,
+        variant: str = DEFAULT_VARIANT,
+        request_timeout: float = 0.0,
+        invocation_timeout: float = 0.0,
+        on_timeout: Callable[[str, str | None, float], None] | None = None,
+    ) -> None:
+        self.service = service
+        self.budget = budget or DecodeBudget(2**62)
+        self.batched = batched  # the service batches calls: small predicts are queued from the loop
+        self.max_request_bytes = max_request_bytes
+        self.calls = calls  # TF Serving REST calls
+        # Invocations get threads of their own: their handlers may call back into the REST API.
+        self.invocations = invocations
+        self.is_loaded = is_loaded  # multi-model mode: /models/{name}/invoke needs a loaded model
+        self.targets = targets  # multi-model mode: X-Amzn-SageMaker-Target-Model loads on first use
+        self.endpoint_name = endpoint_name  # None: the runtime API answers for any endpoint name
+        self.variant = variant
+        self.request_timeout = request_timeout  # TF Serving REST calls (0: none)
+        self.invocation_timeout = invocation_timeout  # invocations, handlers included (0: none)
+        self.on_timeout = on_timeout  # (route, model, limit): the metrics' count and log line
+        self.v2 = v2  # the Open Inference Protocol's data plane (build_app makes the one the server has)
+
+    def route(self, scope: Scope) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
+        """The hot route for a POST to this path, or None (then Starlette answers it)."""
+        path = scope["path"]
+        if path == "/invocations":
+            scope[ROUTE_KEY] = "/invocations"
+            return self.invoke
+        if path.startswith("/v1/models/"):
+            match = TFS_PATH.match(path)
+            if match and match["method"] in METHODS:
+                scope["path_params"] = match.groupdict()
+                return self.tfs_method
+        elif path.startswith("/v2/models/"):
+            match = _V2_INFER.match(path)
+            if match:
+                scope["path_params"] = match.groupdict()
+                scope[ROUTE_KEY] = "/v2/models/{name}/infer"
+                return self.v2_infer
+        elif path.startswith("/endpoints/"):
+            match = _RUNTIME_PATH.match(path)
+            if match:
+                scope["path_params"] = match.groupdict()
+                scope[ROUTE_KEY] = "/endpoints/{name}/invocations"
+                return self.runtime_invoke
+        elif self.is_loaded is not None and path.startswith("/models/"):
+            match = _INVOKE_PATH.match(path)
+            if match:
+                scope["path_params"] = match.groupdict()
+                scope[ROUTE_KEY] = "/models/{name}/invoke"
+                return self.invoke
+        return None
+
+    async def tfs_method(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/models/{name}[/versions/{v}|/labels/{l}]:{predict|classify|regress}."""
+        params = scope["path_params"]
+        name, method, label = params["name"], params["method"], params["label"]
+        try:
+            version = parse_version(params["version"])
+        except ServingError as exc:
+            await send_result(send, error_result(exc))
+            return
+
+        async def call(body: bytes) -> bytes:
+            out = None
+            if self.batched and method == "predict" and len(body) <= INLINE_BODY_BYTES:
+                out = await self._predict_queued(name, version, label, body)
+            if out is None:
+                out = await self.calls.run(
+                    (name, method), len(body), lambda: self.service.api.rest(method, name, version, label, body),
+                    group=name,
+                )
+            return out
+
+        async def answer(body: bytes) -> None:
+            try:
+                out = await self._limited(
+                    self.request_timeout, f"/v1/models/{{name}}:{method}", name, lambda: call(body),
+                    "--rest_api_timeout_in_ms / --request-timeout",
+                )
+            except ServingError as exc:
+                await send_result(send, error_result(exc))
+                return
+            await send_response(send, 200, out, JSON)
+
+        await self._with_body(scope, receive, send, answer)
+
+    async def _predict_queued(self, name: str, version: int | None, label: str | None, body: bytes) -> bytes | None:
+        """A small :predict decoded on the loop and queued for its batch; the batch thread hands
+        the answer straight back to the loop (one thread hand-off instead of three). None: the
+        call needs the thread path (see TFServingAPI.submit_predict)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bytes] = loop.create_future()
+
+        def done(result: bytes | None, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(_settle, answer, result, error)
+
+        if not self.service.api.submit_predict(name, version, label, body, done):
+            return None
+        return await answer
+
+    async def invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /invocations, or /models/{name}/invoke: through the service's one Invoker."""
+        name = (scope.get("path_params") or {}).get("name")
+        if name is not None and self.is_loaded is not None and not self.is_loaded(name):
+            await send_result(send, error_result(NotFound(f"Model {name} is not loaded yet.")))
+            return
+        target = request_header(scope, TARGET_MODEL) if name is None and self.targets is not None else None
+
+        async def answer(body: bytes) -> None:
+            try:
+                result = await self._invoke(scope, body, name, target)
+            except ServingError as exc:
+                result = error_result(exc)
+            await send_result(send, result)
+
+        await self._with_body(scope, receive, send, answer)
+
+    async def v2_infer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v2/models/{name}[/versions/{v}]/infer: the Open Inference Protocol, JSON or with
+        binary tensors, through the same TF Serving API (and batcher) as :predict."""
+        from tfservo.codecs.v2_messages import HEADER_LENGTH, decode_infer_request, encode_infer_response
+        from tfservo.core.v2_dataplane import parse_version
+
+        params = scope["path_params"]
+        name = params["name"]
+        header_length = request_header(scope, HEADER_LENGTH.encode())
+
+        def run(body: bytes) -> tuple[bytes, int | None]:
+            request, as_binary = decode_infer_request(body, header_length, name, parse_version(params["version"]))
+            response = self.v2.infer(request)
+            return encode_infer_response(response, as_binary, bool(request.parameters.get("binary_data_output")))
+
+        async def answer(body: bytes) -> None:
+            try:
+                out, json_length = await self._limited(
+                    self.request_timeout, "/v2/models/{name}/infer", name,
+                    lambda: self.calls.run((name, "v2"), len(body), lambda: run(body), group=name),
+                    "--request-timeout",
+                )
+            except ServingError as exc:
+                await send_result(send, error_result(exc))
+                return
+            if json_length is None:
+                await send_response(send, 200, out, JSON)
+            else:
+                await send_response(send, 200, out, "application/octet-stream",
+                                    ((HEADER_LENGTH.encode(), str(json_length).encode()),))
+
+        await self._with_body(scope, receive, send, answer)
+
+    async def runtime_invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /endpoints/{EndpointName}/invocations: SageMaker's runtime API (boto3, the AWS
+        CLI, the SDK). Errors come in the shapes botocore raises as ModelError/ValidationError."""
+        endpoint = scope["path_params"]["endpoint"]
+        variant = ((b"x-amzn-invoked-production-variant", self.variant.encode()),)
+        try:
+            request = check_request(
+                endpoint,
+                served_endpoint=self.endpoint_name,
+                variant=self.variant,
+                target_variant=request_header(scope, b"x-amzn-sagemaker-target-variant"),
+                target_model=request_header(scope, TARGET_MODEL),
+                inference_id=request_header(scope, b"x-amzn-sagemaker-inference-id"),
+                custom_attributes=request_header(scope, CUSTOM_ATTRIBUTES),
+            )
+            if request.target_model is not None and self.targets is None:
+                raise RuntimeValidationError(
+                    f"Endpoint {endpoint} is not a multi-model endpoint: X-Amzn-SageMaker-Target-Model "
+                    "needs tfservo serve --multi-model"
+                )
+        except ServingError as exc:
+            await self._send_runtime_error(send, runtime_error(exc))
+            return
+
+        async def answer(body: bytes) -> None:
+            try:
+                result = await self._invoke(scope, body, None, request.target_model)
+            except ServingError as exc:
+                await self._send_runtime_error(send, runtime_error(exc))
+                return
+            if not result.ok:
+                await self._send_runtime_error(send, model_error(result, endpoint))
+                return
+            await send_result(send, result, variant)
+
+        await self._with_body(scope, receive, send, answer, runtime=True)
+
+    async def _invoke(self, scope: Scope, body: bytes, name: str | None, target: str | None) -> InvocationResult:
+        """One invocation through the service's Invoker; a target model is loaded first if new."""
+        content_type = request_header(scope, b"content-type")
+        accept = request_header(scope, b"accept")
+        attributes = request_header(scope, CUSTOM_ATTRIBUTES)
+        invoker = self.service.invoker
+        if target is not None:
+            assert self.targets is not None
+            targets = self.targets
+            name = targets.loaded_name(target) or await anyio.to_thread.run_sync(lambda: targets.resolve(target))
+
+        def call() -> Awaitable[InvocationResult]:
+            return self.invocations.run(
+                ("invoke", name, attributes),
+                len(body),
+                lambda: invoker.invoke(body, content_type, accept, attributes, name),
+                may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
+                group=name or attributes,  # the model, as the request names it
+            )
+
+        return await self._limited(
+            self.invocation_timeout, scope.get(ROUTE_KEY, "/invocations"), name or self.service.default_model(), call,
+            "--invocation-timeout / SAGEMAKER_GUNICORN_TIMEOUT_SECONDS",
+        )
+
+    async def _limited(
+        self, seconds: float, route: str, model: str | None, call: Callable[[], Awaitable[T]], setting: str
+    ) -> T:
+        """`call()` within `seconds` (0: no limit): past it DeadlineExceeded (504), counted and
+        logged; the work carries the deadline, so rows still queued for a batch are dropped."""
+        if not seconds:
+            return await call()
+        with deadlines.within(seconds):
+            task = asyncio.ensure_future(call())  # the task copies the context: the deadline goes along
+        try:
+            return await asyncio.wait_for(task, seconds)
+        except asyncio.TimeoutError:
+            if self.on_timeout is not None:
+                self.on_timeout(route, model, seconds)
+            raise deadlines.DeadlineExceeded(
+                f"{route} for model {model or '-'} took longer than its limit of {seconds:g} s ({setting}); "
+                "the request was abandoned"
+            ) from None
+
+    async def _send_runtime_error(self, send: Send, error: RuntimeError_) -> None:
+        await send_response(send, error.status, error.body, JSON, ((b"x-amzn-errortype", error.error_type.encode()),))
+
+    async def _with_body(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        answer: Callable[[bytes], Awaitable[None]],
+        *,
+        runtime: bool = False,
+    ) -> None:
+        """Read the body within the decode budget and `answer` it; the budget is held until the
+        answer is sent. Over the budget: 503 with Retry-After, before the body is read when
+        its Content-Length is declared."""
+        declared = request_header(scope, b"content-length")
+        held = int(declared) if declared is not None and declared.isdigit() else 0
+        if not self.budget.hold(held):
+            await self._busy(send, runtime)
+            return
+        try:
+            try:
+                body = await read_body(scope, receive, self.max_request_bytes)
+            except ServingError as exc:
+                if runtime:
+                    await self._send_runtime_error(send, runtime_error(RuntimeValidationError(exc.message)))
+                else:
+                    await send_result(send, error_result(exc))
+                return
+            except ClientDisconnected:
+                return
+            if len(body) > held:  # a chunked body: held as read
+                if not self.budget.hold(len(body) - held):
+                    await self._busy(send, runtime)
+                    return
+                held = len(body)
+            await answer(body)
+        finally:
+            self.budget.release(held)
+
+    async def _busy(self, send: Send, runtime: bool) -> None:
+        message = (
+            f"tfservo is decoding {self.budget.held / 2**20:.0f} MB of other requests, its bound "
+            f"(--max-decoding-mb {self.budget.limit_bytes / 2**20:g}); retry in a moment or send to another instance"
+        )
+        key, error_type = (b"message", b"ServiceUnavailable") if runtime else (b"error", None)
+        headers = ((b"retry-after", b"1"),) + (((b"x-amzn-errortype", error_type),) if error_type else ())
+        await send_response(send, 503, orjson.dumps({key.decode(): message}), JSON, headers)

@@ -1,0 +1,194 @@
+"""OpenAPI 3.1 for every REST route the server has, with request and response schemas made per
+served model from its signatures (input names, dtypes, shapes, an example): written at each
+GET /openapi.json, so it follows models as they load and unload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfservo import __version__
+from tfservo.codecs.v2 import V2_OF_TF
+from tfservo.models.signatures import (
+    CLASSIFY_METHOD,
+    DEFAULT_SIGNATURE,
+    REGRESS_METHOD,
+    SignatureDef,
+    TensorSpec,
+)
+
+__all__ = ["openapi_document"]
+
+_NUMBER = {"DT_FLOAT", "DT_DOUBLE", "DT_HALF", "DT_BFLOAT16"}
+_INTEGER = {"DT_INT8", "DT_INT16", "DT_INT32", "DT_INT64", "DT_UINT8", "DT_UINT16", "DT_UINT32", "DT_UINT64"}
+_ERROR = {"description": "An error, as {\"error\": \"...\"}",
+          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+_JSON_ANY = {"content": {"application/json": {"schema": {"type": "object"}}}}
+
+
+def _scalar(dtype: str) -> dict[str, Any]:
+    if dtype in _NUMBER:
+        return {"type": "number"}
+    if dtype in _INTEGER:
+        return {"type": "integer"}
+    if dtype == "DT_BOOL":
+        return {"type": "boolean"}
+    if dtype == "DT_STRING":
+        return {"oneOf": [{"type": "string"},
+                          {"type": "object", "properties": {"b64": {"type": "string"}}, "required": ["b64"]}]}
+    return {}
+
+
+def _tensor(spec: TensorSpec, *, drop_batch: bool) -> dict[str, Any]:
+    """Nested arrays for the spec's rank (the batch dimension dropped for one instance)."""
+    schema = _scalar(spec.dtype)
+    dims = list(spec.shape) if spec.shape is not None else None
+    if dims is None:
+        return {}  # unknown rank: any JSON value
+    if drop_batch and dims:
+        dims = dims[1:]
+    for size in reversed(dims):
+        schema = {"type": "array", "items": schema, **({"minItems": size, "maxItems": size} if size >= 0 else {})}
+    return schema
+
+
+def _example(spec: TensorSpec, *, drop_batch: bool) -> Any:
+    value: Any = "" if spec.dtype == "DT_STRING" else (True if spec.dtype == "DT_BOOL" else 1.0)
+    if spec.dtype in _INTEGER:
+        value = 1
+    dims = list(spec.shape or [])
+    if drop_batch and dims:
+        dims = dims[1:]
+    for size in reversed(dims):
+        value = [value] * (size if size > 0 else 1)
+    return value
+
+
+def _predict_body(sig: SignatureDef) -> dict[str, Any]:
+    inputs = sig.inputs
+    if len(inputs) == 1:
+        (spec,) = inputs.values()
+        instance = _tensor(spec, drop_batch=True)
+        example = {"instances": [_example(spec, drop_batch=True)]}
+    else:
+        instance = {"type": "object", "properties": {k: _tensor(s, drop_batch=True) for k, s in inputs.items()},
+                    "required": sorted(inputs)}
+        example = {"instances": [{k: _example(s, drop_batch=True) for k, s in inputs.items()}]}
+    per_input = {k: _tensor(s, drop_batch=False) for k, s in inputs.items()}
+    columnar: dict[str, Any] = {"type": "object", "properties": per_input}
+    schema = {
+        "type": "object",
+        "properties": {
+            "signature_name": {"type": "string", "default": DEFAULT_SIGNATURE},
+            "instances": {"type": "array", "items": instance},
+            "inputs": columnar if len(inputs) > 1 else next(iter(per_input.values()), {}),
+        },
+        "oneOf": [{"required": ["instances"]}, {"required": ["inputs"]}],
+    }
+    return {"required": True, "content": {"application/json": {"schema": schema, "example": example}}}
+
+
+def _v2_body(name: str, sig: SignatureDef) -> dict[str, Any]:
+    tensor = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "enum": sorted(sig.inputs)},
+            "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "datatype": {"type": "string", "enum": sorted({V2_OF_TF.get(s.dtype, s.dtype) for s in sig.inputs.values()})},
+            "data": {},
+            "parameters": {"type": "object"},
+        },
+        "required": ["name", "shape", "datatype"],
+    }
+    example = {"inputs": [
+        {"name": k, "shape": [1, *[d if d > 0 else 1 for d in (s.shape or [])[1:]]],
+         "datatype": V2_OF_TF.get(s.dtype, s.dtype), "data": [_example(s, drop_batch=True)]}
+        for k, s in sorted(sig.inputs.items())
+    ]}
+    schema = {"type": "object", "properties": {"id": {"type": "string"}, "inputs": {"type": "array", "items": tensor},
+                                               "outputs": {"type": "array"}, "parameters": {"type": "object"}},
+              "required": ["inputs"]}
+    return {"required": True, "content": {"application/json": {"schema": schema, "example": example}}}
+
+
+def _op(summary: str, *, body: dict[str, Any] | None = None, tags: list[str], ok: dict[str, Any] | None = None,
+        errors: tuple[int, ...] = (400, 404)) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "tags": tags,
+                          "responses": {"200": ok or {"description": "OK", **_JSON_ANY}}}
+    for status in errors:
+        op["responses"][str(status)] = _ERROR
+    if body is not None:
+        op["requestBody"] = body
+    return op
+
+
+def _runtime_error(description: str, schema: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+
+
+def openapi_document(models: dict[str, SignatureDef | None], *, multi_model: bool = False) -> dict[str, Any]:
+    """The document for `models` (name → its serving_default signature, None while unavailable)."""
+    paths: dict[str, Any] = {
+        "/ping": {"get": _op("SageMaker health check: 200 when every model is available", tags=["SageMaker"],
+                             ok={"description": "Healthy"}, errors=(503,))},
+        "/invocations": {"post": _op(
+            "SageMaker invocation: the default model (or tfs-model-name) through the bundle's handlers or "
+            "content conversions", tags=["SageMaker"],
+            body={"required": True, "content": {t: {"schema": {}} for t in
+                                                 ("application/json", "text/csv", "application/jsonlines")}},
+            errors=(400, 404, 415, 500))},
+        "/endpoints/{EndpointName}/invocations": {"post": {
+            **_op("SageMaker runtime API (boto3, the AWS CLI, the SDK)", tags=["SageMaker"],
+                  body={"required": True, "content": {"application/json": {"schema": {}}}}, errors=()),
+            "responses": {"200": {"description": "OK", **_JSON_ANY},
+                          "400": _runtime_error("ValidationError: the call itself is wrong", "RuntimeError"),
+                          "424": _runtime_error("ModelError: the model answered 4xx/5xx", "ModelError")},
+            "parameters": [{"name": "EndpointName", "in": "path", "required": True,
+                            "schema": {"type": "string", "pattern": "^[a-zA-Z0-9](-*[a-zA-Z0-9])*$", "maxLength": 63}}],
+        }},
+        "/execution-parameters": {"get": _op("Batch transform's execution parameters", tags=["SageMaker"], errors=())},
+        "/metrics": {"get": _op("Prometheus metrics", tags=["Operations"], errors=(),
+                                ok={"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}})},
+        "/v1/models": {"get": _op("Every model with its versions and states", tags=["TF Serving"], errors=())},
+        "/v2": {"get": _op("V2 server metadata", tags=["V2"], errors=())},
+        "/v2/health/live": {"get": _op("V2 liveness", tags=["V2"], errors=())},
+        "/v2/health/ready": {"get": _op("V2 readiness", tags=["V2"], errors=(503,))},
+        "/openapi.json": {"get": _op("This document", tags=["Operations"], errors=())},
+        "/docs": {"get": _op("This document as a page (Swagger UI) to read it and send requests", tags=["Operations"],
+                             errors=(), ok={"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}})},
+    }
+    for name, sig in sorted(models.items()):
+        tag = [f"model {name}"]
+        paths[f"/v1/models/{name}"] = {"get": _op(f"Status of {name}'s versions", tags=tag)}
+        paths[f"/v1/models/{name}/metadata"] = {"get": _op(f"Signatures of {name}", tags=tag)}
+        paths[f"/v2/models/{name}"] = {"get": _op(f"V2 metadata of {name}", tags=tag)}
+        paths[f"/v2/models/{name}/ready"] = {"get": _op(f"Whether {name} is ready", tags=tag)}
+        if sig is None:
+            continue
+        paths[f"/v1/models/{name}:predict"] = {"post": _op(f"Predict with {name} ({sig.name})", tags=tag,
+                                                           body=_predict_body(sig))}
+        paths[f"/v2/models/{name}/infer"] = {"post": _op(f"V2 inference with {name}", tags=tag, body=_v2_body(name, sig))}
+        if sig.method_name in (CLASSIFY_METHOD, REGRESS_METHOD):
+            method = "classify" if sig.method_name == CLASSIFY_METHOD else "regress"
+            paths[f"/v1/models/{name}:{method}"] = {"post": _op(f"{method.title()} tf.Examples with {name}", tags=tag,
+                                                                body={"required": True, **_JSON_ANY})}
+    if multi_model:
+        paths["/models"] = {"get": _op("Loaded models", tags=["Multi-model"], errors=()),
+                            "post": _op("Load a model dir under the model root", tags=["Multi-model"],
+                                        body={"required": True, "content": {"application/json": {"schema": {
+                                            "type": "object", "required": ["model_name", "url"],
+                                            "properties": {"model_name": {"type": "string"}, "url": {"type": "string"}}}}}},
+                                        errors=(400, 403, 404, 409, 507))}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "tfservo", "version": __version__,
+                 "description": "SageMaker's, TF Serving's and the Open Inference Protocol's REST APIs for the served models."},
+        "paths": paths,
+        "components": {"schemas": {
+            "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
+            # the SageMaker runtime API's shapes, which botocore turns into ValidationError / ModelError
+            "RuntimeError": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]},
+            "ModelError": {"type": "object", "required": ["message", "OriginalStatusCode", "OriginalMessage"],
+                           "properties": {"ErrorCode": {"type": "string"}, "message": {"type": "string"},
+                                          "OriginalStatusCode": {"type": "integer"}, "OriginalMessage": {"type": "string"}}},
+        }},
+    }

@@ -1,0 +1,145 @@
+"""The HTTP/1.1 protocol tfservo serves with: uvicorn's httptools protocol, with every answer
+it writes itself in JSON and limits on slow, idle and too many clients.
+
+- malformed HTTP (a control character in a header, bytes before the request line) answers
+  400 `{"error": …}` instead of uvicorn's plain-text line;
+- a request asking for a protocol upgrade (`Upgrade: websocket`, `h2c`) answers 400 at once
+  instead of waiting for a body the parser will never deliver;
+- a connection whose request headers do not arrive within `header_timeout` seconds (an idle
+  connection that never sends a request, or one dribbling a byte a second) answers 408 and
+  is closed;
+- past `max_connections` open connections a new one answers 503 and is closed, so idle or
+  slow clients cannot use up the process's file descriptors and lock others out.
+
+This leans on uvicorn's internals (HttpToolsProtocol's connection, parser-callback and
+response hooks), so it lives here alone, uvicorn is pinned in requirements.lock, and
+tests/http/test_http_protocol.py checks each behaviour on a real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import resource
+from typing import Any
+
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from tfservo.codecs.media_types import JSON
+
+__all__ = ["ServingProtocol", "default_max_connections", "protocol_class"]
+
+
+def default_max_connections() -> int:
+    """Open connections per process: the file limit, less room for models, logs and sockets."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 10_000
+    return max(16, min(10_000, soft - 128))
+
+
+class ServingProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with JSON errors, no upgrades, and connection limits."""
+
+    header_timeout: float = 10.0
+    max_connections: int = 10_000
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._refusing_upgrade = False
+        if len(self.connections) > self.max_connections:
+            self._answer(
+                503,
+                f"tfservo has {self.max_connections} connections open, its limit; retry shortly, "
+                "reuse connections, or start it with a larger --max-connections",
+            )
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._answer(400, f"Malformed HTTP request ({exc}); check the request line and headers")
+        except httptools.HttpParserUpgrade:
+            self._answer(
+                400,
+                "Protocol upgrades (Upgrade: websocket, h2c) are not supported; send the request "
+                "without the Upgrade and Connection: Upgrade headers",
+            )
+
+    def send_400_response(self, msg: str) -> None:
+        self._answer(400, f"Malformed HTTP request: {msg}")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_timer is None:
+            self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._cancel_header_timer()
+        if self.parser.should_upgrade():
+            self._refusing_upgrade = True  # answered by data_received, without starting the app
+            return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refusing_upgrade:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refusing_upgrade:
+            super().on_message_complete()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def _cancel_header_timer(self) -> None:
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.cycle is None or self.cycle.response_complete:
+            self._answer(
+                408,
+                f"The request headers did not arrive within {self.header_timeout:g} s; "
+                "send the whole request at once",
+            )
+
+    def _answer(self, status: int, message: str) -> None:
+        """A complete JSON error answer, then the connection closes."""
+        if self.transport.is_closing():
+            return
+        body = orjson.dumps({"error": message})
+        head = [
+            f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode(),
+            *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
+            b"content-type: " + JSON.encode() + b"\r\n",
+            b"content-length: " + str(len(body)).encode() + b"\r\n",
+            b"connection: close\r\n\r\n",
+        ]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+
+
+def protocol_class(*, header_timeout: float, max_connections: int) -> Any:
+    """The protocol class for one server's limits (uvicorn instantiates it per connection)."""
+    return type(
+        "ServingProtocol",
+        (ServingProtocol,),
+        {"header_timeout": header_timeout, "max_connections": max_connections},
+    )

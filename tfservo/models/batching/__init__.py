@@ -1,0 +1,17 @@
+"""Server-side dynamic batching of model calls (TF Serving's batching, in Python)."""
+
+from tfservo.models.batching.batcher import (
+    Batcher,
+    BatchingRunnerFactory,
+    BatchScheduler,
+    make_runner_factory,
+)
+from tfservo.models.batching.options import BatchingOptions
+
+__all__ = [
+    "BatchScheduler",
+    "Batcher",
+    "BatchingOptions",
+    "BatchingRunnerFactory",
+    "make_runner_factory",
+]

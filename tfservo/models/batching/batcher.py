@@ -1,0 +1,482 @@
+"""Server-side dynamic batching: concurrent requests merged into one model call (TF Serving style).
+
+Scheduling follows TF Serving's BasicBatchScheduler: tasks with the same signature, output keys
+and input keys/dtypes/non-batch shapes share a queue of batches; a batch closes when full or
+`batch_timeout_micros` after its first task arrived; `num_batch_threads` threads (shared by
+every batcher of one `BatchScheduler`) run closed batches, oldest first; a queue holding
+`max_enqueued_batches` batches refuses new calls at once with ResourceExhausted.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tfservo.core import deadlines
+from tfservo.core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from tfservo.models.batching.options import BatchingOptions
+from tfservo.models.signatures import Runner
+
+if TYPE_CHECKING:
+    from tfservo.models.servables import ServableVersion
+
+__all__ = [
+    "Batcher",
+    "BatchHook",
+    "BatchingRunnerFactory",
+    "BatchScheduler",
+    "Callback",
+    "make_runner_factory",
+    "ModelBatchHook",
+]
+
+log = logging.getLogger("tfservo.models.batching")
+
+# (rows, padded rows, seconds run, seconds its first row queued) of each batch one Batcher ran.
+BatchHook = Callable[[int, int, float, float], None]
+# The same with the model's name first: a runner factory's hook, shared by every model's batchers.
+ModelBatchHook = Callable[[str, int, int, float, float], None]
+# Called once, on a batch thread, with a submitted call's outputs or its error.
+Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
+
+
+class _Task:
+    """One caller's rows (a chunk of them when the call was split), and where its result goes."""
+
+    __slots__ = ("inputs", "size", "done", "outputs", "error", "callback", "deadline")
+
+    def __init__(self, inputs: dict[str, np.ndarray], size: int, callback: Callback | None = None) -> None:
+        self.inputs = inputs
+        self.size = size
+        self.deadline = deadlines.current()  # past it the caller has given up: the rows are dropped
+        self.done = threading.Event()
+        self.outputs: dict[str, np.ndarray] | None = None
+        self.error: BaseException | None = None
+        self.callback = callback
+
+    def finish(self, outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
+        if not self.done.is_set():
+            self.outputs, self.error = outputs, error
+            self.done.set()
+            if self.callback is not None:
+                try:
+                    self.callback(outputs, _clone(error) if error is not None else None)
+                except Exception:
+                    log.exception("result callback failed")
+
+
+class _Queue:
+    """Batches of one batcher that can be merged: same signature, outputs and input layout."""
+
+    __slots__ = ("owner", "signature", "output_keys", "batches")
+
+    def __init__(self, owner: Batcher, signature: str, output_keys: tuple[str, ...] | None) -> None:
+        self.owner = owner
+        self.signature = signature
+        self.output_keys = output_keys
+        self.batches: deque[_Batch] = deque()
+
+
+class _Batch:
+    __slots__ = ("queue", "tasks", "size", "created", "closed")
+
+    def __init__(self, queue: _Queue) -> None:
+        self.queue = queue
+        self.tasks: list[_Task] = []
+        self.size = 0
+        self.created = time.monotonic()
+        self.closed = False
+
+
+class BatchScheduler:
+    """The batch threads and queues shared by batchers (TF Serving's SharedBatchScheduler)."""
+
+    def __init__(self, num_batch_threads: int, name: str = "tfservo-batch") -> None:
+        if num_batch_threads < 1:
+            raise ValueError(f"num_batch_threads={num_batch_threads} must be at least 1")
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # a batch may have become ready
+        self._space = threading.Condition(self._lock)  # a queue may have room again
+        self._queues: dict[tuple[Any, ...], _Queue] = {}
+        self._stopped = False
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
+            for i in range(num_batch_threads)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Fail every queued call with Unavailable and stop the threads after their running batches."""
+        with self._lock:
+            self._stopped = True
+            queues, self._queues = list(self._queues.values()), {}
+            self._work.notify_all()
+            self._space.notify_all()
+        for q in queues:
+            q.owner._fail([t for b in q.batches for t in b.tasks])
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    if self._stopped:
+                        return
+                    batch, wait = self._take_ready(time.monotonic())
+                    if batch is not None:
+                        break
+                    self._work.wait(wait)
+                if self._queues:  # more may be ready; let another idle thread look
+                    self._work.notify()
+                self._space.notify_all()
+            batch.queue.owner._process(batch)
+
+    def _take_ready(self, now: float) -> tuple[_Batch | None, float | None]:
+        """Pop the oldest ready head batch; else None and how long until one times out."""
+        best: tuple[tuple[Any, ...], _Queue] | None = None
+        wait: float | None = None
+        for key, q in self._queues.items():
+            head = q.batches[0]
+            due = head.created + q.owner._timeout
+            if head.closed or q.owner._eager or due <= now:
+                if best is None or head.created < best[1].batches[0].created:
+                    best = (key, q)
+            elif wait is None or due - now < wait:
+                wait = due - now
+        if best is None:
+            return None, wait
+        key, q = best
+        batch = q.batches.popleft()
+        batch.closed = True
+        if not q.batches:
+            del self._queues[key]
+        return batch, None
+
+
+class Batcher:
+    """A Runner that merges concurrent calls into batched calls of the wrapped Runner.
+
+    Each caller blocks until its own rows come back (every output sliced along axis 0). Calls
+    larger than `max_batch_size` are split into chunks and reassembled in order; the first chunk
+    is admitted or refused at once, later chunks wait for room in the queue. Scalar inputs and
+    empty batches bypass batching. A model error fails every caller in that batch.
+
+    `eager=True` closes a batch as soon as a batch thread is free instead of waiting
+    `batch_timeout_micros`: a lone request runs immediately, and batches still form under load
+    (requests pile up while every thread is busy). The trade-off: at light or moderate load
+    batches are smaller, so there are more model calls per request and (with
+    `allowed_batch_sizes`) more padding, and batch sizes depend on `num_batch_threads`; the
+    timeout instead trades a fixed latency for fuller batches.
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        options: BatchingOptions,
+        *,
+        name: str = "model",
+        on_batch: BatchHook | None = None,
+        scheduler: BatchScheduler | None = None,
+    ) -> None:
+        self._runner = runner
+        self._options = options
+        self._name = name
+        self._on_batch = on_batch
+        self._max = options.max_batch_size
+        self._timeout = options.batch_timeout_seconds
+        self._eager = options.eager
+        self._owns_scheduler = scheduler is None
+        self._scheduler = scheduler or BatchScheduler(
+            options.num_batch_threads, name=f"tfservo-batch-{name}".replace(" ", "-")
+        )
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def options(self) -> BatchingOptions:
+        return self._options
+
+    def __call__(
+        self,
+        signature_name: str,
+        inputs: dict[str, np.ndarray],
+        output_keys: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run `inputs` as part of a batch and return this call's rows of every output."""
+        arrays, size = self._batch_rows(signature_name, inputs)
+        if not size:
+            return self._runner(signature_name, arrays, output_keys)
+        outs = tuple(output_keys) if output_keys is not None else None
+        key = self._queue_key(signature_name, outs, arrays)
+        if size <= self._max:
+            tasks = [_Task(arrays, size)]
+        else:
+            tasks = [
+                _Task({k: a[i : i + self._max] for k, a in arrays.items()}, min(self._max, size - i))
+                for i in range(0, size, self._max)
+            ]
+        for i, task in enumerate(tasks):
+            # Only the first chunk may be refused; an admitted call waits for room for the rest.
+            # If a later chunk fails (unloading), chunks already queued run and are dropped.
+            self._enqueue(key, signature_name, outs, task, block=i > 0)
+        results = []
+        for task in tasks:
+            if not task.done.wait(deadlines.remaining(task.deadline)):
+                task.finish(None, self._late(signature_name))  # its batch will skip it
+            if task.error is not None:
+                raise _clone(task.error)
+            results.append(task.outputs)
+        if len(results) == 1:
+            return results[0]  # type: ignore[return-value]
+        first = results[0]
+        assert first is not None
+        return {k: np.concatenate([r[k] for r in results], axis=0) for k in first}  # type: ignore[index]
+
+    run = __call__
+
+    def submit(
+        self,
+        signature_name: str,
+        inputs: dict[str, np.ndarray],
+        output_keys: Sequence[str] | None,
+        callback: Callback,
+    ) -> bool:
+        """Queue `inputs` without waiting; `callback` gets this call's rows from a batch thread.
+
+        For callers that must not block (the event loop). False, with nothing queued, when the
+        call needs the blocking path (more rows than max_batch_size, no batch dimension): use
+        `run` then. A full queue raises ResourceExhausted here, as `run` does.
+        """
+        arrays, size = self._batch_rows(signature_name, inputs)
+        if not size or size > self._max:
+            return False
+        outs = tuple(output_keys) if output_keys is not None else None
+        self._enqueue(self._queue_key(signature_name, outs, arrays), signature_name, outs,
+                      _Task(arrays, size, callback), block=False)
+        return True
+
+    def _batch_rows(self, signature_name: str, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """The inputs as arrays and their common batch size (0: scalars or no rows, not batched)."""
+        arrays = {k: np.asarray(v) for k, v in inputs.items()}
+        if not arrays or any(a.ndim == 0 for a in arrays.values()):
+            return arrays, 0
+        sizes = {k: a.shape[0] for k, a in arrays.items()}
+        size = next(iter(sizes.values()))
+        if any(n != size for n in sizes.values()):
+            listed = ", ".join(f"{k}: {n}" for k, n in sizes.items())
+            raise InvalidArgument(
+                f"inputs of signature '{signature_name}' of model {self._name} have different "
+                f"batch sizes (dimension 0: {listed}); send the same number of rows for every input"
+            )
+        return arrays, size
+
+    def _queue_key(
+        self, signature_name: str, outs: tuple[str, ...] | None, arrays: dict[str, np.ndarray]
+    ) -> tuple[Any, ...]:
+        """Calls with equal keys may share a batch: same signature, outputs and input layout."""
+        return (self, signature_name, outs) + tuple(
+            (k, _dtype_key(a.dtype), a.shape[1:]) for k, a in sorted(arrays.items())
+        )
+
+    def close(self) -> None:
+        """Fail this batcher's queued calls with Unavailable and stop taking new ones."""
+        sched = self._scheduler
+        dropped: list[_Task] = []
+        with sched._lock:
+            self._closed = True
+            for key in [k for k, q in sched._queues.items() if q.owner is self]:
+                for batch in sched._queues.pop(key).batches:
+                    batch.closed = True
+                    dropped.extend(batch.tasks)
+            sched._space.notify_all()
+        self._fail(dropped)
+        if self._owns_scheduler:
+            sched.close()
+
+    def _fail(self, tasks: list[_Task]) -> None:
+        error = Unavailable(f"model {self._name} was unloaded before its batch ran; retry the request")
+        for task in tasks:
+            task.finish(None, error)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _enqueue(
+        self, key: tuple[Any, ...], signature: str, outs: tuple[str, ...] | None, task: _Task, block: bool
+    ) -> None:
+        """Add a task to its queue's open batch or a new one; refuse (or wait) when full."""
+        sched = self._scheduler
+        with sched._lock:
+            while True:
+                if self._closed or sched._stopped:
+                    raise Unavailable(f"model {self._name} is unloading; retry the request")
+                q = sched._queues.get(key)
+                open_batch = q.batches[-1] if q is not None and not q.batches[-1].closed else None
+                if open_batch is not None:
+                    if open_batch.size + task.size <= self._max:
+                        self._add(open_batch, task)
+                        return
+                    open_batch.closed = True  # cannot take this task, so it is done growing
+                    sched._work.notify()
+                waiting = len(q.batches) if q is not None else 0
+                if waiting < self._options.max_enqueued_batches:
+                    if q is None:
+                        q = sched._queues[key] = _Queue(self, signature, outs)
+                    batch = _Batch(q)
+                    q.batches.append(batch)
+                    self._add(batch, task)
+                    sched._work.notify()
+                    return
+                if not block:
+                    raise ResourceExhausted(
+                        f"batch queue full for model {self._name} (signature '{signature}': "
+                        f"{waiting} batches waiting, max_enqueued_batches {self._options.max_enqueued_batches}); "
+                        "retry later, or raise SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES (max_enqueued_batches in "
+                        "--batching-parameters-file), or serve with more --workers"
+                    )
+                sched._space.wait()
+
+    def _add(self, batch: _Batch, task: _Task) -> None:
+        batch.tasks.append(task)
+        batch.size += task.size
+        if batch.size >= self._max:
+            batch.closed = True
+            self._scheduler._work.notify()
+
+    def _late(self, signature: str) -> deadlines.DeadlineExceeded:
+        return deadlines.DeadlineExceeded(
+            f"model {self._name} (signature '{signature}'): the request's deadline passed while it waited "
+            "for its batch; allow more time, or send less load"
+        )
+
+    def _process(self, batch: _Batch) -> None:
+        """Run one closed batch and hand every task its rows (or the batch's error); rows of
+        callers who gave up (done, or past their deadline) are left out."""
+        for t in batch.tasks:
+            if not t.done.is_set() and deadlines.expired(t.deadline):
+                t.finish(None, self._late(batch.queue.signature))
+        tasks = [t for t in batch.tasks if not t.done.is_set()]
+        size = sum(t.size for t in tasks)
+        if not tasks:
+            return
+        queued = time.monotonic() - batch.created
+        padded = _padded_size(size, self._options.allowed_batch_sizes)
+        try:
+            if len(tasks) == 1:
+                inputs = tasks[0].inputs
+            else:
+                keys = tasks[0].inputs.keys()
+                inputs = {k: np.concatenate([t.inputs[k] for t in tasks], axis=0) for k in keys}
+            if padded > size:
+                inputs = {
+                    k: np.concatenate([a, np.repeat(a[:1], padded - size, axis=0)], axis=0)
+                    for k, a in inputs.items()
+                }
+            q = batch.queue
+            keys_arg = list(q.output_keys) if q.output_keys is not None else None
+            t0 = time.perf_counter()
+            outputs = self._runner(q.signature, inputs, keys_arg)
+            seconds = time.perf_counter() - t0
+            outputs = {k: np.asarray(v) for k, v in outputs.items()}
+            for k, v in outputs.items():
+                if v.ndim == 0 or v.shape[0] != padded:
+                    raise InvalidArgument(
+                        f"output '{k}' of signature '{q.signature}' of model {self._name} has shape "
+                        f"{list(v.shape)}, but batching needs every output's first dimension to be "
+                        f"the batch size ({padded}); request only batch-major outputs or disable "
+                        "batching (SAGEMAKER_TFS_ENABLE_BATCHING=false)"
+                    )
+            offset = 0
+            for t in tasks:
+                t.finish({k: v[offset : offset + t.size] for k, v in outputs.items()}, None)
+                offset += t.size
+        except BaseException as exc:
+            for t in tasks:
+                t.finish(None, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            for t in tasks:  # never leave a caller waiting, whatever happened
+                t.finish(None, Unavailable(f"model {self._name}: batch was abandoned; retry"))
+        if self._on_batch is not None:
+            try:
+                self._on_batch(size, padded, seconds, queued)
+            except Exception:
+                log.exception("batch hook failed for model %s", self._name)
+
+
+def _padded_size(size: int, allowed: Sequence[int]) -> int:
+    for s in allowed:
+        if s >= size:
+            return s
+    return size
+
+
+def _dtype_key(dtype: np.dtype) -> str:
+    # Fixed-width strings of different widths concatenate fine, so they share a queue.
+    return dtype.kind if dtype.kind in "SU" else dtype.str
+
+
+def _clone(exc: BaseException) -> BaseException:
+    """A copy of a batch's error for one caller, so callers' tracebacks don't pile onto one object."""
+    try:
+        clone = copy.copy(exc)
+    except Exception:
+        return exc
+    if type(clone) is not type(exc) or str(clone) != str(exc):
+        return exc
+    clone.__cause__, clone.__context__ = exc.__cause__, exc.__context__
+    return clone.with_traceback(exc.__traceback__)
+
+
+class BatchingRunnerFactory:
+    """A RunnerFactory giving each loaded version a Batcher; all share one set of batch threads."""
+
+    def __init__(self, options: BatchingOptions, on_batch: ModelBatchHook | None = None) -> None:
+        self.options = options
+        self.on_batch = on_batch
+        self._scheduler: BatchScheduler | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, sv: ServableVersion) -> Batcher:
+        with self._lock:
+            if self._scheduler is None:
+                self._scheduler = BatchScheduler(self.options.num_batch_threads)
+            scheduler = self._scheduler
+        model = sv.model
+        assert model is not None, "a runner is made right after the version loaded"
+        return Batcher(
+            model.run,
+            self.options,
+            name=f"{sv.model_name} version {sv.version}",
+            on_batch=functools.partial(self.on_batch, sv.model_name) if self.on_batch else None,
+            scheduler=scheduler,
+        )
+
+    def close(self) -> None:
+        """Stop the shared batch threads (queued calls of every batcher fail with Unavailable)."""
+        with self._lock:
+            scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler.close()
+
+
+def make_runner_factory(
+    options: BatchingOptions, on_batch: ModelBatchHook | None = None
+) -> BatchingRunnerFactory:
+    """The RunnerFactory to hand ModelManager when batching is on; on_batch(model, rows, padded, seconds)."""
+    return BatchingRunnerFactory(options, on_batch)

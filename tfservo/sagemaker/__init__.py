@@ -1,1 +1,0 @@
-"""The SageMaker layer: content types, custom attributes, inference.py handlers, invocations."""
