@@ -414,3 +414,13 @@ def test_custom_attributes_invalid_values_are_400(header, named):
         parse_custom_attributes(header)
     assert named in err.value.message
     assert "X-Amzn-SageMaker-Custom-Attributes" in err.value.message
+
+
+def test_registry_aliases_and_record_kinds():
+    from tfservo.codecs.media_types import guess_type, is_json_lines, lookup, record_kind
+
+    assert lookup("application/x-jsonlines; charset=utf-8") is lookup("application/jsonlines")
+    assert is_json_lines("application/jsons") and not is_json_lines(JSON)
+    assert record_kind("text/csv") == "csv" and record_kind(JSON) == "json" and record_kind("image/png") is None
+    assert guess_type("a.JSONL") == "application/jsonlines" and guess_type("b.jsons") == "application/jsons"
+    assert guess_type("c.unknown") is None

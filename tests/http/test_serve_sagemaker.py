@@ -129,3 +129,13 @@ def test_invocation_errors(http, body, content_type, attributes, status):
 def test_invocations_body_limit(http):
     r = invoke(http, b"1.0," * 1_200_000 + b"1.0", "text/csv")
     assert r.status_code == 413 and "error" in r.json()
+
+
+@pytest.mark.parametrize("alias", ["application/x-jsonlines", "application/jsons"])
+def test_json_lines_aliases_behave_as_jsonlines(http, alias):
+    """Every alias of JSON lines in the media-type registry is read and answered as JSON lines
+    on /invocations, as the transform and Beam's content_type= already read it."""
+    r = invoke(http, b"[1.0, 2.0, 5.0]\n[1.0, 2.0, 5.0]", alias, Accept=alias)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith(alias)
+    assert [json.loads(line) for line in r.text.splitlines()] == [[3.5, 4.0, 5.5]] * 2

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from tfservo.codecs.content_types import TFS_RESPONSE_KEYS, csv_records, response_records
-from tfservo.codecs.media_types import CSV, JSON, JSON_LINES_TYPES, essence
+from tfservo.codecs.media_types import CSV, JSON, essence, is_json_lines
 
 __all__ = ["assemble_piece", "csv_line", "RecordOutput", "split_response", "SplitError"]
 
@@ -41,7 +41,7 @@ class RecordOutput:
 def split_response(body: bytes, content_type: str | None, count: int) -> list[RecordOutput]:
     """`count` outputs from one response body; SplitError when it does not hold `count` answers."""
     kind = essence(content_type)
-    if kind in JSON_LINES_TYPES:
+    if is_json_lines(kind):
         lines = [line for line in body.split(b"\n") if line.strip()]
         return _expect(count, [_json_line(line) for line in lines], body, "JSON lines")
     if kind == CSV:

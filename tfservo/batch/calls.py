@@ -26,7 +26,7 @@ from tfservo.batch.job import TransformJob
 from tfservo.batch.joiner import DataProcessing, FilterError
 from tfservo.batch.records import Item, RecordBatch, excerpt, payload, where
 from tfservo.batch.state import DeadLetter, RecordFailure
-from tfservo.codecs.media_types import CSV, JSON_TYPES, essence
+from tfservo.codecs.media_types import record_kind
 from tfservo.codecs.rows import answer_rows
 from tfservo.core.invocation import Invoker
 
@@ -85,7 +85,7 @@ class BatchCaller:
         if not result.ok or result.answer is None:
             return None
         rows = answer_rows(result.answer)
-        kind = _record_kind(result.content_type)
+        kind = record_kind(result.content_type)
         if rows is None or len(rows) != len(sent) or kind is None:
             return None
         records = [batch.data[i] for i in sent]
@@ -176,7 +176,7 @@ class BatchCaller:
             raise _RecordFailed(f"the model answered {result.status}: {_error_text(result.body)}")
         whole = self.job.split_type == "None"  # the record is the object: its output is the whole answer
         rows = answer_rows(result.answer) if self.per_record and not whole and result.answer is not None else None
-        kind = _record_kind(result.content_type)
+        kind = record_kind(result.content_type)
         if rows is not None and kind is not None and len(rows) == len(sent):
             lines = rows.json if kind == "json" else rows.csv
             if kind == "csv":
@@ -196,16 +196,6 @@ class BatchCaller:
         except SplitError as exc:
             raise _RecordFailed(f"{exc} (content type {result.content_type})") from None
         return {id(item): output for item, output in zip(sent, outputs)}
-
-
-def _record_kind(content_type: str) -> str | None:
-    """How split_response reads an answer of this type per record: "json", "csv", or None."""
-    kind = essence(content_type)
-    if kind == CSV:
-        return "csv"
-    if kind in JSON_TYPES:
-        return "json"
-    return None
 
 
 def _error_text(body: bytes) -> str:

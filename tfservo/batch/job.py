@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tfservo.batch.jsonpath import JsonPath, JsonPathError, parse_jsonpath
-from tfservo.codecs.media_types import CSV, JSON_TYPES, essence
+from tfservo.codecs.media_types import record_kind
 from tfservo.core.errors import InvalidArgument
 
 __all__ = [
@@ -209,14 +209,7 @@ def default_state_dir(output: str) -> str:
 
 def record_format(content_type: str | None) -> str | None:
     """'csv' or 'json' for content types whose records filters and join understand, else None."""
-    if not content_type:
-        return None
-    kind = essence(content_type)
-    if kind == CSV:
-        return "csv"
-    if kind in JSON_TYPES:
-        return "json"
-    return None
+    return record_kind(content_type) if content_type else None
 
 
 def parse_env(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:

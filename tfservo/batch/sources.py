@@ -18,7 +18,7 @@ import orjson
 
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.storage_retry import RetryingReader, retry
-from tfservo.codecs.media_types import CSV, JSON, JSONLINES
+from tfservo.codecs.media_types import guess_type
 
 __all__ = [
     "SMALL_OBJECT_BYTES",
@@ -34,25 +34,6 @@ __all__ = [
 
 SMALL_OBJECT_BYTES = 8 * 2**20  # read whole with one GET; larger objects are streamed
 
-_TYPES = {
-    ".csv": CSV,
-    ".json": JSON,
-    ".jsonl": JSONLINES,
-    ".jsonlines": JSONLINES,
-    ".jsons": "application/jsons",
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".png": "image/png",
-    ".gif": "image/gif",
-    ".bmp": "image/bmp",
-    ".webp": "image/webp",
-    ".npy": "application/x-npy",
-    ".tfrecord": "application/x-tfrecord",
-    ".tfrecords": "application/x-tfrecord",
-    ".rec": "application/x-recordio",
-    ".recordio": "application/x-recordio",
-    ".txt": "text/plain",
-}
 
 
 @dataclass(frozen=True)
@@ -210,9 +191,9 @@ def guess_content_type(rel: str, compression: str) -> str:
     name = rel.lower()
     if name.endswith(".gz") and (compression == "Gzip" or name.count(".") > 1):
         name = name[:-3]
-    ext = posixpath.splitext(name)[1]
-    if ext in _TYPES:
-        return _TYPES[ext]
+    known = guess_type(posixpath.basename(name))
+    if known is not None:
+        return known
     guessed, _ = mimetypes.guess_type(name, strict=False)
     return guessed or "application/octet-stream"
 

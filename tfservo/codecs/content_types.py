@@ -22,14 +22,12 @@ import orjson
 
 from tfservo.codecs import tfs_json as json_codec
 from tfservo.codecs.json_arrays import NumericTensor, csv_numbers
-from tfservo.codecs.media_types import CSV, JSON, JSONLINES, JSONS
+from tfservo.codecs.media_types import CONVERTIBLE_TYPES, CSV, JSON, is_json_lines, lookup
 from tfservo.codecs.rows import answer_rows
 from tfservo.core.dataplane import Answer
 from tfservo.core.errors import Code, InvalidArgument, ServingError
 
 __all__ = [
-    "CONVERTIBLE_TYPES",
-    "RECORD_TYPES",
     "REQUEST_TYPES",
     "TFS_REQUEST_KEYS",
     "TFS_RESPONSE_KEYS",
@@ -50,9 +48,7 @@ __all__ = [
     "UnsupportedMediaType",
 ]
 
-REQUEST_TYPES = (JSON, JSONLINES, JSONS, CSV)
-RECORD_TYPES = (JSONLINES, JSONS, CSV)  # one instance per record: bodies can be joined and split
-CONVERTIBLE_TYPES = (JSON, JSONLINES, JSONS, CSV)
+REQUEST_TYPES = CONVERTIBLE_TYPES  # what invocations without an inference.py decode (and answer)
 TFS_REQUEST_KEYS = ("instances", "inputs", "examples")
 TFS_RESPONSE_KEYS = ("predictions", "results", "outputs")
 
@@ -190,19 +186,21 @@ def to_tfs_request(body: bytes, content_type: str | None) -> dict[str, Any]:
     {"instances": [...]} dict.
     """
     media = parse_content_type(content_type)
-    if media.essence not in REQUEST_TYPES:
+    spec = lookup(media.essence)
+    if spec is None or not spec.converts:
         raise UnsupportedMediaType(
             f"Unsupported Media Type: {content_type}. Without an inference.py, invocations accept "
             f"{', '.join(REQUEST_TYPES)}; to accept other types add code/inference.py with an "
             "input_handler (or handler) that converts them"
         )
     utf8 = (media.charset or "utf-8").lower().replace("_", "-") in ("utf-8", "utf8")
-    if media.essence != CSV and utf8:
+    csv_body = spec.record == "csv"
+    if not csv_body and utf8:
         fast = json_codec.parse_numeric(body)  # plain numbers: no need to decode the text first
         if fast is not None:
             return fast
     text, changed = _decode(body, media, content_type or "")
-    if media.essence == CSV:
+    if csv_body:
         numeric = numeric_csv(text.encode() if changed else body, text)
         return {"instances": numeric if numeric is not None else csv_instances(text)}
     if changed:  # another charset, or a byte order mark: the numbers as UTF-8 without it
@@ -433,7 +431,7 @@ def from_tfs_response(body: bytes, accept: Sequence[str]) -> tuple[bytes, str]:
     if isinstance(doc, dict) and "error" in doc:
         return body, JSON  # an error stays the JSON error object
     records = response_records(doc)
-    if target in (JSONLINES, JSONS):
+    if is_json_lines(target):
         return b"".join(orjson.dumps(record) + b"\n" for record in records), target
     return _csv_rows(records), CSV
 
@@ -446,7 +444,7 @@ def encode_answer(answer: Answer, target: str) -> bytes:
     rows = answer_rows(answer)
     if rows is None:
         return from_tfs_response(json_codec.encode_answer(answer), [target])[0]
-    lines = rows.json if target in (JSONLINES, JSONS) else rows.csv
+    lines = rows.json if is_json_lines(target) else rows.csv
     return b"".join(line + b"\n" for line in lines)
 
 

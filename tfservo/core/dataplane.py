@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tfservo.core.errors import InvalidArgument
 from tfservo.models.signatures import SignatureDef
 
 __all__ = [
@@ -25,9 +26,20 @@ __all__ = [
     "Prediction",
     "Regression",
     "answer_rows_slice",
+    "parse_version",
 ]
 
 METHODS = ("predict", "classify", "regress")
+
+
+def parse_version(text: str | None) -> int | None:
+    """A model version as a URL or a message gives it: None (or "", a proto's unset string) for
+    the latest, else a number. The one parser of every door (TF Serving REST, V2 REST and gRPC)."""
+    if text is None or text == "":
+        return None
+    if not text.isdigit():
+        raise InvalidArgument(f"Model version must be a number, got {text!r}")
+    return int(text)
 
 
 @dataclass(frozen=True, slots=True)

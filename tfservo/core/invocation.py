@@ -17,7 +17,7 @@ import orjson
 
 from tfservo.codecs import content_types
 from tfservo.codecs.json_arrays import NumericTensor
-from tfservo.codecs.media_types import JSON
+from tfservo.codecs.media_types import CONVERTIBLE_TYPES, JSON, lookup
 from tfservo.core.api import TFServingAPI
 from tfservo.core.custom_attributes import CustomAttributes, parse_custom_attributes
 from tfservo.core.dataplane import Answer, answer_rows_slice
@@ -157,7 +157,8 @@ class Invoker:
                 len(bodies) > 1
                 and name is not None
                 and self.handlers_for(name) is None
-                and media.essence in content_types.RECORD_TYPES
+                and (spec := lookup(media.essence)) is not None
+                and spec.per_line
             )
         except ServingError:
             mergeable = False
@@ -177,7 +178,7 @@ class Invoker:
         merged = content_types.merge_instances(list(requests.values()))
         if merged is not None:
             try:
-                answer_type = content_types.negotiate(content_types.parse_accept(accept), content_types.CONVERTIBLE_TYPES)
+                answer_type = content_types.negotiate(content_types.parse_accept(accept), CONVERTIBLE_TYPES)
                 answer = self.api.infer(
                     attrs.method or "predict", name, attrs.version_number, None, {"instances": merged}  # type: ignore[arg-type]
                 )
@@ -219,7 +220,7 @@ class Invoker:
                 note_model(name)
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
         tfs_request = content_types.to_tfs_request(body, content_type or "")
-        answer_type = content_types.negotiate(content_types.parse_accept(accept), content_types.CONVERTIBLE_TYPES)
+        answer_type = content_types.negotiate(content_types.parse_accept(accept), CONVERTIBLE_TYPES)
         answer = self.api.infer(method, name, version, None, tfs_request)
         return InvocationResult(200, None, answer_type, answer)
 

@@ -46,14 +46,6 @@ class InferResponse:
     outputs: dict[str, np.ndarray]
 
 
-def parse_version(text: str | None) -> int | None:
-    if text in (None, ""):
-        return None
-    if not str(text).isdigit():
-        raise V2Error(f"model version must be a number, got {text!r}")
-    return int(str(text))
-
-
 class V2DataPlane:
     """What V2 asks of a server, answered from the model manager and TF Serving's API."""
 

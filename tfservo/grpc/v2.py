@@ -11,8 +11,9 @@ import grpc
 import numpy as np
 
 from tfservo.codecs.v2 import DTYPE_OF_V2, V2Error, decode_inputs, encode_outputs
+from tfservo.core.dataplane import parse_version
 from tfservo.core.request_labels import RequestScope, plain_scope
-from tfservo.core.v2_dataplane import InferRequest, V2DataPlane, parse_version
+from tfservo.core.v2_dataplane import InferRequest, V2DataPlane
 from tfservo.grpc.tfserving import GrpcCalls, service_handler
 from tfservo.grpc.v2_protocol import SERVICE, messages
 

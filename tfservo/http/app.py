@@ -1,13 +1,15 @@
-"""The HTTP app: SageMaker's /ping and /invocations and TF Serving's REST API on one port.
+"""The HTTP app: SageMaker's, TF Serving's, the runtime API's, multi-model and V2 routes on one port.
 
-The app only maps HTTP to the service. Inference routes (hot_routes) are plain ASGI handlers
-that `ServingApp` calls directly; the rest goes through a small Starlette app. ServingErrors
-become {"error": ...} with TF Serving's status codes, never an HTML page.
+The routes are declared in routes.ROUTES; this module builds the endpoints they name and the
+app that dispatches to them. Inference POSTs go straight to their hot route (HotDispatch);
+everything else goes through a small Starlette app. ServingErrors become {"error": ...} with
+TF Serving's status codes, never an HTML page.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,17 +18,20 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
-from tfservo.core.api import METHODS
+from tfservo.core.dataplane import METHODS, parse_version
 from tfservo.core.errors import ServingError
 from tfservo.core.service import ModelService
 from tfservo.http.call_placement import CallPlacement
 from tfservo.http.decode_budget import DecodeBudget
-from tfservo.http.hot_routes import TFS_PATH, HotRoutes, parse_version
+from tfservo.http.docs_page import DocsPage
+from tfservo.http.hot_routes import HotRoutes
 from tfservo.http.responses import error_response, internal_error, json_response
+from tfservo.http.routes import HotDispatch, starlette_routes
 from tfservo.http.runtime_api import DEFAULT_VARIANT
+from tfservo.http.v2_routes import V2Routes
 
 if TYPE_CHECKING:
     from tfservo.models.multi_model import MultiModelEndpoint
@@ -38,19 +43,26 @@ log = logging.getLogger("tfservo.http")
 
 _THREADS = 64  # model calls in flight at once per pool (calls, invocations)
 
+# What TF Serving's REST paths look like, for the answers to the ones no route matched.
+_TFS_SHAPE = re.compile(
+    r"^/v1/models/(?P<name>[^/:]+)"
+    r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
+    r"(?::(?P<method>[^/:]+)|/(?P<meta>metadata))?/?$"
+)
+
 
 class ServingApp:
-    """The ASGI app of one service: POSTs to inference routes go straight to their handler."""
+    """The ASGI app of one service: POSTs to hot routes go straight to their handler."""
 
-    def __init__(self, hot: HotRoutes, starlette: Starlette, endpoint: _AsgiEndpoint) -> None:
+    def __init__(self, hot: HotRoutes, dispatch: HotDispatch, starlette: Starlette) -> None:
         self.hot = hot
+        self.dispatch = dispatch
         self.starlette = starlette
-        self.endpoint = endpoint
         self.routes: list[BaseRoute] = starlette.routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self.hot.route(scope)
+            handler = self.dispatch.route(scope)
             if handler is not None:
                 try:
                     await handler(scope, receive, send)
@@ -65,17 +77,97 @@ class ServingApp:
         self.hot.invocations.close()
 
 
-class _AsgiEndpoint:
-    """A hot route as a Starlette endpoint (Starlette wraps plain functions as request handlers)."""
+async def _in_thread(fn: Any) -> Any:
+    return await anyio.to_thread.run_sync(fn)
 
-    def __init__(self, hot: HotRoutes) -> None:
-        self.hot = hot
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = self.hot.route(scope)
-        assert handler is not None  # Starlette matched the same path
-        await handler(scope, receive, send)
+class Pages:
+    """The server's own non-inference endpoints: health, TF Serving's GETs and its answers to
+    malformed paths, the model list, execution parameters and /openapi.json."""
 
+    def __init__(
+        self, service: ModelService, execution_parameters: Mapping[str, object] | None, multi_model: bool
+    ) -> None:
+        self.service = service
+        self._execution_parameters = execution_parameters or {}
+        self.multi_model = multi_model
+
+    async def ping(self, request: Request) -> Response:
+        missing = self.service.unavailable_models()
+        if not missing:
+            return Response(b"", status_code=200)
+        names = ", ".join(missing)
+        return json_response(
+            {"error": f"no AVAILABLE version of model(s) {names}; GET /v1/models/NAME shows why"}, 503
+        )
+
+    async def tfs_status(self, request: Request) -> Response:
+        """GET /v1/models/{name}[/versions/{v}|/labels/{l}]: the states of its versions."""
+        return await self._tfs_get(request, self.service.api.status)
+
+    async def tfs_metadata(self, request: Request) -> Response:
+        """GET /v1/models/{name}[/versions/{v}|/labels/{l}]/metadata: its signatures."""
+        return await self._tfs_get(request, self.service.api.metadata)
+
+    async def _tfs_get(self, request: Request, get: Callable[[str, int | None, str | None], Any]) -> Response:
+        params = request.path_params
+        try:
+            version = parse_version(params.get("version"))
+            return json_response(await _in_thread(lambda: get(params["name"], version, params.get("label"))))
+        except ServingError as exc:
+            return error_response(exc)
+
+    async def tfs_malformed(self, request: Request) -> Response:
+        """Whatever else comes to /v1/models/...: TF Serving's 404s and 405s, saying what to send."""
+        match = _TFS_SHAPE.match(request.url.path)
+        if not match:
+            return json_response({"error": f"Malformed request: {request.method} {request.url.path}"}, 404)
+        method = match["method"]
+        try:
+            parse_version(match["version"])
+        except ServingError as exc:
+            return error_response(exc)
+        if request.method == "GET" and method:
+            return json_response({"error": f"Use POST for :{method}"}, 405)
+        if method and method not in METHODS:
+            return json_response(
+                {"error": f"Malformed request: unknown method :{method}; use :predict, :classify or :regress"}, 404
+            )
+        return json_response(
+            {"error": "Use GET /v1/models/{name}[/metadata] or POST /v1/models/{name}:{predict|classify|regress}"},
+            405,
+        )
+
+    async def execution_parameters(self, request: Request) -> Response:
+        return json_response(self._execution_parameters)
+
+    async def list_models(self, request: Request) -> Response:
+        """GET /v1/models: every model with its versions and their states (TF Serving has none)."""
+        service = self.service
+
+        def models() -> dict[str, Any]:
+            return {"models": [{"name": name, **service.api.status(name, None, None)} for name in service.model_names()]}
+
+        return json_response(await _in_thread(models))
+
+    async def openapi(self, request: Request) -> Response:
+        """GET /openapi.json: every route, with per-model schemas from the models served now."""
+        from tfservo.http.openapi import openapi_document
+        from tfservo.models.signatures import DEFAULT_SIGNATURE
+
+        service = self.service
+
+        def document() -> dict[str, Any]:
+            models: dict[str, Any] = {}
+            for name in service.model_names():
+                try:
+                    with service.api.manager.acquire(name, None, None) as sv:
+                        models[name] = sv.signatures.get(DEFAULT_SIGNATURE)
+                except ServingError:  # no AVAILABLE version now
+                    models[name] = None
+            return openapi_document(models, multi_model=self.multi_model)
+
+        return json_response(await _in_thread(document))
 
 def build_app(
     service: ModelService,
@@ -119,73 +211,6 @@ def build_app(
         on_timeout=on_timeout,
     )
 
-    async def in_thread(fn: Any) -> Any:
-        return await anyio.to_thread.run_sync(fn)
-
-    async def ping(request: Request) -> Response:
-        missing = service.unavailable_models()
-        if not missing:
-            return Response(b"", status_code=200)
-        names = ", ".join(missing)
-        return json_response(
-            {"error": f"no AVAILABLE version of model(s) {names}; GET /v1/models/NAME shows why"}, 503
-        )
-
-    async def tfs_rest(request: Request) -> Response:
-        """TF Serving's GETs (status, metadata), and the answers to malformed REST requests."""
-        match = TFS_PATH.match(request.url.path)
-        if not match:
-            return json_response({"error": f"Malformed request: {request.method} {request.url.path}"}, 404)
-        name, version_s, label = match["name"], match["version"], match["label"]
-        method, meta = match["method"], match["meta"]
-        try:
-            version = parse_version(version_s)
-            if request.method == "GET":
-                if method:
-                    raise _MethodNotAllowed(f"Use POST for :{method}")
-                if meta:
-                    doc = await in_thread(lambda: service.api.metadata(name, version, label))
-                else:
-                    doc = await in_thread(lambda: service.api.status(name, version, label))
-                return json_response(doc)
-            if method and method not in METHODS:
-                return json_response(
-                    {"error": f"Malformed request: unknown method :{method}; use :predict, :classify or :regress"},
-                    404,
-                )
-            raise _MethodNotAllowed(
-                "Use GET /v1/models/{name}[/metadata] or POST /v1/models/{name}:{predict|classify|regress}"
-            )
-        except ServingError as exc:
-            return error_response(exc)
-
-    async def exec_params(request: Request) -> Response:
-        return json_response(execution_parameters or {})
-
-    async def list_models(request: Request) -> Response:
-        """GET /v1/models: every model with its versions and their states (TF Serving has none)."""
-        def models() -> dict[str, Any]:
-            return {"models": [{"name": name, **service.api.status(name, None, None)} for name in service.model_names()]}
-
-        return json_response(await in_thread(models))
-
-    async def openapi(request: Request) -> Response:
-        """GET /openapi.json: every route, with per-model schemas from the models served now."""
-        from tfservo.http.openapi import openapi_document
-        from tfservo.models.signatures import DEFAULT_SIGNATURE
-
-        def document() -> dict[str, Any]:
-            models: dict[str, Any] = {}
-            for name in service.model_names():
-                try:
-                    with service.api.manager.acquire(name, None, None) as sv:
-                        models[name] = sv.signatures.get(DEFAULT_SIGNATURE)
-                except ServingError:  # no AVAILABLE version now
-                    models[name] = None
-            return openapi_document(models, multi_model=multi_model is not None)
-
-        return json_response(await in_thread(document))
-
     async def not_found(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404:
             msg = f"No route for {request.method} {request.url.path}; see /ping, /invocations, /v1/models/{{name}}"
@@ -199,37 +224,20 @@ def build_app(
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return internal_error(exc)
 
-    from tfservo.http.docs_page import docs_routes
-
-    endpoint = _AsgiEndpoint(hot)
-    routes: list[BaseRoute] = [
-        Route("/ping", ping, methods=["GET"]),
-        Route("/invocations", endpoint, methods=["POST"]),
-        Route("/execution-parameters", exec_params, methods=["GET"]),
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
-        *docs_routes(),
-        Route("/v1/models/{rest:path}", tfs_rest, methods=["GET", "POST"]),
-    ]
-    from tfservo.http.v2_routes import v2_routes
-
-    routes += v2_routes(hot.v2)
-    routes += [  # answered as hot routes; listed so that a wrong method is 405 and metrics name them
-        Route("/v2/models/{name}/infer", endpoint, methods=["POST"]),
-        Route("/v2/models/{name}/versions/{version}/infer", endpoint, methods=["POST"]),
-        Route("/endpoints/{name}/invocations", endpoint, methods=["POST"]),
-    ]
+    groups: dict[str, Any] = {
+        "hot": hot,
+        "pages": Pages(service, execution_parameters, multi_model is not None),
+        "v2": V2Routes(v2),
+        "docs": DocsPage(),
+    }
     if multi_model is not None:
-        from tfservo.http.multi_model_routes import multi_model_routes
+        from tfservo.http.multi_model_routes import MultiModelRoutes
 
-        routes += multi_model_routes(multi_model, invoke=endpoint)
+        groups["multi_model"] = MultiModelRoutes(multi_model)
+    mm = multi_model is not None
     starlette = Starlette(
-        routes=routes,
+        routes=starlette_routes(groups, multi_model=mm),
         exception_handlers={HTTPException: not_found, Exception: server_error},  # type: ignore[dict-item]
     )
     starlette.router.redirect_slashes = False  # a redirect built from the client's Host header helps no one
-    return ServingApp(hot, starlette, endpoint)
-
-
-class _MethodNotAllowed(ServingError):
-    http_status = 405
+    return ServingApp(hot, HotDispatch(groups, multi_model=mm), starlette)

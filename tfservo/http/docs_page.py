@@ -8,13 +8,9 @@ from importlib.resources import files
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
-from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-__all__ = ["ASSETS_PATH", "DOCS_PATH", "docs_routes"]
-
-DOCS_PATH = "/docs"
-ASSETS_PATH = "/docs/assets"
+__all__ = ["DocsPage"]
 
 # Relative URLs, so the page works behind a proxy that mounts the server under a prefix.
 _PAGE = """<!DOCTYPE html>
@@ -45,15 +41,12 @@ _PAGE = """<!DOCTYPE html>
 """
 
 
-async def _page(request: Request) -> HTMLResponse:
-    return HTMLResponse(_PAGE, headers={"Cache-Control": "no-cache"})
+class DocsPage:
+    """GET /docs and its static assets (paths in routes.ROUTES)."""
 
+    def __init__(self) -> None:
+        # The package's static folder (its only part used here; a new version is checked by the test).
+        self.assets = StaticFiles(directory=str(files("swagger_ui") / "static"))
 
-def docs_routes() -> list[BaseRoute]:
-    """GET /docs and its static assets."""
-    # The package's static folder (its only part used here; a new version is checked by the test).
-    assets = str(files("swagger_ui") / "static")
-    return [
-        Route(DOCS_PATH, _page, methods=["GET"]),
-        Mount(ASSETS_PATH, app=StaticFiles(directory=assets), name="docs-assets"),
-    ]
+    async def page(self, request: Request) -> HTMLResponse:
+        return HTMLResponse(_PAGE, headers={"Cache-Control": "no-cache"})

@@ -4,14 +4,14 @@ SageMaker's POST /invocations and /models/{name}/invoke, and its runtime API's P
 
 These carry nearly all traffic, and Starlette's request objects, routing and exception
 middleware were ~20 % of a small request's CPU (docs/performance.md), so `ServingApp` sends
-them here directly; every other request (GETs, unknown paths, wrong methods) goes to Starlette.
+them here directly (routes.HotDispatch, from the route table); every other request (GETs,
+unknown paths, wrong methods) goes to Starlette.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -21,12 +21,13 @@ from starlette.types import Receive, Scope, Send
 
 from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
-from tfservo.core.api import METHODS
+from tfservo.core.dataplane import parse_version
 from tfservo.core.errors import InvalidArgument, NotFound, ServingError
 from tfservo.core.invocation import InvocationResult, error_result
 from tfservo.core.service import ModelService
 from tfservo.http.call_placement import INLINE_BODY_BYTES, CallPlacement
 from tfservo.http.decode_budget import DecodeBudget
+from tfservo.http.routes import ROUTE_KEY
 from tfservo.http.runtime_api import (
     DEFAULT_VARIANT,
     RuntimeError_,
@@ -42,11 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CUSTOM_ATTRIBUTES",
-    "ROUTE_KEY",
-    "TFS_PATH",
     "ClientDisconnected",
     "HotRoutes",
-    "parse_version",
     "PayloadTooLarge",
     "read_body",
     "request_header",
@@ -58,17 +56,7 @@ log = logging.getLogger("tfservo.http")
 
 T = TypeVar("T")
 
-ROUTE_KEY = "tfservo.route"  # scope key: the route template a hot route answered (for metrics)
 CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
-
-TFS_PATH = re.compile(
-    r"^/v1/models/(?P<name>[^/:]+)"
-    r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-    r"(?::(?P<method>[^/:]+)|/(?P<meta>metadata))?/?$"
-)
-_INVOKE_PATH = re.compile(r"^/models/(?P<name>[^/]+)/invoke/?$")
-_RUNTIME_PATH = re.compile(r"^/endpoints/(?P<endpoint>[^/]*)/invocations/?$")
-_V2_INFER = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
 TARGET_MODEL = b"x-amzn-sagemaker-target-model"
 
 
@@ -152,14 +140,6 @@ def _settle(future: asyncio.Future, result: object, error: BaseException | None)
         future.set_result(result)
 
 
-def parse_version(text: str | None) -> int | None:
-    if text is None:
-        return None
-    if not text.isdigit():
-        raise InvalidArgument(f"Model version must be a number, got {text!r}")
-    return int(text)
-
-
 class HotRoutes:
     """The inference routes of one service, each a plain ASGI callable."""
 
@@ -197,43 +177,12 @@ class HotRoutes:
         self.on_timeout = on_timeout  # (route, model, limit): the metrics' count and log line
         self.v2 = v2  # the Open Inference Protocol's data plane (build_app makes the one the server has)
 
-    def route(self, scope: Scope) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
-        """The hot route for a POST to this path, or None (then Starlette answers it)."""
-        path = scope["path"]
-        if path == "/invocations":
-            scope[ROUTE_KEY] = "/invocations"
-            return self.invoke
-        if path.startswith("/v1/models/"):
-            match = TFS_PATH.match(path)
-            if match and match["method"] in METHODS:
-                scope["path_params"] = match.groupdict()
-                return self.tfs_method
-        elif path.startswith("/v2/models/"):
-            match = _V2_INFER.match(path)
-            if match:
-                scope["path_params"] = match.groupdict()
-                scope[ROUTE_KEY] = "/v2/models/{name}/infer"
-                return self.v2_infer
-        elif path.startswith("/endpoints/"):
-            match = _RUNTIME_PATH.match(path)
-            if match:
-                scope["path_params"] = match.groupdict()
-                scope[ROUTE_KEY] = "/endpoints/{name}/invocations"
-                return self.runtime_invoke
-        elif self.is_loaded is not None and path.startswith("/models/"):
-            match = _INVOKE_PATH.match(path)
-            if match:
-                scope["path_params"] = match.groupdict()
-                scope[ROUTE_KEY] = "/models/{name}/invoke"
-                return self.invoke
-        return None
-
     async def tfs_method(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/models/{name}[/versions/{v}|/labels/{l}]:{predict|classify|regress}."""
         params = scope["path_params"]
-        name, method, label = params["name"], params["method"], params["label"]
+        name, method, label = params["name"], params["method"], params.get("label")
         try:
-            version = parse_version(params["version"])
+            version = parse_version(params.get("version"))
         except ServingError as exc:
             await send_result(send, error_result(exc))
             return
@@ -297,14 +246,13 @@ class HotRoutes:
         """POST /v2/models/{name}[/versions/{v}]/infer: the Open Inference Protocol, JSON or with
         binary tensors, through the same TF Serving API (and batcher) as :predict."""
         from tfservo.codecs.v2_messages import HEADER_LENGTH, decode_infer_request, encode_infer_response
-        from tfservo.core.v2_dataplane import parse_version
 
         params = scope["path_params"]
         name = params["name"]
         header_length = request_header(scope, HEADER_LENGTH.encode())
 
         def run(body: bytes) -> tuple[bytes, int | None]:
-            request, as_binary = decode_infer_request(body, header_length, name, parse_version(params["version"]))
+            request, as_binary = decode_infer_request(body, header_length, name, parse_version(params.get("version")))
             response = self.v2.infer(request)
             return encode_infer_response(response, as_binary, bool(request.parameters.get("binary_data_output")))
 
@@ -329,7 +277,7 @@ class HotRoutes:
     async def runtime_invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /endpoints/{EndpointName}/invocations: SageMaker's runtime API (boto3, the AWS
         CLI, the SDK). Errors come in the shapes botocore raises as ModelError/ValidationError."""
-        endpoint = scope["path_params"]["endpoint"]
+        endpoint = scope["path_params"]["EndpointName"]
         variant = ((b"x-amzn-invoked-production-variant", self.variant.encode()),)
         try:
             request = check_request(

@@ -1,13 +1,16 @@
-"""OpenAPI 3.1 for every REST route the server has, with request and response schemas made per
+"""OpenAPI 3.1 for every documented route of the route table (routes.ROUTES), with request and response schemas made per
 served model from its signatures (input names, dtypes, shapes, an example): written at each
 GET /openapi.json, so it follows models as they load and unload."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tfservo import __version__
+from tfservo.codecs.media_types import CONVERTIBLE_TYPES
 from tfservo.codecs.v2 import V2_OF_TF
+from tfservo.http.routes import ROUTES, Doc, RouteSpec
 from tfservo.models.signatures import (
     CLASSIFY_METHOD,
     DEFAULT_SIGNATURE,
@@ -125,59 +128,78 @@ def _runtime_error(description: str, schema: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
 
 
+def _body(kind: str, name: str | None, sig: SignatureDef | None) -> dict[str, Any]:
+    """A request body of the shape a route's Doc names."""
+    if kind == "predict" and sig is not None:
+        return _predict_body(sig)
+    if kind == "v2" and sig is not None and name is not None:
+        return _v2_body(name, sig)
+    if kind == "invocations":
+        return {"required": True, "content": {t: {"schema": {}} for t in CONVERTIBLE_TYPES}}
+    if kind == "load":
+        return {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["model_name", "url"],
+            "properties": {"model_name": {"type": "string"}, "url": {"type": "string"}}}}}}
+    if kind == "runtime":
+        return {"required": True, "content": {"application/json": {"schema": {}}}}
+    return {"required": True, **_JSON_ANY}
+
+
+def _ok(kind: str) -> dict[str, Any] | None:
+    if kind == "empty":
+        return {"description": "Healthy"}
+    if kind == "text":
+        return {"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    if kind == "html":
+        return {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}
+    return None
+
+
+def _operation(spec: RouteSpec, doc: Doc, name: str | None = None, sig: SignatureDef | None = None,
+               summary: str | None = None) -> dict[str, Any]:
+    tags = [f"model {name}"] if name is not None else list(doc.tags)
+    body = _body(doc.body, name, sig) if doc.body else None
+    op = _op(summary or doc.summary.format(name=name), body=body, tags=tags, ok=_ok(doc.ok), errors=doc.errors)
+    if doc.body == "runtime":  # the shapes botocore raises as ValidationError / ModelError
+        op["responses"] = {"200": {"description": "OK", **_JSON_ANY},
+                           "400": _runtime_error("ValidationError: the call itself is wrong", "RuntimeError"),
+                           "424": _runtime_error("ModelError: the model answered 4xx/5xx", "ModelError")}
+        op["parameters"] = [{"name": "EndpointName", "in": "path", "required": True,
+                             "schema": {"type": "string", "pattern": "^[a-zA-Z0-9](-*[a-zA-Z0-9])*$", "maxLength": 63}}]
+    return op
+
+
+def _tfs_methods(sig: SignatureDef) -> dict[str, tuple[str, str]]:
+    """TF Serving's REST methods a default signature answers: method → (summary, body kind)."""
+    methods = {"predict": (f"Predict with {{name}} ({sig.name})", "predict")}
+    if sig.method_name in (CLASSIFY_METHOD, REGRESS_METHOD):
+        method = "classify" if sig.method_name == CLASSIFY_METHOD else "regress"
+        methods[method] = (f"{method.title()} tf.Examples with {{name}}", "json")
+    return methods
+
+
 def openapi_document(models: dict[str, SignatureDef | None], *, multi_model: bool = False) -> dict[str, Any]:
-    """The document for `models` (name → its serving_default signature, None while unavailable)."""
-    paths: dict[str, Any] = {
-        "/ping": {"get": _op("SageMaker health check: 200 when every model is available", tags=["SageMaker"],
-                             ok={"description": "Healthy"}, errors=(503,))},
-        "/invocations": {"post": _op(
-            "SageMaker invocation: the default model (or tfs-model-name) through the bundle's handlers or "
-            "content conversions", tags=["SageMaker"],
-            body={"required": True, "content": {t: {"schema": {}} for t in
-                                                 ("application/json", "text/csv", "application/jsonlines")}},
-            errors=(400, 404, 415, 500))},
-        "/endpoints/{EndpointName}/invocations": {"post": {
-            **_op("SageMaker runtime API (boto3, the AWS CLI, the SDK)", tags=["SageMaker"],
-                  body={"required": True, "content": {"application/json": {"schema": {}}}}, errors=()),
-            "responses": {"200": {"description": "OK", **_JSON_ANY},
-                          "400": _runtime_error("ValidationError: the call itself is wrong", "RuntimeError"),
-                          "424": _runtime_error("ModelError: the model answered 4xx/5xx", "ModelError")},
-            "parameters": [{"name": "EndpointName", "in": "path", "required": True,
-                            "schema": {"type": "string", "pattern": "^[a-zA-Z0-9](-*[a-zA-Z0-9])*$", "maxLength": 63}}],
-        }},
-        "/execution-parameters": {"get": _op("Batch transform's execution parameters", tags=["SageMaker"], errors=())},
-        "/metrics": {"get": _op("Prometheus metrics", tags=["Operations"], errors=(),
-                                ok={"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}})},
-        "/v1/models": {"get": _op("Every model with its versions and states", tags=["TF Serving"], errors=())},
-        "/v2": {"get": _op("V2 server metadata", tags=["V2"], errors=())},
-        "/v2/health/live": {"get": _op("V2 liveness", tags=["V2"], errors=())},
-        "/v2/health/ready": {"get": _op("V2 readiness", tags=["V2"], errors=(503,))},
-        "/openapi.json": {"get": _op("This document", tags=["Operations"], errors=())},
-        "/docs": {"get": _op("This document as a page (Swagger UI) to read it and send requests", tags=["Operations"],
-                             errors=(), ok={"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}})},
-    }
-    for name, sig in sorted(models.items()):
-        tag = [f"model {name}"]
-        paths[f"/v1/models/{name}"] = {"get": _op(f"Status of {name}'s versions", tags=tag)}
-        paths[f"/v1/models/{name}/metadata"] = {"get": _op(f"Signatures of {name}", tags=tag)}
-        paths[f"/v2/models/{name}"] = {"get": _op(f"V2 metadata of {name}", tags=tag)}
-        paths[f"/v2/models/{name}/ready"] = {"get": _op(f"Whether {name} is ready", tags=tag)}
-        if sig is None:
+    """The document for `models` (name → its serving_default signature, None while unavailable),
+    from the documented routes of routes.ROUTES."""
+    paths: dict[str, Any] = {}
+    for spec in ROUTES:
+        doc = spec.doc
+        if doc is None or (spec.multi_model and not multi_model):
             continue
-        paths[f"/v1/models/{name}:predict"] = {"post": _op(f"Predict with {name} ({sig.name})", tags=tag,
-                                                           body=_predict_body(sig))}
-        paths[f"/v2/models/{name}/infer"] = {"post": _op(f"V2 inference with {name}", tags=tag, body=_v2_body(name, sig))}
-        if sig.method_name in (CLASSIFY_METHOD, REGRESS_METHOD):
-            method = "classify" if sig.method_name == CLASSIFY_METHOD else "regress"
-            paths[f"/v1/models/{name}:{method}"] = {"post": _op(f"{method.title()} tf.Examples with {name}", tags=tag,
-                                                                body={"required": True, **_JSON_ANY})}
-    if multi_model:
-        paths["/models"] = {"get": _op("Loaded models", tags=["Multi-model"], errors=()),
-                            "post": _op("Load a model dir under the model root", tags=["Multi-model"],
-                                        body={"required": True, "content": {"application/json": {"schema": {
-                                            "type": "object", "required": ["model_name", "url"],
-                                            "properties": {"model_name": {"type": "string"}, "url": {"type": "string"}}}}}},
-                                        errors=(400, 403, 404, 409, 507))}
+        verb = spec.methods[0].lower()
+        if not doc.per_model:
+            paths.setdefault(spec.name, {})[verb] = _operation(spec, doc)
+            continue
+        for name, sig in sorted(models.items()):
+            if doc.needs is not None and sig is None:
+                continue
+            if doc.needs == "methods":
+                assert sig is not None
+                for method, (summary, body) in _tfs_methods(sig).items():
+                    path = spec.name.format(name=name, method=method)
+                    paths[path] = {verb: _operation(spec, replace(doc, body=body), name, sig, summary.format(name=name))}
+                continue
+            paths.setdefault(spec.name.format(name=name), {})[verb] = _operation(spec, doc, name, sig)
     return {
         "openapi": "3.1.0",
         "info": {"title": "tfservo", "version": __version__,

@@ -1,5 +1,6 @@
-"""The Open Inference Protocol's GET routes (metadata, health, readiness); its POST .../infer is
-a hot route (hot_routes.HotRoutes.v2_infer). Errors in V2's {"error": ...} shape."""
+"""The Open Inference Protocol's GET routes (metadata, health, readiness) and its repository
+extension; its POST .../infer is a hot route (HotRoutes.v2_infer). Paths are in routes.ROUTES;
+errors in V2's {"error": ...} shape."""
 
 from __future__ import annotations
 
@@ -9,78 +10,74 @@ import anyio
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
+from tfservo.core.dataplane import parse_version
 from tfservo.core.errors import ServingError
-from tfservo.core.v2_dataplane import V2DataPlane, parse_version
+from tfservo.core.v2_dataplane import V2DataPlane
 from tfservo.http.responses import error_response, json_response
 
-__all__ = ["v2_routes"]
+__all__ = ["V2Routes"]
 
 
-def v2_routes(plane: V2DataPlane) -> list[Route]:
-    async def in_thread(fn: Any) -> Any:
-        return await anyio.to_thread.run_sync(fn)
+async def _in_thread(fn: Any) -> Any:
+    return await anyio.to_thread.run_sync(fn)
 
-    async def server_metadata(request: Request) -> Response:
-        return json_response(plane.server_metadata())
 
-    async def live(request: Request) -> Response:
+class V2Routes:
+    """The endpoints of V2's non-inference routes over one data plane."""
+
+    def __init__(self, plane: V2DataPlane) -> None:
+        self.plane = plane
+        self._loads = anyio.CapacityLimiter(2)  # TF loads are CPU- and memory-heavy
+
+    async def server_metadata(self, request: Request) -> Response:
+        return json_response(self.plane.server_metadata())
+
+    async def live(self, request: Request) -> Response:
         return json_response({"live": True})
 
-    async def ready(request: Request) -> Response:
-        is_ready = plane.server_ready()
+    async def ready(self, request: Request) -> Response:
+        is_ready = self.plane.server_ready()
         return json_response({"ready": is_ready}, 200 if is_ready else 503)
 
-    async def model_metadata(request: Request) -> Response:
+    async def model_metadata(self, request: Request) -> Response:
         name = request.path_params["name"]
         try:
             version = parse_version(request.path_params.get("version"))
             signature = request.query_params.get("signature_name")
-            return json_response(await in_thread(lambda: plane.model_metadata(name, version, signature)))
+            return json_response(await _in_thread(lambda: self.plane.model_metadata(name, version, signature)))
         except ServingError as exc:
             return error_response(exc)
 
-    async def model_ready(request: Request) -> Response:
+    async def model_ready(self, request: Request) -> Response:
         name = request.path_params["name"]
         try:
             version = parse_version(request.path_params.get("version"))
-            is_ready = await in_thread(lambda: plane.model_ready(name, version))
+            is_ready = await _in_thread(lambda: self.plane.model_ready(name, version))
         except ServingError as exc:
             return error_response(exc)
         return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 400)
 
-    loads = anyio.CapacityLimiter(2)  # TF loads are CPU- and memory-heavy
-
-    async def repository_index(request: Request) -> Response:
+    async def repository_index(self, request: Request) -> Response:
         try:
             body = await request.body()
             doc = orjson.loads(body) if body.strip() else {}
             ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
-            return json_response(await in_thread(lambda: plane.repository_index(ready_only)))
+            return json_response(await _in_thread(lambda: self.plane.repository_index(ready_only)))
         except orjson.JSONDecodeError:
             return json_response({"error": 'the body must be JSON: {"ready": true|false} or nothing'}, 400)
         except ServingError as exc:
             return error_response(exc)
 
-    async def repository_change(request: Request) -> Response:
-        name = request.path_params["name"]
-        change = plane.repository_load if request.url.path.endswith("/load") else plane.repository_unload
+    async def repository_load(self, request: Request) -> Response:
+        return await self._change(self.plane.repository_load, request.path_params["name"])
+
+    async def repository_unload(self, request: Request) -> Response:
+        return await self._change(self.plane.repository_unload, request.path_params["name"])
+
+    async def _change(self, change: Any, name: str) -> Response:
         try:
-            await anyio.to_thread.run_sync(lambda: change(name), limiter=loads)
+            await anyio.to_thread.run_sync(lambda: change(name), limiter=self._loads)
         except ServingError as exc:
             return error_response(exc)
         return json_response({})
-
-    return [
-        Route("/v2/repository/index", repository_index, methods=["POST"]),
-        Route("/v2/repository/models/{name}/load", repository_change, methods=["POST"]),
-        Route("/v2/repository/models/{name}/unload", repository_change, methods=["POST"]),
-        Route("/v2", server_metadata, methods=["GET"]),
-        Route("/v2/health/live", live, methods=["GET"]),
-        Route("/v2/health/ready", ready, methods=["GET"]),
-        Route("/v2/models/{name}", model_metadata, methods=["GET"]),
-        Route("/v2/models/{name}/versions/{version}", model_metadata, methods=["GET"]),
-        Route("/v2/models/{name}/ready", model_ready, methods=["GET"]),
-        Route("/v2/models/{name}/versions/{version}/ready", model_ready, methods=["GET"]),
-    ]

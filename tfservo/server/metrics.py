@@ -25,12 +25,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tfservo.core.api import METHODS
 from tfservo.core.errors import Code, FailedPrecondition
 from tfservo.core.request_labels import RequestLabels, tracking
 from tfservo.core.request_labels import current as current_labels
 from tfservo.core.status import http_status
-from tfservo.http.hot_routes import ROUTE_KEY, TFS_PATH
+from tfservo.http.routes import METHOD_KEY, ROUTE_KEY, metric_methods
 from tfservo.models.servables import ServableVersion, State
 from tfservo.server.tfs_metrics import TFServingMetrics
 
@@ -252,6 +251,7 @@ class Metrics:
         return _HttpMetrics(app, self, service, routes)
 
 
+_METRIC_METHODS = metric_methods()
 _CODE_OF_HTTP = {http_status(code): code.name for code in reversed(Code)}
 _CODE_OF_HTTP.update({200: "OK", 500: "INTERNAL", 400: "INVALID_ARGUMENT"})
 
@@ -322,23 +322,16 @@ class _HttpMetrics:
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
 
     def _name(self, scope: Scope, labels: RequestLabels) -> None:
-        """Route template and method of a request that has been answered; model if still unknown."""
-        path = scope["path"]
-        match = TFS_PATH.match(path) if path.startswith("/v1/models/") else None
-        if match:
-            pick = "/versions/{version}" if match["version"] else "/labels/{label}" if match["label"] else ""
-            method = match["method"]
-            if match["meta"]:
-                labels.route, labels.method = f"/v1/models/{{name}}{pick}/metadata", "metadata"
-            elif method is None:
-                labels.route, labels.method = f"/v1/models/{{name}}{pick}", "status"
-            else:
-                method = method if method in METHODS else "unknown"
-                labels.route, labels.method = f"/v1/models/{{name}}{pick}:{method}", method
-            self._known_model(labels, match["name"])
-            return
+        """Route name and method of a request that has been answered (from the route table);
+        the model if still unknown."""
         route = scope.get(ROUTE_KEY) or self._template(scope)
         labels.route = route or "unmatched"
+        method = scope.get(METHOD_KEY) or _METRIC_METHODS.get(labels.route)
+        if labels.route.startswith("/v1/models/"):  # TF Serving: the model is in the path
+            if method:
+                labels.method = method
+            self._known_model(labels, (scope.get("path_params") or {}).get("name"))
+            return
         if route == "/invocations" or (route or "").endswith(("/invoke", "/invocations", "/infer")):
             self._invocation_labels(scope, labels)
 
@@ -348,9 +341,9 @@ class _HttpMetrics:
         for route in self.routes:
             match, _ = route.matches(scope)
             if match is Match.FULL:
-                return route.path
+                return route.name
             if match is Match.PARTIAL and partial is None:
-                partial = route.path
+                partial = route.name
         return partial
 
     def _invocation_labels(self, scope: Scope, labels: RequestLabels) -> None:

@@ -1,0 +1,248 @@
+"""The one table of HTTP routes.
+
+Each route is declared once — methods, path template, the endpoint that answers it, whether it
+is a hot inference route, the `method` its metrics carry and its OpenAPI description — and
+everything else is derived from the table: the fast dispatch of inference POSTs (`HotDispatch`),
+the Starlette routes (`starlette_routes`), the route names of metrics and access logs, and
+/openapi.json (openapi.py).
+
+Endpoints are named "group.attribute": build_app hands `starlette_routes` one object per group
+(`hot`: the inference routes, `pages`: the server's GETs, `v2`: V2's GETs and repository,
+`multi_model`: SageMaker's /models, `docs`: the Swagger UI page).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.routing import BaseRoute, Mount, Route, compile_path
+from starlette.types import Receive, Scope, Send
+
+__all__ = [
+    "METHOD_KEY",
+    "ROUTES",
+    "ROUTE_KEY",
+    "Doc",
+    "HotDispatch",
+    "RouteSpec",
+    "starlette_routes",
+]
+
+ROUTE_KEY = "tfservo.route"  # scope key: the name of the route that answered (metrics, access logs)
+METHOD_KEY = "tfservo.method"  # scope key: the `method` label of that route, where it has one
+
+AsgiHandler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class _Segment(Convertor[str]):
+    """A path segment without ':' (TF Serving's model names, versions and labels end at ':method')."""
+
+    regex = "[^/:]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+class _MaybeEmpty(_Segment):
+    """A path segment that may be empty (the runtime API checks endpoint names itself)."""
+
+    regex = "[^/]*"
+
+
+class _TfsMethod(_Segment):
+    regex = "predict|classify|regress"
+
+
+register_url_convertor("segment", _Segment())
+register_url_convertor("maybe_empty", _MaybeEmpty())
+register_url_convertor("tfs_method", _TfsMethod())
+
+
+@dataclass(frozen=True)
+class Doc:
+    """A route's OpenAPI description. `per_model`: one path per served model, `{name}` filled in
+    (`needs`: only for models whose default signature exists: "signature", or the TF Serving
+    methods it supports: "methods"). `body` and `ok` name shapes openapi.py builds."""
+
+    summary: str
+    tags: tuple[str, ...] = ()
+    errors: tuple[int, ...] = (400, 404)
+    body: str | None = None
+    ok: str = "json"
+    per_model: bool = False
+    needs: str | None = None
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """One HTTP route. `slash`: also answered with a trailing slash. `multi_model`: only served
+    with --multi-model. An empty `endpoint` is answered outside the app (/metrics, by the
+    metrics middleware) and only documented."""
+
+    methods: tuple[str, ...]
+    path: str
+    endpoint: str
+    hot: bool = False
+    metric_method: str | None = None
+    slash: bool = False
+    multi_model: bool = False
+    mount: bool = False
+    doc: Doc | None = None
+    label: str | None = None  # the name metrics and logs use, where not the template's
+
+    @property
+    def name(self) -> str:
+        """What metrics, logs and OpenAPI call the route: the template without convertors."""
+        return self.label or re.sub(r"\{(\w+):\w+\}", r"{\1}", self.path)
+
+
+_SM, _TFS, _V2, _OPS, _MM = ("SageMaker",), ("TF Serving",), ("V2",), ("Operations",), ("Multi-model",)
+_TFS_PREFIXES = ("/v1/models/{name:segment}", "/v1/models/{name:segment}/versions/{version:segment}",
+                 "/v1/models/{name:segment}/labels/{label:segment}")
+
+ROUTES: tuple[RouteSpec, ...] = (
+    # SageMaker
+    RouteSpec(("GET",), "/ping", "pages.ping", doc=Doc(
+        "SageMaker health check: 200 when every model is available", _SM, errors=(503,), ok="empty")),
+    RouteSpec(("POST",), "/invocations", "hot.invoke", hot=True, doc=Doc(
+        "SageMaker invocation: the default model (or tfs-model-name) through the bundle's handlers or "
+        "content conversions", _SM, errors=(400, 404, 415, 500), body="invocations")),
+    RouteSpec(("POST",), "/endpoints/{EndpointName:maybe_empty}/invocations", "hot.runtime_invoke", hot=True,
+              slash=True, doc=Doc("SageMaker runtime API (boto3, the AWS CLI, the SDK)", _SM, errors=(), body="runtime")),
+    RouteSpec(("GET",), "/execution-parameters", "pages.execution_parameters",
+              doc=Doc("Batch transform's execution parameters", _SM, errors=())),
+    RouteSpec(("GET",), "/metrics", "", doc=Doc("Prometheus metrics", _OPS, errors=(), ok="text")),
+    # TF Serving REST
+    RouteSpec(("GET",), "/v1/models", "pages.list_models", doc=Doc("Every model with its versions and states", _TFS, errors=())),
+    *(RouteSpec(("POST",), f"{prefix}:{{method:tfs_method}}", "hot.tfs_method", hot=True, slash=True,
+                doc=Doc("{method} with {name}", per_model=True, needs="methods", body="tfs") if i == 0 else None)
+      for i, prefix in enumerate(_TFS_PREFIXES)),
+    *(RouteSpec(("GET",), prefix, "pages.tfs_status", metric_method="status", slash=True,
+                doc=Doc("Status of {name}'s versions", per_model=True) if i == 0 else None)
+      for i, prefix in enumerate(_TFS_PREFIXES)),
+    *(RouteSpec(("GET",), f"{prefix}/metadata", "pages.tfs_metadata", metric_method="metadata", slash=True,
+                doc=Doc("Signatures of {name}", per_model=True) if i == 0 else None)
+      for i, prefix in enumerate(_TFS_PREFIXES)),
+    # Anything else under /v1/models: TF Serving's answers to malformed requests (404/405).
+    RouteSpec(("GET", "POST"), "/v1/models/{rest:path}", "pages.tfs_malformed"),
+    # Operations
+    RouteSpec(("GET",), "/openapi.json", "pages.openapi", doc=Doc("This document", _OPS, errors=())),
+    RouteSpec(("GET",), "/docs", "docs.page", doc=Doc(
+        "This document as a page (Swagger UI) to read it and send requests", _OPS, errors=(), ok="html")),
+    RouteSpec(("GET",), "/docs/assets", "docs.assets", mount=True),
+    # Open Inference Protocol (V2)
+    RouteSpec(("POST",), "/v2/repository/index", "v2.repository_index"),
+    RouteSpec(("POST",), "/v2/repository/models/{name}/load", "v2.repository_load"),
+    RouteSpec(("POST",), "/v2/repository/models/{name}/unload", "v2.repository_unload"),
+    RouteSpec(("GET",), "/v2", "v2.server_metadata", doc=Doc("V2 server metadata", _V2, errors=())),
+    RouteSpec(("GET",), "/v2/health/live", "v2.live", doc=Doc("V2 liveness", _V2, errors=())),
+    RouteSpec(("GET",), "/v2/health/ready", "v2.ready", doc=Doc("V2 readiness", _V2, errors=(503,))),
+    RouteSpec(("GET",), "/v2/models/{name}", "v2.model_metadata", doc=Doc("V2 metadata of {name}", per_model=True)),
+    RouteSpec(("GET",), "/v2/models/{name}/versions/{version}", "v2.model_metadata"),
+    RouteSpec(("GET",), "/v2/models/{name}/ready", "v2.model_ready", doc=Doc("Whether {name} is ready", per_model=True)),
+    RouteSpec(("GET",), "/v2/models/{name}/versions/{version}/ready", "v2.model_ready"),
+    RouteSpec(("POST",), "/v2/models/{name}/infer", "hot.v2_infer", hot=True, metric_method="predict", doc=Doc(
+        "V2 inference with {name}", per_model=True, needs="signature", body="v2")),
+    RouteSpec(("POST",), "/v2/models/{name}/versions/{version}/infer", "hot.v2_infer", hot=True,
+              metric_method="predict", label="/v2/models/{name}/infer"),
+    # SageMaker multi-model (--multi-model)
+    RouteSpec(("POST",), "/models", "multi_model.load", multi_model=True, doc=Doc(
+        "Load a model dir under the model root", _MM, errors=(400, 403, 404, 409, 507), body="load")),
+    RouteSpec(("GET",), "/models", "multi_model.list_models", multi_model=True,
+              doc=Doc("Loaded models", _MM, errors=())),
+    RouteSpec(("GET",), "/models/{name}", "multi_model.describe", multi_model=True),
+    RouteSpec(("DELETE",), "/models/{name}", "multi_model.unload", multi_model=True),
+    RouteSpec(("POST",), "/models/{name}/invoke", "hot.invoke", hot=True, slash=True, multi_model=True),
+)
+
+
+def _served(spec: RouteSpec, multi_model: bool) -> bool:
+    return bool(spec.endpoint) and (multi_model or not spec.multi_model)
+
+
+def _resolve(endpoint: str, groups: Mapping[str, Any]) -> Any:
+    group, attribute = endpoint.split(".")
+    return getattr(groups[group], attribute)
+
+
+class _HotEndpoint:
+    """A hot route in Starlette's table (so a wrong method is 405 and metrics name it); its POSTs
+    are answered by HotDispatch before Starlette sees them."""
+
+    def __init__(self, handler: AsgiHandler) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(scope, receive, send)
+
+
+def starlette_routes(groups: Mapping[str, Any], *, multi_model: bool) -> list[BaseRoute]:
+    """The table's routes for Starlette, in order (hot ones too, see _HotEndpoint)."""
+    routes: list[BaseRoute] = []
+    for spec in ROUTES:
+        if not _served(spec, multi_model):
+            continue
+        endpoint = _resolve(spec.endpoint, groups)
+        if spec.mount:
+            routes.append(Mount(spec.path, app=endpoint, name=spec.name))
+            continue
+        if spec.hot:
+            endpoint = _HotEndpoint(endpoint)
+        paths = (spec.path, spec.path + "/") if spec.slash else (spec.path,)
+        routes += [Route(path, endpoint, methods=list(spec.methods), name=spec.name) for path in paths]
+    return routes
+
+
+class HotDispatch:
+    """POSTs to the table's hot routes, matched without Starlette (its request objects and
+    routing were ~20 % of a small request's CPU): exact paths by dict, templates by prefix and
+    one compiled pattern each."""
+
+    def __init__(self, groups: Mapping[str, Any], *, multi_model: bool) -> None:
+        self._exact: dict[str, tuple[RouteSpec, AsgiHandler]] = {}
+        self._patterns: list[tuple[str, re.Pattern[str], RouteSpec, AsgiHandler]] = []
+        for spec in ROUTES:
+            if not (spec.hot and _served(spec, multi_model)):
+                continue
+            handler = _resolve(spec.endpoint, groups)
+            if "{" not in spec.path and not spec.slash:
+                self._exact[spec.path] = (spec, handler)
+                continue
+            pattern, _, _ = compile_path(spec.path)
+            if spec.slash:
+                pattern = re.compile(pattern.pattern[:-1] + "/?$")
+            self._patterns.append((spec.path.split("{", 1)[0], pattern, spec, handler))
+
+    def route(self, scope: Scope) -> AsgiHandler | None:
+        """The handler for a POST to this path (path parameters, route name and method noted in
+        the scope), or None: Starlette answers it."""
+        path = scope["path"]
+        hit = self._exact.get(path)
+        if hit is not None:
+            spec, handler = hit
+            scope[ROUTE_KEY] = spec.name
+            return handler
+        for prefix, pattern, spec, handler in self._patterns:
+            if path.startswith(prefix):
+                match = pattern.match(path)
+                if match is not None:
+                    params = match.groupdict()
+                    scope["path_params"] = params
+                    method: str | None = params.get("method") or spec.metric_method
+                    scope[ROUTE_KEY] = spec.name.replace("{method}", str(method)) if "method" in params else spec.name
+                    if method is not None:
+                        scope[METHOD_KEY] = method
+                    return handler
+        return None
+
+
+def metric_methods() -> dict[str, str]:
+    """Route name → the `method` label of the requests it answers, where the table says."""
+    return {spec.name: spec.metric_method for spec in ROUTES if spec.metric_method}
