@@ -24,11 +24,13 @@ import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 __all__ = ["BOUNDED_FROM_BYTES", "NumericTensor", "csv_numbers", "parse_numeric_request"]
+
+_T = TypeVar("_T")
 
 BOUNDED_FROM_BYTES = 4 << 20  # bodies at least this big are read a chunk at a time
 _CHUNK_BYTES = 1 << 20
@@ -98,7 +100,7 @@ def _same_field_counts(lines: bytes, fields: int) -> bool:
     return bool(np.all(np.diff(commas[ends], prepend=0) == fields - 1))
 
 
-def _with_parser(read: Callable[[Any], Any]) -> Any:
+def _with_parser(read: Callable[[Any], _T]) -> _T | None:
     """`read(parser)` with this thread's simdjson parser; None when simdjson refuses the text."""
     try:
         import simdjson

@@ -78,7 +78,7 @@ _ENCODE: dict[np.dtype, int] = {np_dtype.newbyteorder("="): dt for dt, (np_dtype
 def dtype_name(dtype: int) -> str:
     """`DT_FLOAT` for 1, or the number when TensorFlow has no name for it."""
     try:
-        return types_pb2.DataType.Name(dtype)
+        return str(types_pb2.DataType.Name(dtype))
     except ValueError:
         return str(dtype)
 

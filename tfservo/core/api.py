@@ -219,7 +219,7 @@ class TFServingAPI:
         return model_status(self.manager, name, version, label)
 
 
-def _request_doc(body: bytes | bytearray | str | dict) -> dict[str, Any]:
+def _request_doc(body: bytes | bytearray | str | dict[str, Any]) -> dict[str, Any]:
     """A REST request body as its JSON object (a dict passes as it is: arrays from handlers)."""
     doc = json_codec.parse_request(body) if isinstance(body, (bytes, bytearray, str)) else body
     if not isinstance(doc, dict):
@@ -232,11 +232,12 @@ def _request_doc(body: bytes | bytearray | str | dict) -> dict[str, Any]:
 
 def signature_def_map(meta_graph_def: Any) -> dict[str, Any]:
     """A MetaGraphDef's signatures as TF Serving prints a SignatureDefMap in JSON."""
-    return json_format.MessageToDict(
+    doc: dict[str, Any] = json_format.MessageToDict(
         signature_def_map_proto(meta_graph_def),
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
     )
+    return doc
 
 
 def signature_def_map_proto(meta_graph_def: Any) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+import requests
 
 from tfservo.codecs import content_types
 from tfservo.codecs.json_arrays import NumericTensor
@@ -251,7 +252,7 @@ class Invoker:
         out, out_type, out_attributes = handlers.call(io.BytesIO(body), context, self._tfs_call)
         return InvocationResult(200, out, out_type or JSON, custom_attributes=out_attributes)
 
-    def _tfs_call(self, request_body: bytes | str | dict[str, Any], context: Context):
+    def _tfs_call(self, request_body: bytes | str | dict[str, Any], context: Context) -> requests.Response:
         """In-process TF Serving REST call for input_handler/output_handler flows (a dict: arrays)."""
         version = int(context.model_version) if context.model_version else None
         data = request_body.encode() if isinstance(request_body, str) else request_body

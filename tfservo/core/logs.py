@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import threading
+from typing import TYPE_CHECKING, TextIO
 
 __all__ = ["quiet_libraries", "quiet_tensorflow", "setup_logging"]
 
@@ -85,16 +86,22 @@ def _filter_native_stderr() -> None:
     threading.Thread(target=pump, name="tfservo-stderr-filter", daemon=True).start()
 
 
-class _StderrHandler(logging.StreamHandler):
+if TYPE_CHECKING:  # generic in typeshed; at run time only from Python 3.11
+    _StreamHandler = logging.StreamHandler[TextIO]
+else:
+    _StreamHandler = logging.StreamHandler
+
+
+class _StderrHandler(_StreamHandler):
     """Writes to whatever sys.stderr is when a line is logged (a CLI run inside a test runner
     swaps it, and closes its own when done)."""
 
     @property
-    def stream(self) -> object:
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value: object) -> None:
+    def stream(self, value: TextIO) -> None:
         pass
 
 

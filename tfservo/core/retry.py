@@ -38,7 +38,7 @@ class Backoff:
         retry_after = getattr(error, "retry_after", None)
         if isinstance(retry_after, (int, float)):
             wait = min(self.max_delay, max(wait, float(retry_after)))
-        return wait
+        return float(wait)
 
     def call(
         self,

@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from tfservo.core.api import TFServingAPI
 from tfservo.core.errors import BundleError, ServingError
@@ -31,6 +32,9 @@ from tfservo.models.lifecycle import ModelLifecycle
 from tfservo.models.model_config import VersionPolicy
 from tfservo.models.servables import ModelManager, RunnerFactory, ServableVersion
 from tfservo.models.warmup import replay_warmup
+
+if TYPE_CHECKING:
+    from tfservo.models.savedmodel import LoadedModel
 
 __all__ = ["BatchHook", "ModelService", "build_service"]
 
@@ -291,7 +295,7 @@ def _runner_factory(settings: Settings, on_batch: BatchHook | None) -> RunnerFac
     return make_runner_factory(settings.batching, on_batch=on_batch)
 
 
-def _load_saved_model(path: str, *, intra: int, inter: int):  # -> runtime.savedmodel.LoadedModel
+def _load_saved_model(path: str, *, intra: int, inter: int) -> LoadedModel:
     from tfservo.models.savedmodel import load_saved_model
 
     return load_saved_model(path, intra_op_threads=intra, inter_op_threads=inter)

@@ -20,7 +20,7 @@ import contextvars
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["INLINE_BODY_BYTES", "INLINE_SECONDS", "CallPlacement"]
 
@@ -96,7 +96,7 @@ class CallPlacement:
             else:
                 running.add_done_callback(lambda f: self._leave(group, entry, True, f))
 
-    def _leave(self, group: Hashable, entry: _Group, held: bool, abandoned: asyncio.Future | None = None) -> None:
+    def _leave(self, group: Hashable, entry: _Group, held: bool, abandoned: asyncio.Future[Any] | None = None) -> None:
         if abandoned is not None and not abandoned.cancelled():
             abandoned.exception()  # retrieved: no one waits for it any more
         if held:

@@ -127,17 +127,17 @@ def request_header(scope: Scope, name: bytes) -> str | None:
     """A request header's value (latin-1), or None; `name` in lower case."""
     for key, value in scope["headers"]:
         if key == name:  # ASGI servers give header names in lower case
-            return value.decode("latin-1")
+            return str(value.decode("latin-1"))
     return None
 
 
-def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future[bytes], result: bytes | None, error: BaseException | None) -> None:
     if future.done():
         return
     if error is not None:
         future.set_exception(error)
     else:
-        future.set_result(result)
+        future.set_result(result if result is not None else b"")
 
 
 class HotRoutes:
