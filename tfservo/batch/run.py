@@ -11,22 +11,25 @@ from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.state import TransformSummary, bundle_versions, check_settings, job_description
 from tfservo.core.service import ModelService, build_service
-from tfservo.core.settings import ConfigError, resolve_settings
+from tfservo.core.settings import ConfigError, environment, resolve_settings
 from tfservo.server.loopback import start_handler_endpoints
 
 __all__ = ["apply_env", "load_service", "run_transform"]
 
 
 def apply_env(env: dict[str, str]) -> None:
-    """--env KEY=VALUE: set before the model service loads, as SageMaker's Environment is
-    (the settings are resolved from it, and handler code sees it)."""
+    """--env KEY=VALUE into this process's environment, as SageMaker's Environment is, for what
+    reads it there: handler code, and the storage and AWS libraries (credentials, endpoints).
+    tfservo's own settings are resolved from the job's env passed to load_service, so a worker
+    reused by a later job with other --env values resolves that job's settings, not these."""
     os.environ.update(env)
 
 
-def load_service(model: str) -> ModelService:
-    """Load a bundle through the one service factory, with the settings `serve` would use."""
+def load_service(model: str, env: dict[str, str] | None = None) -> ModelService:
+    """Load a bundle through the one service factory, with the settings `serve` would use and
+    a job's `--env` over this process's environment."""
     try:
-        settings = resolve_settings(paths=[model], multi_model=False)
+        settings = resolve_settings(paths=[model], multi_model=False, env=environment(env))
     except ConfigError as exc:
         raise JobError(exc.message) from None
     service = build_service(settings)
@@ -52,7 +55,7 @@ def run_transform(
     own = service is None
     if service is None:
         apply_env(job.env)
-        service = load_service(job.model)
+        service = load_service(job.model, job.env)
     loopback = start_handler_endpoints(service)
     try:
         engine = TransformEngine(

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfservo.core.logs import quiet_tensorflow, setup_logging
-from tfservo.core.settings import ConfigError, Settings, resolve_settings
+from tfservo.core.settings import (
+    ConfigError,
+    Settings,
+    environment,
+    log_level_from_env,
+    resolve_settings,
+    tfs_flags,
+)
 
 __all__ = ["TF_SERVING_FLAGS", "parse_tfs_args", "run", "settings_from_tfs_args"]
 
@@ -37,26 +44,12 @@ class Flag:
     acted_on: bool = True  # False: accepted, warned about, ignored
 
 
-# TF Serving 2.x's flags (model_servers/main.cc) and their defaults.
-TF_SERVING_FLAGS: dict[str, Flag] = {
-    "port": Flag(int, 8500),
-    "rest_api_port": Flag(int, 0),
-    "rest_api_host": Flag(str, "0.0.0.0"),  # tfservo's: TF Serving always listens on all interfaces
-    "grpc_host": Flag(str, "0.0.0.0"),  # tfservo's
-    "rest_api_timeout_in_ms": Flag(int, 30000),
+# TF Serving 2.x's flags (model_servers/main.cc) and their defaults: those that are tfservo
+# settings come from the settings' declarations (tfservo.core.settings); these are TF Serving's own.
+_TF_SERVING_ONLY: dict[str, Flag] = {
     "model_name": Flag(str, "default"),
     "model_base_path": Flag(str, ""),
-    "model_config_file": Flag(str, ""),
-    "model_config_file_poll_wait_seconds": Flag(int, 0),
-    "file_system_poll_wait_seconds": Flag(int, 1),
-    "enable_batching": Flag(bool, False),
-    "batching_parameters_file": Flag(str, ""),
-    "monitoring_config_file": Flag(str, ""),
-    "ssl_config_file": Flag(str, ""),
-    "tensorflow_intra_op_parallelism": Flag(int, 0),
-    "tensorflow_inter_op_parallelism": Flag(int, 0),
     "tensorflow_session_parallelism": Flag(int, 0),
-    "enable_model_warmup": Flag(bool, True),
     "allow_version_labels_for_unavailable_models": Flag(bool, False),
     # accepted, not acted on
     "grpc_socket_path": Flag(str, "", False),
@@ -88,6 +81,12 @@ TF_SERVING_FLAGS: dict[str, Flag] = {
     "use_alts_credentials": Flag(bool, False, False),
     "use_tflite_model": Flag(bool, False, False),
     "enable_grpc_healthcheck_service": Flag(bool, True, False),  # tfservo always serves grpc.health.v1
+}
+_SETTING_OF_FLAG = {option.tfs.name: option for option in tfs_flags() if option.tfs is not None}
+TF_SERVING_FLAGS: dict[str, Flag] = {
+    **{name: Flag(type(option.tfs.default), option.tfs.default) for name, option in _SETTING_OF_FLAG.items()
+       if option.tfs is not None},
+    **_TF_SERVING_ONLY,
 }
 
 _TRUE, _FALSE = {"true", "1", "yes", "t", "y"}, {"false", "0", "no", "f", "n"}
@@ -145,7 +144,7 @@ def settings_from_tfs_args(
     argv: Sequence[str], env: Mapping[str, str] | None = None, *, warn: Callable[[str], None] = log.warning
 ) -> Settings:
     """TF Serving's flags (and MODEL_NAME/MODEL_BASE_PATH) as tfservo's Settings."""
-    env = os.environ if env is None else env
+    env = environment() if env is None else env
     given, ignored = parse_tfs_args(argv)
     for name in ignored:
         warn(f"--{name} is accepted for compatibility and has no effect in tfservo")
@@ -169,27 +168,16 @@ def settings_from_tfs_args(
     if value["tensorflow_session_parallelism"] and not value["tensorflow_intra_op_parallelism"]:
         value["tensorflow_intra_op_parallelism"] = value["tensorflow_session_parallelism"]
         value["tensorflow_inter_op_parallelism"] = value["tensorflow_session_parallelism"]
-    timeout_ms = value["rest_api_timeout_in_ms"]
-    return resolve_settings(
-        host=value["rest_api_host"],
-        grpc_host=value["grpc_host"],
-        port=value["rest_api_port"] or DEFAULT_REST_PORT,
-        grpc_port=value["port"],
-        model_config_file=config_file,
-        model_config_poll_seconds=float(value["model_config_file_poll_wait_seconds"]),
-        file_system_poll_wait_seconds=float(value["file_system_poll_wait_seconds"]),
-        enable_batching=value["enable_batching"],
-        batching_parameters_file=value["batching_parameters_file"] or None,
-        request_timeout=timeout_ms / 1000 if timeout_ms > 0 else 0.0,
-        monitoring_config_file=value["monitoring_config_file"] or None,
-        ssl_config_file=value["ssl_config_file"] or None,
-        intra_op_threads=value["tensorflow_intra_op_parallelism"] or None,
-        inter_op_threads=value["tensorflow_inter_op_parallelism"] or None,
-        warmup=value["enable_model_warmup"],
-        multi_model=False,
-        serve_default_path=False,
-        env=env,
-    )
+    flags: dict[str, Any] = {}
+    for name, option in _SETTING_OF_FLAG.items():
+        assert option.tfs is not None
+        setting = option.tfs.convert(value[name]) if option.tfs.convert else value[name]
+        # TF Serving's "unset" ("" or a 0 thread count) leaves the setting to tfservo's environment/default
+        flags[option.name] = None if setting == "" or (setting == 0 and option.env) else setting
+    flags["model_config_file"] = config_file
+    flags["intra_op_threads"] = value["tensorflow_intra_op_parallelism"] or None
+    flags["inter_op_threads"] = value["tensorflow_inter_op_parallelism"] or None
+    return resolve_settings(multi_model=False, serve_default_path=False, env=env, **flags)
 
 
 def _single_model_config(name: str, base_path: str) -> str:
@@ -216,7 +204,7 @@ def _usage() -> str:
 def run(argv: Sequence[str] | None = None) -> None:
     """The `tensorflow_model_server` console script."""
     quiet_tensorflow()
-    setup_logging(os.environ.get("TFSERVO_LOG_LEVEL", "info"))
+    setup_logging(log_level_from_env())
     try:
         settings = settings_from_tfs_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as exc:

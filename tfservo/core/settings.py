@@ -1,4 +1,11 @@
-"""The one resolution of settings for every mode: flags, then the environment, then defaults.
+"""Settings, each declared once, and their one resolution: flags, then the environment, then defaults.
+
+A setting is a field of `Settings` declared with `setting(...)`: its name, type and default,
+the environment variables that give it when no flag does, `tfservo serve`'s flags and
+`tensorflow_model_server`'s (TF Serving's spelling and default), its help and its check. The
+options of both command lines and the environment reading are derived from these declarations
+(`Option`, `options()`, `tfs_flags()`); inputs that combine into one setting (batching, version
+labels) are declared in `INPUTS`. Adding a setting is one declaration plus its use.
 
 `serve`, `invoke`, `inspect`, `transform` (every engine) and the pipeline adapters all call
 `resolve_settings` and hand the result to the one service factory
@@ -12,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tfservo.core.errors import InvalidArgument
 from tfservo.models.batching.options import BatchingOptions
@@ -21,17 +30,23 @@ from tfservo.models.bundle import ArchiveLimits
 
 __all__ = [
     "DEFAULT_MODEL_ENV",
+    "INPUTS",
     "ConfigError",
+    "Option",
     "Settings",
+    "TfsFlag",
     "archive_limits_from_env",
+    "environment",
+    "log_level_from_env",
     "execution_parameters_from_env",
+    "options",
     "parse_version_labels",
     "resolve_batching",
     "resolve_settings",
+    "tfs_flags",
 ]
 
 DEFAULT_MODEL_ENV = "SAGEMAKER_TFS_DEFAULT_MODEL_NAME"
-MEMORY_FACTOR_ENV = "TFSERVO_MME_MEMORY_FACTOR"
 DEFAULT_MODEL_PATH = "/opt/ml/model"
 DEFAULT_MODEL_ROOT = "/opt/ml/models"
 # Resident memory a loaded SavedModel takes per byte on disk (docs/decisions.md); 0 turns the
@@ -44,53 +59,181 @@ class ConfigError(InvalidArgument):
 
 
 @dataclass(frozen=True)
+class TfsFlag:
+    """A setting's flag on `tensorflow_model_server`: TF Serving's name and default, and how its
+    value becomes the setting's (e.g. milliseconds to seconds)."""
+
+    name: str
+    default: Any
+    convert: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Option:
+    """One declared setting or input: everything but its value."""
+
+    name: str
+    kind: type  # int, float, str or bool (a bool is a flag that only turns on)
+    default: Any
+    flags: tuple[str, ...] = ()  # tfservo serve's, the first as help shows it
+    env: tuple[str, ...] = ()  # read in order when no flag gives it
+    tfs: TfsFlag | None = None
+    help: str = ""
+    check: str | None = None  # "positive" | "non_negative" | "at_least_one"
+    note: str = ""  # what an environment variable's number means, for its error message
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    existing_file: bool = False
+    multiple: bool = False
+
+
+def setting(
+    default: Any,
+    *flags: str,
+    help: str = "",
+    env: str | tuple[str, ...] = (),
+    tfs: TfsFlag | None = None,
+    check: str | None = None,
+    note: str = "",
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+    existing_file: bool = False,
+) -> Any:
+    """A Settings field with its declaration (the rest of Option comes from the field)."""
+    spec = dict(flags=flags, env=(env,) if isinstance(env, str) else env, tfs=tfs, help=help, check=check,
+                note=note, choices=choices, metavar=metavar, existing_file=existing_file)
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"option": spec})
+    return field(default=default, metadata={"option": spec})
+
+
+def _ms_to_seconds(ms: int) -> float:
+    return ms / 1000 if ms > 0 else 0.0
+
+
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything that decides how a bundle is loaded and served, resolved once."""
 
     paths: tuple[str, ...] = ()
     # which model answers a request that names none; None: the first model by name
-    default_model_name: str | None = None
+    default_model_name: str | None = setting(None, env=DEFAULT_MODEL_ENV)
     version_labels: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    intra_op_threads: int = 0
-    inter_op_threads: int = 0
-    batching: BatchingOptions | None = None
-    multi_model: bool = False  # SageMaker multi-model mode: no default model, /ping = "up"
-    model_root: str = DEFAULT_MODEL_ROOT
-    memory_factor: float = DEFAULT_MEMORY_FACTOR
-    mme_memory_mb: float = 0.0  # target models' estimated memory bound; 0: the machine's memory only
-    model_config_file: str | None = None
-    file_system_poll_wait_seconds: float = 0.0
-    requirements_dir: str | None = None  # where code/requirements.txt installs go
-    archive_limits: ArchiveLimits = field(default_factory=ArchiveLimits)  # model.tar.gz extraction bounds
-    reload_code: bool = False  # serve --reload: import changed handler code again
+    intra_op_threads: int = setting(
+        0, "--intra-op-threads", env="SAGEMAKER_TFS_INTRA_OP_PARALLELISM",
+        tfs=TfsFlag("tensorflow_intra_op_parallelism", 0),
+        help="TF intra-op threads [default: $SAGEMAKER_TFS_INTRA_OP_PARALLELISM or TF's choice].")
+    inter_op_threads: int = setting(
+        0, "--inter-op-threads", env="SAGEMAKER_TFS_INTER_OP_PARALLELISM",
+        tfs=TfsFlag("tensorflow_inter_op_parallelism", 0),
+        help="TF inter-op threads [default: $SAGEMAKER_TFS_INTER_OP_PARALLELISM or TF's choice].")
+    batching: BatchingOptions | None = None  # from INPUTS' enable_batching, batching_parameters_file, batching_eager
+    # SageMaker multi-model mode: no default model, /ping = "up"
+    multi_model: bool = setting(
+        False, "--multi-model", env="SAGEMAKER_MULTI_MODEL",
+        help="SageMaker multi-model mode: start with no models; POST /models loads one from under "
+        "--model-root [default: $SAGEMAKER_MULTI_MODEL=true].")
+    model_root: str = setting(
+        DEFAULT_MODEL_ROOT, "--model-root", metavar="DIR",
+        help="Multi-model mode: the only dir models may be loaded from, or an s3:// prefix whose archives "
+        "X-Amzn-SageMaker-Target-Model names [default: /opt/ml/models].")
+    memory_factor: float = setting(DEFAULT_MEMORY_FACTOR, env="TFSERVO_MME_MEMORY_FACTOR",
+                                   note="0 turns the memory check off")
+    # target models' estimated memory bound; 0: the machine's memory only
+    mme_memory_mb: float = setting(0.0, env="TFSERVO_MME_MEMORY_MB", note="0 or unset: the machine's memory only")
+    model_config_file: str | None = setting(
+        None, "--model-config-file", "--model_config_file", existing_file=True,
+        tfs=TfsFlag("model_config_file", ""),
+        help="TF Serving's text ModelServerConfig: models, base paths, version policies and labels.")
+    file_system_poll_wait_seconds: float = setting(
+        0.0, "--file-system-poll-wait-seconds", "--file_system_poll_wait_seconds", check="non_negative",
+        tfs=TfsFlag("file_system_poll_wait_seconds", 1, float),
+        help="Check model base paths for new or removed version dirs this often [default: 0, never].")
+    requirements_dir: str | None = setting(None, env="TFSERVO_REQUIREMENTS_DIR")  # where requirements.txt installs go
+    archive_limits: ArchiveLimits = field(default_factory=ArchiveLimits)  # model.tar.gz extraction bounds (env)
+    reload_code: bool = setting(
+        False, "--reload",
+        help="Import code/inference.py, code/lib and the bundle's helper modules again when they change, "
+        "without reloading the models (a handler that does not import is logged and the previous one kept).")
     # the serving front door (HTTP and gRPC listeners, worker processes)
-    host: str = "127.0.0.1"
-    port: int = 8080
-    grpc_port: int | None = 9000
-    max_request_mb: float = 100.0
-    workers: int = 1
-    log_level: str = "info"
-    keep_alive_timeout: float = 5.0  # idle keep-alive connections close after this
-    header_timeout: float = 10.0  # a request's headers must arrive within this
-    max_connections: int = 0  # open connections per worker; 0: from the file limit
-    max_decoding_mb: float = 0.0  # request bodies being decoded at once per worker; 0: from memory
-    execution_parameters: Mapping[str, object] = field(default_factory=dict)
+    host: str = setting(
+        "127.0.0.1", "--host", tfs=TfsFlag("rest_api_host", "0.0.0.0"),  # TF Serving listens on all interfaces
+        help="Address to listen on [default: 127.0.0.1; 0.0.0.0 under SageMaker].")
+    port: int = setting(
+        8080, "--port", env="SAGEMAKER_BIND_TO_PORT",
+        tfs=TfsFlag("rest_api_port", 0, lambda port: port or 8501),  # TF Serving: 0 is no REST; tfservo always serves it
+        help="HTTP port [default: $SAGEMAKER_BIND_TO_PORT or 8080]; 0 picks a free one.")
+    grpc_port: int | None = setting(
+        9000, "--grpc-port", env="TFSERVO_GRPC_PORT", tfs=TfsFlag("port", 8500),
+        help="TF Serving gRPC port [default: 9000]; 0 picks a free one.")
+    max_request_mb: float = setting(
+        100.0, "--max-request-mb", help="Largest request body accepted, in MB [default: 100]; larger → 413.")
+    workers: int = setting(
+        1, "--workers", env="SAGEMAKER_GUNICORN_WORKERS", check="at_least_one",
+        help="Serving processes sharing the port, each with its own copy of the models "
+        "[default: $SAGEMAKER_GUNICORN_WORKERS or 1].")
+    log_level: str = setting(
+        "info", "--log-level", env="TFSERVO_LOG_LEVEL", choices=_LEVELS,
+        help="Log level [default: info]; debug logs one line per request.")
+    keep_alive_timeout: float = setting(  # idle keep-alive connections close after this
+        5.0, "--keep-alive-timeout", check="positive",
+        help="Close an idle keep-alive connection after this many seconds [default: 5].")
+    header_timeout: float = setting(  # a request's headers must arrive within this
+        10.0, "--header-timeout", check="positive",
+        help="A request's headers must arrive within this many seconds of the connection or the "
+        "previous answer, else 408 and the connection closes [default: 10].")
+    max_connections: int = setting(  # open connections per worker; 0: from the file limit
+        0, "--max-connections", check="non_negative",
+        help="Open connections per worker; past it a new one gets 503 and is closed "
+        "[default: the process's file limit less 128].")
+    max_decoding_mb: float = setting(  # request bodies being decoded at once per worker; 0: from memory
+        0.0, "--max-decoding-mb", check="non_negative",
+        help="Request bodies read and decoded at once, per worker, in MB; past it a request gets "
+        "503 with Retry-After [default: an eighth of the memory available at start, shared by the workers].")
+    execution_parameters: Mapping[str, object] = field(default_factory=dict)  # (env)
     # SageMaker's runtime API (/endpoints/NAME/invocations): the endpoint this server is (None:
     # answer to any name) and its production variant
-    endpoint_name: str | None = None
-    variant_name: str = "AllTraffic"
-    # time limits (0: none): TF Serving REST calls (--rest_api_timeout_in_ms), invocations
-    # (SAGEMAKER_GUNICORN_TIMEOUT_SECONDS); gRPC calls use the client's deadline
-    request_timeout: float = 0.0
-    invocation_timeout: float = 0.0
-    warmup: bool = True  # replay assets.extra/tf_serving_warmup_requests (--enable_model_warmup)
-    model_config_poll_seconds: float = 0.0  # re-read --model-config-file this often (0: never)
-    monitoring_config_file: str | None = None  # TF Serving's MonitoringConfig: its metric names at its path
-    grpc_host: str | None = None  # None: the HTTP host
-    ssl_config_file: str | None = None  # TF Serving's SSLConfig for gRPC
-    tls_cert: str | None = None  # HTTPS for the HTTP port
-    tls_key: str | None = None
-    tls_ca: str | None = None  # with it, clients must present a certificate it signed
+    endpoint_name: str | None = setting(
+        None, "--endpoint-name", env="TFSERVO_ENDPOINT_NAME", metavar="NAME",
+        help="SageMaker runtime API: answer POST /endpoints/NAME/invocations for this name only "
+        "[default: $TFSERVO_ENDPOINT_NAME, else any name].")
+    variant_name: str = setting(
+        "AllTraffic", "--variant-name", env="TFSERVO_VARIANT_NAME", metavar="NAME",
+        help="The production variant this server is, named in X-Amzn-Invoked-Production-Variant "
+        "[default: $TFSERVO_VARIANT_NAME or AllTraffic].")
+    # time limits (0: none); gRPC calls use the client's deadline
+    request_timeout: float = setting(
+        0.0, "--request-timeout", check="non_negative", metavar="SECONDS",
+        tfs=TfsFlag("rest_api_timeout_in_ms", 30000, _ms_to_seconds),
+        help="Limit for a TF Serving REST call; past it 504 [default: none].")
+    invocation_timeout: float = setting(
+        0.0, "--invocation-timeout", env="SAGEMAKER_GUNICORN_TIMEOUT_SECONDS", check="non_negative",
+        metavar="SECONDS", note="seconds; 0 or unset: no limit",
+        help="Limit for an invocation, handlers included; past it 504 "
+        "[default: $SAGEMAKER_GUNICORN_TIMEOUT_SECONDS or none].")
+    # replay assets.extra/tf_serving_warmup_requests
+    warmup: bool = setting(True, tfs=TfsFlag("enable_model_warmup", True))
+    model_config_poll_seconds: float = setting(  # re-read --model-config-file this often (0: never)
+        0.0, "--model-config-file-poll-wait-seconds", check="non_negative",
+        tfs=TfsFlag("model_config_file_poll_wait_seconds", 0, float),
+        help="Re-read --model-config-file this often and apply changes [default: 0, never].")
+    monitoring_config_file: str | None = setting(  # TF Serving's MonitoringConfig: its metric names at its path
+        None, "--monitoring-config-file", existing_file=True, tfs=TfsFlag("monitoring_config_file", ""),
+        help="TF Serving's MonitoringConfig: its Prometheus metric names at its path.")
+    grpc_host: str | None = setting(None, tfs=TfsFlag("grpc_host", "0.0.0.0"))  # None: the HTTP host
+    ssl_config_file: str | None = setting(  # TF Serving's SSLConfig for gRPC
+        None, "--ssl-config-file", existing_file=True, tfs=TfsFlag("ssl_config_file", ""),
+        help="TF Serving's SSLConfig (server_key, server_cert, custom_ca, client_verify): TLS for gRPC.")
+    tls_cert: str | None = setting(  # HTTPS for the HTTP port
+        None, "--tls-cert", existing_file=True,
+        help="HTTPS on the HTTP port: the server certificate (PEM), with --tls-key.")
+    tls_key: str | None = setting(None, "--tls-key", existing_file=True, help="HTTPS: the server's private key (PEM).")
+    tls_ca: str | None = setting(  # with it, clients must present a certificate it signed
+        None, "--tls-ca", existing_file=True,
+        help="HTTPS: clients must present a certificate signed by this CA (PEM).")
 
     @property
     def max_request_bytes(self) -> int:
@@ -106,128 +249,162 @@ class Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+# Inputs that combine into one setting: batching (Settings.batching) and version labels.
+INPUTS: tuple[Option, ...] = (
+    Option("version_labels", str, (), ("--version-label",), metavar="MODEL:LABEL=VERSION", multiple=True,
+           help="Name a version for /v1/models/MODEL/labels/LABEL (repeatable)."),
+    Option("enable_batching", bool, False, ("--enable-batching",), tfs=TfsFlag("enable_batching", False),
+           help="Merge concurrent requests into one model call [default: $SAGEMAKER_TFS_ENABLE_BATCHING]; "
+           "sizes from SAGEMAKER_TFS_MAX_BATCH_SIZE (8), SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS (1000), ..."),
+    Option("batching_parameters_file", str, None, ("--batching-parameters-file",), existing_file=True,
+           tfs=TfsFlag("batching_parameters_file", ""),
+           help="TF Serving batching parameters (text proto: max_batch_size, batch_timeout_micros, "
+           "num_batch_threads, max_enqueued_batches, allowed_batch_sizes); turns batching on."),
+    Option("batching_eager", bool, False, ("--batching-eager",), env=("TFSERVO_BATCHING_EAGER",),
+           help="With batching on: run a batch as soon as a batch thread is free instead of waiting "
+           "for the timeout [default: $TFSERVO_BATCHING_EAGER]."),
+)
+
+
+def _declared() -> tuple[Option, ...]:
+    hints = typing.get_type_hints(Settings)
+    found = []
+    for f in dataclasses.fields(Settings):
+        spec = f.metadata.get("option")
+        if spec is None:
+            continue
+        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+        default: Any = f.default
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        found.append(Option(f.name, kind, default, **spec))
+    return (*found, *INPUTS)
+
+
+_OPTIONS = _declared()
+_BY_NAME = {option.name: option for option in _OPTIONS}
+
+
+def options() -> tuple[Option, ...]:
+    """Every declared setting and input, in declaration order (the CLI makes its options from these)."""
+    return _OPTIONS
+
+
+def tfs_flags() -> Iterator[Option]:
+    """The declarations `tensorflow_model_server` has a flag for."""
+    return (option for option in _OPTIONS if option.tfs is not None)
+
+
+def _from_env(option: Option, env: Mapping[str, str]) -> Any:
+    for name in option.env:
+        if option.kind is bool:
+            value: Any = _env_bool(env, name, None)
+        elif option.kind is int:
+            value = _env_int(env, name, None)
+        elif option.kind is float:
+            value = _env_float(env, name, None, option.note or "a number")
+        else:
+            value = env.get(name) or None
+        if value is not None:
+            return value, name
+    return None, None
+
+
+def _check(option: Option, value: Any, source: str) -> Any:
+    if option.check is None or value is None:
+        return value
+    if option.check == "at_least_one" and value < 1:
+        raise ConfigError(f"{source} must be at least 1, got {value}")
+    if option.check == "positive" and value <= 0:
+        raise ConfigError(f"{source} must be more than 0, got {value:g}")
+    if option.check == "non_negative" and value < 0:
+        raise ConfigError(f"{source} must be 0 (off) or more, got {value:g}")
+    return value
+
+
+def _resolve(name: str, flags: Mapping[str, Any], env: Mapping[str, str]) -> Any:
+    """One setting: its flag if given, else its first environment variable set, else its default."""
+    option = _BY_NAME[name]
+    given = flags.get(name)
+    if given is not None:
+        return _check(option, given, option.flags[0] if option.flags else name)
+    value, variable = _from_env(option, env)
+    if value is not None:
+        return _check(option, value, f"environment variable {variable}")
+    return option.default
+
+
 def resolve_settings(
     *,
     paths: Sequence[str] = (),
-    host: str | None = None,
-    port: int | None = None,
-    grpc_port: int | None = None,
-    max_request_mb: float | None = None,
-    version_labels: Sequence[str] = (),
-    intra_op_threads: int | None = None,
-    inter_op_threads: int | None = None,
-    log_level: str | None = None,
-    enable_batching: bool = False,
-    batching_parameters_file: str | None = None,
-    batching_eager: bool = False,
-    workers: int | None = None,
-    multi_model: bool | None = None,
-    model_root: str | None = None,
-    model_config_file: str | None = None,
-    file_system_poll_wait_seconds: float | None = None,
-    default_model_name: str | None = None,
-    reload_code: bool = False,
-    keep_alive_timeout: float | None = None,
-    header_timeout: float | None = None,
-    max_connections: int | None = None,
-    max_decoding_mb: float | None = None,
-    endpoint_name: str | None = None,
-    variant_name: str | None = None,
-    request_timeout: float | None = None,
-    invocation_timeout: float | None = None,
-    warmup: bool = True,
-    model_config_poll_seconds: float | None = None,
-    monitoring_config_file: str | None = None,
-    grpc_host: str | None = None,
-    ssl_config_file: str | None = None,
-    tls_cert: str | None = None,
-    tls_key: str | None = None,
-    tls_ca: str | None = None,
-    serve_default_path: bool = True,
     env: Mapping[str, str] | None = None,
+    serve_default_path: bool = True,
+    **flags: Any,
 ) -> Settings:
-    """Merge flags (None: not given) over SAGEMAKER_* / TFSERVO_* variables over defaults.
+    """Merge flags (keyword arguments named as the declarations; None: not given) over the
+    environment over defaults.
 
     `multi_model=None` reads SAGEMAKER_MULTI_MODEL (serve); callers that always bring a
     bundle (invoke, transform, pipelines) pass False. With no PATH, `serve_default_path`
     serves /opt/ml/model as the SageMaker container does.
     """
+    unknown = sorted(set(flags) - set(_BY_NAME))
+    if unknown:
+        raise TypeError(f"resolve_settings() got unknown settings {', '.join(unknown)}")
     env = os.environ if env is None else env
-    workers = workers if workers is not None else _env_int(env, "SAGEMAKER_GUNICORN_WORKERS", 1)
-    if workers < 1:
-        raise ConfigError(f"--workers must be at least 1, got {workers}")
-    if multi_model is None:
-        multi_model = _env_bool(env, "SAGEMAKER_MULTI_MODEL", False)
-    if multi_model and paths:
+    value = {option.name: _resolve(option.name, flags, env) for option in _OPTIONS if option.name not in _COMBINED}
+    if value["multi_model"] and paths:
         raise ConfigError(
             f"multi-model mode starts with no models, but PATH {paths[0]} was given; "
             "drop PATH and load models with POST /models, or drop --multi-model / SAGEMAKER_MULTI_MODEL"
         )
-    if multi_model and workers > 1:
+    if value["multi_model"] and value["workers"] > 1:
         raise ConfigError(
             "multi-model mode needs one worker (models are loaded into one process); "
             "drop --workers / SAGEMAKER_GUNICORN_WORKERS"
         )
-    poll = file_system_poll_wait_seconds or 0.0
-    if poll < 0:
-        raise ConfigError(f"--file-system-poll-wait-seconds must be 0 (off) or more, got {poll:g}")
-    if not paths and serve_default_path and not multi_model and not model_config_file:
+    if not paths and serve_default_path and not value["multi_model"] and not value["model_config_file"]:
         paths = [DEFAULT_MODEL_PATH]
-    in_sagemaker = "SAGEMAKER_BIND_TO_PORT" in env
-    default_model = default_model_name or env.get(DEFAULT_MODEL_ENV) or None
+    if flags.get("host") is None and "SAGEMAKER_BIND_TO_PORT" in env:
+        value["host"] = "0.0.0.0"  # inside SageMaker the platform reaches the container from outside
+    if flags.get("max_request_mb") is None:
+        value["max_request_mb"] = _default_max_request_mb(env)
+    if value["default_model_name"] == "None":  # the container's "unset"
+        value["default_model_name"] = None
+    _check_tls(value["tls_cert"], value["tls_key"], value["tls_ca"])
     return Settings(
         paths=tuple(paths),
-        default_model_name=None if default_model == "None" else default_model,  # the container's "unset"
-        version_labels=parse_version_labels(version_labels),
-        intra_op_threads=_flag_or_env(intra_op_threads, env, "SAGEMAKER_TFS_INTRA_OP_PARALLELISM", 0),
-        inter_op_threads=_flag_or_env(inter_op_threads, env, "SAGEMAKER_TFS_INTER_OP_PARALLELISM", 0),
-        batching=resolve_batching(enable_batching, batching_parameters_file, env, batching_eager),
-        multi_model=multi_model,
-        model_root=model_root or DEFAULT_MODEL_ROOT,
-        memory_factor=_env_float(env, MEMORY_FACTOR_ENV, DEFAULT_MEMORY_FACTOR, "0 turns the memory check off"),
-        model_config_file=model_config_file,
-        file_system_poll_wait_seconds=poll,
-        host=host or ("0.0.0.0" if in_sagemaker else "127.0.0.1"),
-        port=_flag_or_env(port, env, "SAGEMAKER_BIND_TO_PORT", 8080),
-        grpc_port=grpc_port if grpc_port is not None else _env_int(env, "TFSERVO_GRPC_PORT", 9000),
-        max_request_mb=max_request_mb if max_request_mb is not None else _default_max_request_mb(env),
-        workers=workers,
-        log_level=log_level or env.get("TFSERVO_LOG_LEVEL", "info"),
+        version_labels=parse_version_labels(flags.get("version_labels") or ()),
+        batching=resolve_batching(
+            bool(flags.get("enable_batching")), flags.get("batching_parameters_file"), env,
+            bool(flags.get("batching_eager")),
+        ),
         execution_parameters=execution_parameters_from_env(env),
-        reload_code=reload_code,
-        keep_alive_timeout=_positive("--keep-alive-timeout", keep_alive_timeout, 5.0),
-        header_timeout=_positive("--header-timeout", header_timeout, 10.0),
-        max_connections=int(_positive("--max-connections", max_connections, 0, allow_zero=True)),
-        max_decoding_mb=_positive("--max-decoding-mb", max_decoding_mb, 0.0, allow_zero=True),
-        requirements_dir=env.get("TFSERVO_REQUIREMENTS_DIR") or None,
         archive_limits=archive_limits_from_env(env),
-        mme_memory_mb=_env_float(env, "TFSERVO_MME_MEMORY_MB", 0.0, "0 or unset: the machine's memory only"),
-        endpoint_name=endpoint_name or env.get("TFSERVO_ENDPOINT_NAME") or None,
-        variant_name=variant_name or env.get("TFSERVO_VARIANT_NAME") or "AllTraffic",
-        request_timeout=_positive("--request-timeout", request_timeout, 0.0, allow_zero=True),
-        invocation_timeout=(
-            _positive("--invocation-timeout", invocation_timeout, 0.0, allow_zero=True)
-            if invocation_timeout is not None
-            else _env_float(env, "SAGEMAKER_GUNICORN_TIMEOUT_SECONDS", 0.0, "seconds; 0 or unset: no limit")
-        ),
-        warmup=warmup,
-        model_config_poll_seconds=_positive(
-            "--model-config-file-poll-wait-seconds", model_config_poll_seconds, 0.0, allow_zero=True
-        ),
-        monitoring_config_file=monitoring_config_file,
-        grpc_host=grpc_host,
-        ssl_config_file=ssl_config_file,
-        **_tls(tls_cert, tls_key, tls_ca),
+        **value,
     )
 
 
-def _tls(cert: str | None, key: str | None, ca: str | None) -> dict[str, str | None]:
+_COMBINED = {option.name for option in INPUTS}
+
+
+def environment(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with a job's `--env` over it: what settings resolve from
+    (handing it on is how a worker gets a job's settings without the environment written)."""
+    return {**os.environ, **(overrides or {})}
+
+
+def log_level_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The declared log level as the environment gives it (for logging set up before the rest)."""
+    return str(_resolve("log_level", {}, os.environ if env is None else env))
+
+
+def _check_tls(cert: str | None, key: str | None, ca: str | None) -> None:
     """--tls-cert and --tls-key come together; --tls-ca needs them."""
     if bool(cert) != bool(key):
         raise ConfigError("HTTPS needs both --tls-cert FILE and --tls-key FILE")
     if ca and not cert:
         raise ConfigError("--tls-ca (client certificates) needs --tls-cert and --tls-key")
-    return {"tls_cert": cert, "tls_key": key, "tls_ca": ca}
 
 
 def archive_limits_from_env(env: Mapping[str, str]) -> ArchiveLimits:
@@ -305,7 +482,7 @@ _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
 
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+def _env_int(env: Mapping[str, str], name: str, default: int | None) -> Any:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -315,7 +492,7 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigError(f"environment variable {name}={raw!r} must be an integer") from None
 
 
-def _env_float(env: Mapping[str, str], name: str, default: float, note: str) -> float:
+def _env_float(env: Mapping[str, str], name: str, default: float | None, note: str) -> Any:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -325,7 +502,7 @@ def _env_float(env: Mapping[str, str], name: str, default: float, note: str) -> 
         raise ConfigError(f"environment variable {name}={raw!r} must be a number ({note})") from None
 
 
-def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+def _env_bool(env: Mapping[str, str], name: str, default: bool | None) -> Any:
     raw = env.get(name, "").strip().lower()
     if raw == "":
         return default
@@ -334,18 +511,6 @@ def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw in _FALSE:
         return False
     raise ConfigError(f"environment variable {name}={raw!r} must be 'true' or 'false'")
-
-
-def _positive(flag: str, value: float | None, default: float, *, allow_zero: bool = False) -> float:
-    if value is None:
-        return default
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{flag} must be more than 0, got {value:g}")
-    return value
-
-
-def _flag_or_env(flag: int | None, env: Mapping[str, str], name: str, default: int) -> int:
-    return flag if flag is not None else _env_int(env, name, default)
 
 
 def _default_max_request_mb(env: Mapping[str, str]) -> float:

@@ -30,7 +30,6 @@ from tfservo.http.docs_page import DocsPage
 from tfservo.http.hot_routes import HotRoutes
 from tfservo.http.responses import error_response, internal_error, json_response
 from tfservo.http.routes import HotDispatch, starlette_routes
-from tfservo.http.runtime_api import DEFAULT_VARIANT
 from tfservo.http.v2_routes import V2Routes
 
 if TYPE_CHECKING:
@@ -172,23 +171,21 @@ class Pages:
 def build_app(
     service: ModelService,
     *,
-    max_request_bytes: int = 100 * 2**20,
     multi_model: MultiModelEndpoint | None = None,
-    execution_parameters: Mapping[str, object] | None = None,
-    max_decoding_bytes: int | None = None,
     targets: TargetModels | None = None,
-    endpoint_name: str | None = None,
-    variant_name: str = DEFAULT_VARIANT,
-    request_timeout: float = 0.0,
-    invocation_timeout: float = 0.0,
     on_timeout: Callable[[str, str | None, float], None] | None = None,
 ) -> ServingApp:
-    """The ASGI app serving `service`.
+    """The ASGI app serving `service`, with the limits, time limits and runtime-API identity of
+    its settings (the same for `serve` and for the loopback server in-process callers get).
 
     Without batching, quick and small model calls run on the event loop (call_placement); with
     it, small predicts are queued from the loop and answered from the batch thread.
     """
     from tfservo.core.v2_dataplane import V2DataPlane
+    from tfservo.http.decode_budget import default_decoding_bytes
+
+    settings = service.settings
+    max_decoding_bytes = settings.max_decoding_bytes or default_decoding_bytes(settings.workers)
 
     batched = service.batches
     # The one V2 data plane of this server: its REST routes and (run.py, loopback.py) its gRPC
@@ -197,17 +194,17 @@ def build_app(
     hot = HotRoutes(
         service,
         v2=v2,
-        max_request_bytes=max_request_bytes,
+        max_request_bytes=settings.max_request_bytes,
         calls=CallPlacement(_THREADS, "tfservo-call", inline=not batched),
         invocations=CallPlacement(_THREADS, "tfservo-invoke", inline=not batched),
         is_loaded=multi_model.is_loaded if multi_model is not None else None,
         batched=batched,
-        budget=DecodeBudget(max_decoding_bytes) if max_decoding_bytes else None,
+        budget=DecodeBudget(max_decoding_bytes),
         targets=targets,
-        endpoint_name=endpoint_name,
-        variant=variant_name,
-        request_timeout=request_timeout,
-        invocation_timeout=invocation_timeout,
+        endpoint_name=settings.endpoint_name,
+        variant=settings.variant_name,
+        request_timeout=settings.request_timeout,
+        invocation_timeout=settings.invocation_timeout,
         on_timeout=on_timeout,
     )
 
@@ -226,7 +223,7 @@ def build_app(
 
     groups: dict[str, Any] = {
         "hot": hot,
-        "pages": Pages(service, execution_parameters, multi_model is not None),
+        "pages": Pages(service, settings.execution_parameters, multi_model is not None),
         "v2": V2Routes(v2),
         "docs": DocsPage(),
     }

@@ -39,7 +39,7 @@ class LoopbackServer:
         self._sock = bind_socket("127.0.0.1", 0)
         self.port = self._sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._app = build_app(service, max_request_bytes=service.settings.max_request_bytes)
+        self._app = build_app(service)  # the serving settings: body limit, decode budget and time limits
         self._server = uvicorn.Server(uvicorn_config(self._app, service.settings, "warning"))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name="tfservo-loopback"

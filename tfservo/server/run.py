@@ -40,7 +40,6 @@ def start_worker(
     the serving app inside it (its call placements)."""
     from tfservo.core.service import build_service
     from tfservo.http.app import build_app
-    from tfservo.http.decode_budget import default_decoding_bytes
 
     metrics = metrics or Metrics()
     if settings.monitoring_config_file:
@@ -68,19 +67,7 @@ def start_worker(
             memory_budget_bytes=int(settings.mme_memory_mb * 2**20) if settings.mme_memory_mb > 0 else None,
             archive_limits=settings.archive_limits,
         )
-    app = build_app(
-        service,
-        max_request_bytes=settings.max_request_bytes,
-        execution_parameters=settings.execution_parameters,
-        multi_model=multi_model,
-        targets=targets,
-        max_decoding_bytes=settings.max_decoding_bytes or default_decoding_bytes(settings.workers),
-        endpoint_name=settings.endpoint_name,
-        variant_name=settings.variant_name,
-        request_timeout=settings.request_timeout,
-        invocation_timeout=settings.invocation_timeout,
-        on_timeout=metrics.timeout,
-    )
+    app = build_app(service, multi_model=multi_model, targets=targets, on_timeout=metrics.timeout)
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app

@@ -164,7 +164,7 @@ def worker_service(job: TransformJob) -> Any:
         if key not in _services:
             apply_env(job.env)
             started = time.monotonic()
-            service = load_service(job.model)
+            service = load_service(job.model, job.env)
             loopback = start_handler_endpoints(service)
             log.info("loaded %s in %.1fs in worker process %d", job.model, time.monotonic() - started, os.getpid())
             _services[key] = (service, loopback)
@@ -316,7 +316,7 @@ def start_driver_run(job: TransformJob) -> DriverRun:
     """Validate the job, list INPUT, check the settings against an earlier run's and prepare
     OUTPUT (as the local engine does), before any worker starts."""
     from tfservo.batch.engines.local import list_job_inputs
-    from tfservo.core.settings import archive_limits_from_env
+    from tfservo.core.settings import archive_limits_from_env, environment
     from tfservo.models.bundle import open_bundle
 
     started = time.monotonic()
@@ -324,7 +324,7 @@ def start_driver_run(job: TransformJob) -> DriverRun:
     objects = list_job_inputs(job)
     store, state = OutputStore(job.output), OutputStore(job.state_url)
     check_settings(state, job, job_description(job))  # changed flags stop the job before the bundle is read
-    versions = bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(os.environ))])
+    versions = bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(environment(job.env)))])
     existing, todo, done = open_output(store, state, job, objects, versions)
     summary = TransformSummary(objects=len(objects), skipped=len(done))
     stale = {dead_letter_name(o) for o in todo} & existing
