@@ -25,7 +25,7 @@ from tfservo.batch.records import (
 )
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.sources import guess_content_type
-from tfservo.batch.storage_retry import RetryingReader, is_transient, retry
+from tfservo.batch.storage_retry import RetryingReader, retry, storage_error_is_transient
 
 # -- JSONPath ---------------------------------------------------------------------------------
 
@@ -273,8 +273,8 @@ def test_transient_errors_are_retried_and_permanent_ones_are_not():
         return "ok"
 
     assert retry(flaky, "test", base_delay=0.001) == "ok" and len(calls) == 3
-    assert not is_transient(FileNotFoundError("gone")) and not is_transient(PermissionError())
-    assert is_transient(TimeoutError()) and is_transient(OSError("s3 said 503"))
+    assert not storage_error_is_transient(FileNotFoundError("gone")) and not storage_error_is_transient(PermissionError())
+    assert storage_error_is_transient(TimeoutError()) and storage_error_is_transient(OSError("s3 said 503"))
     with pytest.raises(FileNotFoundError):
         retry(lambda: open("/nonexistent/x"), "test", base_delay=0.001)
 

@@ -30,6 +30,7 @@ from tfservo.batch.run import run_transform
 from tfservo.batch.worker.failures import ElementErrors
 from tfservo.beam import BundleModelHandler
 from tfservo.cli import main as tfservo_cli
+from tfservo.core.invocation import error_result
 
 MME = SMC / "resources" / "mme"
 DEFAULT_ENV = {"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "half_plus_two"}
@@ -217,7 +218,9 @@ def by_beam_handler(servers, bundles, cases: list[Case]) -> dict[str, tuple]:
                 failed = {f.index: f.error for f in errors.failures}
                 good = [case for i, case in enumerate(members) if i not in failed]
                 for i, error in failed.items():
-                    out[members[i].id] = failure_answer(str(error))
+                    # in-process, the invocation path's own ServingError (not one rebuilt from an
+                    # HTTP answer): its type gives the status every HTTP door answers
+                    out[members[i].id] = (error_result(error).status, error.message)
                 if good:  # the rest of the batch, without the failing ones
                     for r in handler.run_inference([c.body for c in good], model):
                         out[next(c.id for c in good if c.body is r.example)] = (200, r.inference)

@@ -173,7 +173,8 @@ class BatchCaller:
             log.exception("invocation raised")
             raise _RecordFailed(f"the invocation raised {type(exc).__name__}: {exc}") from None
         if not result.ok:
-            raise _RecordFailed(f"the model answered {result.status}: {_error_text(result.body)}")
+            text = result.error.message if result.error is not None else _error_text(result.body)
+            raise _RecordFailed(f"the model answered {result.status}: {text}")
         whole = self.job.split_type == "None"  # the record is the object: its output is the whole answer
         rows = answer_rows(result.answer) if self.per_record and not whole and result.answer is not None else None
         kind = record_kind(result.content_type)

@@ -10,7 +10,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from tfservo.core.retry import Backoff
 
-__all__ = ["ATTEMPTS", "BASE_DELAY_S", "MAX_DELAY_S", "is_transient", "retry", "RetryingReader"]
+__all__ = ["ATTEMPTS", "BASE_DELAY_S", "MAX_DELAY_S", "storage_error_is_transient", "retry", "RetryingReader"]
 
 log = logging.getLogger("tfservo.batch")
 
@@ -31,7 +31,7 @@ _TRANSIENT_ERRNOS = {
 }
 
 
-def is_transient(exc: BaseException) -> bool:
+def storage_error_is_transient(exc: BaseException) -> bool:
     """Whether trying the same storage call again may succeed."""
     if isinstance(exc, _PERMANENT):
         return False
@@ -53,7 +53,7 @@ def retry(fn: Callable[[], T], what: str, *, attempts: int = ATTEMPTS, base_dela
                     what, type(exc).__name__, exc, retry + 1, attempts - 1, wait)
 
     backoff = Backoff(retries=attempts - 1, base_delay=base_delay, max_delay=MAX_DELAY_S)
-    return backoff.call(fn, retriable=is_transient, on_retry=note)
+    return backoff.call(fn, retriable=storage_error_is_transient, on_retry=note)
 
 
 class RetryingReader(io.RawIOBase):

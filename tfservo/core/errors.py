@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import enum
 
+import orjson
+
 __all__ = [
     "AlreadyExists",
     "BundleError",
     "BundleNotFound",
     "Code",
+    "error_from_response",
     "FailedPrecondition",
     "first_line",
     "HandlerError",
@@ -128,3 +131,33 @@ def first_line(exc: BaseException | str) -> str:
     """The first line of an error's message (TF's run errors span many), for one-line errors."""
     text = exc if isinstance(exc, str) else (getattr(exc, "message", None) or str(exc) or type(exc).__name__)
     return text.strip().splitlines()[0].strip() if text.strip() else type(exc).__name__
+
+
+_BY_STATUS: dict[int, type[ServingError]] = {
+    400: InvalidArgument,
+    404: NotFound,
+    406: InvalidArgument,
+    413: InvalidArgument,
+    415: InvalidArgument,
+    429: ResourceExhausted,
+    501: Unimplemented,
+    503: Unavailable,
+}
+
+
+def error_from_response(status: int, body: bytes, what: str) -> ServingError:
+    """A non-2xx HTTP answer (`{"error": "..."}` or any body) as the ServingError of its kind: for
+    callers that only have the answer (a remote endpoint, a handler's own error answer)."""
+    try:
+        doc = orjson.loads(body)
+        text = doc["error"] if isinstance(doc, dict) and isinstance(doc.get("error"), str) else None
+    except orjson.JSONDecodeError:
+        text = None
+    if text is None:
+        text = body[:200].decode("utf-8", "replace").strip() or "(empty body)"
+    kind = _BY_STATUS.get(status)
+    if kind is None:
+        kind = FailedPrecondition if 400 <= status < 500 else Internal
+    if status == 504:
+        return ServingError(f"{what} answered {status}: {text}", Code.DEADLINE_EXCEEDED)
+    return kind(f"{what} answered {status}: {text}")

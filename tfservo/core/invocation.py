@@ -22,21 +22,23 @@ from tfservo.codecs.media_types import CONVERTIBLE_TYPES, JSON, lookup
 from tfservo.core.api import TFServingAPI
 from tfservo.core.custom_attributes import CustomAttributes, parse_custom_attributes
 from tfservo.core.dataplane import Answer, answer_rows_slice
-from tfservo.core.errors import InvalidArgument, ServingError
+from tfservo.core.errors import InvalidArgument, ServingError, error_from_response
 from tfservo.core.request_labels import note_method, note_model
 from tfservo.core.status import http_status
 from tfservo.handlers.bundle_code import Context, Handlers, make_requests_response
 
-__all__ = ["error_result", "InvocationResult", "Invoker"]
+__all__ = ["error_result", "InvocationResult", "Invoker", "result_error"]
 
 log = logging.getLogger("tfservo.invocations")
 
 
 class InvocationResult:
     """What an invocation answers: HTTP-style status, content type, and the body; without a
-    handler the body is written from the model's arrays (`answer`) only when first asked for."""
+    handler the body is written from the model's arrays (`answer`) only when first asked for.
+    A failed invocation keeps the ServingError it failed with (`error`), so in-process callers
+    get the original type and message; only an edge writes its status and body."""
 
-    __slots__ = ("status", "content_type", "answer", "custom_attributes", "_body")
+    __slots__ = ("status", "content_type", "answer", "custom_attributes", "error", "_body")
 
     def __init__(
         self,
@@ -45,8 +47,10 @@ class InvocationResult:
         content_type: str,
         answer: Answer | None = None,
         custom_attributes: str | None = None,
+        error: ServingError | None = None,
     ) -> None:
         self.status = status
+        self.error = error
         self.content_type = content_type
         self.answer = answer
         self.custom_attributes = custom_attributes  # a handler's, for X-Amzn-SageMaker-Custom-Attributes
@@ -79,7 +83,13 @@ class InvocationResult:
 def error_result(exc: ServingError) -> InvocationResult:
     """A ServingError as the protocol's error shape: {"error": "..."} with the mapped status."""
     status = getattr(exc, "http_status", None) or http_status(exc.code)
-    return InvocationResult(status, orjson.dumps({"error": exc.message}), JSON)
+    return InvocationResult(status, orjson.dumps({"error": exc.message}), JSON, error=exc)
+
+
+def result_error(result: InvocationResult, what: str) -> ServingError:
+    """A failed result's ServingError: the original one where the invocation path raised it; an
+    error answer of a handler's own making is read back from its status and body."""
+    return result.error if result.error is not None else error_from_response(result.status, result.body, what)
 
 
 class Invoker:

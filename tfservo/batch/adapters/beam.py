@@ -26,11 +26,10 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from tfservo.batch.adapters import prediction_log
 from tfservo.batch.adapters.beam_dead_letters import dead_letter_tag, with_dead_letters
 from tfservo.batch.adapters.beam_metrics import HandlerMetrics
-from tfservo.batch.worker.elements import serialize_examples, split_outputs, stack_inputs
-from tfservo.batch.worker.failures import ElementErrors, ElementFailure, is_transient
+from tfservo.batch.worker.batches import Part, run_batch
+from tfservo.batch.worker.failures import ElementErrors, ElementFailure
 from tfservo.batch.worker.loaded import LoadedBundle, Selection
-from tfservo.batch.worker.target import INVOKE, Target, check_options
-from tfservo.core.errors import InvalidArgument
+from tfservo.batch.worker.target import Target, check_options
 
 __all__ = ["BundleModelHandler", "ServingModelHandler"]
 
@@ -111,18 +110,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         t0 = time.perf_counter()
         failed = len(batch)  # an overload/outage error fails the whole batch
         try:
-            if target.method == INVOKE:
-                outputs = self._invoke_batch(batch, model, target)
-            else:
-                try:
-                    outputs = self._run(batch, model, target)
-                except Exception as exc:  # any failure: find the element(s) behind it
-                    if is_transient(exc):
-                        raise
-                    if len(batch) == 1:
-                        outputs = [ElementFailure(0, batch[0], exc)]
-                    else:
-                        outputs = self._one_by_one(batch, model, target)
+            outputs = [out for part in run_batch(model, target, batch) for out in self._outputs(target, part)]
             failures = [o for o in outputs if isinstance(o, ElementFailure)]
             failed = len(failures)
         finally:
@@ -144,63 +132,17 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
         return sum(_num_bytes(element) for element in batch)
 
-    # -- running ----------------------------------------------------------------------------
+    # -- results ----------------------------------------------------------------------------
 
-    def _run(self, batch: list[Any], model: Any, target: Target) -> list[Any]:
-        log = self._output == "prediction_log"
-        if target.method == INVOKE:  # one request per element: only ever called with one
-            body = _request_body(batch[0])
-            return [PredictionResult(batch[0], model.invoke(body), target.model_id)]
-        if target.method == "predict":
-            assert target.signature is not None
-            inputs = stack_inputs(batch, target.signature)
-            outputs = model.predict(inputs)
-            rows = split_outputs(outputs, len(batch), target.describe())
-            if log:
-                return prediction_log.predict_logs(target, inputs, outputs, len(batch))
-            return [PredictionResult(e, row, target.model_id) for e, row in zip(batch, rows)]
-        examples = serialize_examples(batch, target.feature_types)
-        if target.method == "classify":
-            classes = model.classify(examples)
-            if log:
-                return prediction_log.classify_logs(target, examples, classes)
-            return [PredictionResult(e, c, target.model_id) for e, c in zip(batch, classes)]
-        values = model.regress(examples)
-        if log:
-            return prediction_log.regress_logs(target, examples, values)
-        return [PredictionResult(e, v, target.model_id) for e, v in zip(batch, values)]
-
-    def _invoke_batch(self, batch: list[Any], model: Any, target: Target) -> list[Any]:
-        """Raw request bodies through the invocation path, batched as their content type allows;
-        each element gets its own answer or ElementFailure (overload/outage is re-raised)."""
-        outputs: list[Any] = [None] * len(batch)
-        bodies: list[tuple[int, bytes]] = []
-        for i, element in enumerate(batch):
-            try:
-                bodies.append((i, _request_body(element)))
-            except Exception as exc:
-                outputs[i] = ElementFailure(i, element, exc)
-        answers = model.invoke_many([body for _, body in bodies]) if bodies else []
-        for (i, _), answer in zip(bodies, answers):
-            if isinstance(answer, Exception):
-                if is_transient(answer):
-                    raise answer
-                outputs[i] = ElementFailure(i, batch[i], answer)
-            else:
-                outputs[i] = PredictionResult(batch[i], answer, target.model_id)
-        return outputs
-
-    def _one_by_one(self, batch: list[Any], model: Any, target: Target) -> list[Any]:
-        """Each element alone: its result, or an ElementFailure (overload/outage is re-raised)."""
-        outputs: list[Any] = []
-        for i, element in enumerate(batch):
-            try:
-                outputs.extend(self._run([element], model, target))
-            except Exception as exc:  # reported per element
-                if is_transient(exc):
-                    raise
-                outputs.append(ElementFailure(i, element, exc))
-        return outputs
+    def _outputs(self, target: Target, part: Part) -> list[Any]:
+        """A part's results as Beam outputs: PredictionResults, or PredictionLogs with
+        output="prediction_log"; failed elements stay ElementFailures."""
+        if self._output == "prediction_log" and part.ok:
+            return prediction_log.logs(target, part)
+        return [
+            r if isinstance(r, ElementFailure) else PredictionResult(e, r, target.model_id)
+            for e, r in zip(part.elements, part.results)
+        ]
 
     def _metrics_cells(self) -> HandlerMetrics:
         if self._metrics is None:
@@ -268,17 +210,6 @@ _BEAM_OPTIONS = frozenset(
     if param.kind is inspect.Parameter.KEYWORD_ONLY
 ) | {"env_vars"}
 _CLOSE = {"signature": "signature_name", "model": "model_name", "model_version": "version", "accept_type": "accept"}
-
-
-def _request_body(element: Any) -> bytes:
-    if isinstance(element, (bytes, bytearray, memoryview)):
-        return bytes(element)
-    if isinstance(element, str):
-        return element.encode("utf-8")
-    raise InvalidArgument(
-        f"element is a {type(element).__name__}; with content_type= each element is one request "
-        "body (bytes or str)"
-    )
 
 
 def _num_bytes(element: Any) -> int:

@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from tfservo.batch.worker.batches import Part
 from tfservo.batch.worker.target import Target
 from tfservo.codecs.tensor_proto import write_tensor_proto
 
-__all__ = ["classify_logs", "predict_logs", "regress_logs"]
+__all__ = ["classify_logs", "logs", "predict_logs", "regress_logs"]
 
 
 def _template(kind: str, target: Target) -> bytes:
@@ -35,6 +36,15 @@ def _template(kind: str, target: Target) -> bytes:
             spec.version.value = target.version
         spec.signature_name = target.signature.name if target.signature else ""
     return log.SerializeToString()
+
+
+def logs(target: Target, part: Part) -> list:
+    """One PredictionLog per element of a batch part that the model answered whole."""
+    if target.method == "predict":
+        return predict_logs(target, part.inputs, part.outputs, len(part.elements))
+    if target.method == "classify":
+        return classify_logs(target, part.inputs, part.results)
+    return regress_logs(target, part.inputs, part.results)
 
 
 def predict_logs(

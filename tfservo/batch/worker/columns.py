@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from tfservo.batch.worker.elements import serialize_examples, split_outputs, stack_inputs
-from tfservo.batch.worker.failures import ElementErrors, ElementFailure, is_transient
+from tfservo.batch.worker.batches import run_batch
+from tfservo.batch.worker.failures import ElementErrors, ElementFailure
 from tfservo.batch.worker.loaded import LoadedBundle, Selection
 from tfservo.batch.worker.target import INVOKE, Target
 from tfservo.core.errors import InvalidArgument
@@ -62,13 +62,7 @@ class ColumnPredictor:
         if rows == 0:
             return dict(columns)
         used, elements = self._elements(columns, rows)
-        results: list[Any]
-        try:
-            results = self._run(elements)
-        except Exception as exc:  # find the row(s) behind it; an overload/outage fails the batch
-            if is_transient(exc):
-                raise
-            results = [self._one(i, e) for i, e in enumerate(elements)] if rows > 1 else [ElementFailure(0, elements[0], exc)]
+        results = [r for part in run_batch(self.bundle, self.target, elements) for r in part.results]
         failures = [r for r in results if isinstance(r, ElementFailure)]
         if failures and self.on_error == "raise":
             raise ElementErrors(failures, rows, self.target.describe()) from failures[0].error
@@ -87,7 +81,7 @@ class ColumnPredictor:
         """(the columns used as inputs, one element per row)."""
         t = self.target
         if t.method == INVOKE:
-            return {BODY_COLUMN}, [_body(v) for v in self._column(columns, BODY_COLUMN, "raw request bodies")]
+            return {BODY_COLUMN}, list(self._column(columns, BODY_COLUMN, "raw request bodies"))
         if t.method in ("classify", "regress"):
             return {EXAMPLES_COLUMN}, list(self._column(columns, EXAMPLES_COLUMN, "tf.Examples or their bytes"))
         assert t.signature is not None
@@ -107,34 +101,6 @@ class ColumnPredictor:
                 f"{', '.join(columns) or 'no columns'}"
             )
         return columns[name]
-
-    # -- running ------------------------------------------------------------------------------
-
-    def _run(self, elements: list[Any]) -> list[Any]:
-        t, model = self.target, self.bundle
-        if t.method == INVOKE:
-            answers = model.invoke_many(elements)
-            for answer in answers:
-                if isinstance(answer, Exception) and is_transient(answer):
-                    raise answer
-            return [ElementFailure(i, elements[i], a) if isinstance(a, Exception) else a for i, a in enumerate(answers)]
-        if t.method == "predict":
-            assert t.signature is not None
-            outputs = model.predict(stack_inputs(elements, t.signature))
-            return split_outputs(outputs, len(elements), t.describe())
-        examples = serialize_examples(elements, t.feature_types)
-        if t.method == "classify":
-            return list(model.classify(examples))
-        return list(model.regress(examples))
-
-    def _one(self, i: int, element: Any) -> Any:
-        try:
-            (result,) = self._run([element])
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            return ElementFailure(i, element, exc)
-        return ElementFailure(i, element, result.error) if isinstance(result, ElementFailure) else result
 
     def _prediction_columns(self, results: list[Any]) -> dict[str, np.ndarray]:
         """Per-row results → columns: the signature's outputs, `classes`/`scores`, `value` or
@@ -163,14 +129,6 @@ class ColumnPredictor:
                 for name in names:
                     columns[name][i] = result[name]
         return {name: _tight(column) for name, column in columns.items()}
-
-
-def _body(value: Any) -> bytes:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode()
-    raise InvalidArgument(f"a {BODY_COLUMN!r} cell must be bytes or str, got {type(value).__name__}")
 
 
 def _tight(column: np.ndarray) -> np.ndarray:

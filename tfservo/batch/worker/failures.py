@@ -1,4 +1,4 @@
-"""Per-element failures of a batch, and HTTP-style error answers turned back into ServingErrors.
+"""Per-element failures of a batch.
 
 When a batch fails the handlers retry its elements one by one; each bad one becomes an
 ElementFailure, and ElementErrors' message names them (index in the batch, the element itself
@@ -14,21 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
-from tfservo.core.errors import (
-    Code,
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    ServingError,
-    Unavailable,
-    Unimplemented,
-)
+from tfservo.core.errors import Code, ServingError
 
-__all__ = ["describe_element", "ElementErrors", "ElementFailure", "error_from_response", "is_transient"]
+__all__ = ["describe_element", "ElementErrors", "ElementFailure", "is_transient"]
 
 _SHOWN = 200  # characters of an element quoted in a message
 _TRANSIENT = (Code.UNAVAILABLE, Code.RESOURCE_EXHAUSTED, Code.DEADLINE_EXCEEDED)
@@ -96,32 +85,3 @@ def _error_text(error: BaseException) -> str:
     if isinstance(error, ServingError):
         return error.message
     return f"{type(error).__name__}: {error}"
-
-
-_BY_STATUS: dict[int, type[ServingError]] = {
-    400: InvalidArgument,
-    404: NotFound,
-    406: InvalidArgument,
-    413: InvalidArgument,
-    415: InvalidArgument,
-    429: ResourceExhausted,
-    501: Unimplemented,
-    503: Unavailable,
-}
-
-
-def error_from_response(status: int, body: bytes, what: str) -> ServingError:
-    """A non-2xx answer (`{"error": "..."}` or any body) as the ServingError of its kind."""
-    try:
-        doc = orjson.loads(body)
-        text = doc["error"] if isinstance(doc, dict) and isinstance(doc.get("error"), str) else None
-    except orjson.JSONDecodeError:
-        text = None
-    if text is None:
-        text = body[:_SHOWN].decode("utf-8", "replace").strip() or "(empty body)"
-    kind = _BY_STATUS.get(status)
-    if kind is None:
-        kind = FailedPrecondition if 400 <= status < 500 else Internal
-    if status == 504:
-        return ServingError(f"{what} answered {status}: {text}", Code.DEADLINE_EXCEEDED)
-    return kind(f"{what} answered {status}: {text}")

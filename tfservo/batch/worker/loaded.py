@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfservo.batch.worker.failures import error_from_response
 from tfservo.batch.worker.target import (
     INVOKE,
     LoadedTarget,
@@ -30,6 +29,7 @@ from tfservo.batch.worker.target import (
 )
 from tfservo.core.custom_attributes import parse_custom_attributes
 from tfservo.core.errors import BundleError, NotFound, ServingError
+from tfservo.core.invocation import result_error
 from tfservo.core.logs import quiet_libraries
 from tfservo.core.service import ModelService, build_service
 from tfservo.core.settings import resolve_settings
@@ -109,7 +109,7 @@ class LoadedBundle(LoadedTarget):
         s = self._selection
         result = self.service.invoker.invoke(body, s.content_type, s.accept, self._attributes, s.model_name)
         if not result.ok:
-            raise error_from_response(result.status, result.body, f"/invocations of {self._target.model_id}")
+            raise result_error(result, f"/invocations of {self._target.model_id}")
         return result.body
 
     def invoke_many(self, bodies: Sequence[bytes]) -> list[bytes | ServingError]:
@@ -123,7 +123,7 @@ class LoadedBundle(LoadedTarget):
             if result.ok:
                 out.append(result.body)
             else:
-                out.append(error_from_response(result.status, result.body, f"/invocations of {self._target.model_id}"))
+                out.append(result_error(result, f"/invocations of {self._target.model_id}"))
         return out
 
     def close(self) -> None:

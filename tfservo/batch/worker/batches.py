@@ -1,0 +1,124 @@
+"""The one batch worker of the pipeline adapters: a batch of elements → one result per element.
+
+Beam's handlers (bundle in-process or a remote endpoint) and the columnar adapters (Ray Data,
+Spark) all run a batch here: the elements go to the model in one call of the target's method
+(predict, classify, regress, or raw bodies through /invocations in as few calls as their
+content type allows); if that call fails, each element is run alone, so only the bad ones fail
+and each failure names its element (ElementFailure). An overload or outage (`is_transient`)
+fails the whole batch: it is no element's fault, and the caller retries or backs off.
+
+The model is anything with LoadedBundle's methods: predict, classify, regress, invoke_many.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from tfservo.batch.worker.elements import serialize_examples, split_outputs, stack_inputs
+from tfservo.batch.worker.failures import ElementFailure, is_transient
+from tfservo.batch.worker.target import INVOKE, Target
+from tfservo.core.errors import InvalidArgument
+
+__all__ = ["BatchModel", "Part", "request_body", "run_batch"]
+
+
+class BatchModel(Protocol):
+    """What answers a batch: a bundle loaded in this process or a remote endpoint's client."""
+
+    def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def classify(self, examples: Sequence[bytes]) -> Sequence[list[tuple[str, float]]]: ...
+
+    def regress(self, examples: Sequence[bytes]) -> Sequence[float]: ...
+
+    def invoke_many(self, bodies: Sequence[bytes]) -> Sequence[bytes | Exception]: ...
+
+
+@dataclass(frozen=True)
+class Part:
+    """The results of one model call over `elements` (the whole batch, or one element after the
+    batch failed), starting at `offset` in the batch: per element a value (predict: output name →
+    row; classify: [(label, score)]; regress: float; invoke: the answer's bytes) or an
+    ElementFailure. `inputs`/`outputs`: what the model was given and answered (predict: the
+    arrays; classify/regress: the serialized examples as inputs), for PredictionLogs."""
+
+    offset: int
+    elements: list[Any]
+    results: list[Any]
+    inputs: Any = None
+    outputs: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(isinstance(r, ElementFailure) for r in self.results)
+
+
+def run_batch(model: BatchModel, target: Target, elements: list[Any]) -> list[Part]:
+    """`elements` through `target` in one call; after a failure, each element alone."""
+    try:
+        return [_call(model, target, elements, 0)]
+    except Exception as exc:  # any failure: find the element(s) behind it
+        if is_transient(exc):
+            raise
+        if len(elements) == 1:
+            return [Part(0, elements, [ElementFailure(0, elements[0], exc)])]
+    parts = []
+    for i, element in enumerate(elements):
+        try:
+            parts.append(_call(model, target, [element], i))
+        except Exception as exc:  # reported per element
+            if is_transient(exc):
+                raise
+            parts.append(Part(i, [element], [ElementFailure(i, element, exc)]))
+    return parts
+
+
+def request_body(element: Any) -> bytes:
+    """A raw request body element (bytes or str) as bytes."""
+    if isinstance(element, (bytes, bytearray, memoryview)):
+        return bytes(element)
+    if isinstance(element, str):
+        return element.encode("utf-8")
+    raise InvalidArgument(
+        f"element is a {type(element).__name__}; with content_type= each element is one request "
+        "body (bytes or str)"
+    )
+
+
+def _call(model: BatchModel, target: Target, elements: list[Any], offset: int) -> Part:
+    """One model call for `elements`: the one place that switches on the target's method."""
+    if target.method == INVOKE:
+        return _invoke(model, elements, offset)
+    if target.method == "predict":
+        assert target.signature is not None
+        inputs = stack_inputs(elements, target.signature)
+        outputs = model.predict(inputs)
+        return Part(offset, elements, split_outputs(outputs, len(elements), target.describe()), inputs, outputs)
+    examples = serialize_examples(elements, target.feature_types)
+    method: Callable[[Sequence[bytes]], Sequence[Any]] = model.classify if target.method == "classify" else model.regress
+    return Part(offset, elements, list(method(examples)), examples)
+
+
+def _invoke(model: BatchModel, elements: list[Any], offset: int) -> Part:
+    """Raw bodies through the invocation path, batched as their content type allows; each
+    element gets its own answer or ElementFailure (an overload or outage is raised)."""
+    results: list[Any] = [None] * len(elements)
+    bodies: list[tuple[int, bytes]] = []
+    for i, element in enumerate(elements):
+        try:
+            bodies.append((i, request_body(element)))
+        except InvalidArgument as exc:
+            results[i] = ElementFailure(offset + i, element, exc)
+    answers = model.invoke_many([body for _, body in bodies]) if bodies else []
+    for (i, _), answer in zip(bodies, answers):
+        if isinstance(answer, Exception):
+            if is_transient(answer):
+                raise answer
+            results[i] = ElementFailure(offset + i, elements[i], answer)
+        else:
+            results[i] = answer
+    return Part(offset, elements, results)
