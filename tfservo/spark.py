@@ -7,35 +7,32 @@ Python worker (Spark reuses them), in the manner of `pyspark.ml.functions.predic
     df.withColumn("y", y("x"))                      # columns in the signature's input order
     df.mapInPandas(bundle_predict_frames("model.tar.gz"), "id string, x double, y double")
 
-The same inputs and outputs as tfservo.ray.BundlePredictor (pipelines/columns.py): signature
+The same inputs and outputs as tfservo.ray.BundlePredictor (batch/worker/columns.py): signature
 inputs by column name, `body` with `content_type=`, `on_error="column"` for an `error` column.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from tfservo.batch.worker.columns import ColumnPredictor
+from tfservo.batch.worker.once import load_once
 from tfservo.core.logs import quiet_libraries
 
 __all__ = ["bundle_predict_frames", "bundle_predict_udf"]
 
-_loaded: dict[tuple, ColumnPredictor] = {}
-_lock = threading.Lock()
 
 
 def _predictor(bundle: str, selection: dict[str, Any]) -> ColumnPredictor:
     """The bundle loaded once in this Python worker for these arguments."""
-    key = (bundle, tuple(sorted(selection.items())))
-    with _lock:
-        if key not in _loaded:
-            quiet_libraries()
-            _loaded[key] = ColumnPredictor(bundle, **selection)
-        return _loaded[key]
+    def load() -> ColumnPredictor:
+        quiet_libraries()
+        return ColumnPredictor(bundle, **selection)
+
+    return load_once(("columns", bundle, tuple(sorted(selection.items()))), load)
 
 
 def bundle_predict_frames(bundle: str, **selection: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -83,17 +80,9 @@ def bundle_predict_udf(
 
 
 def _default_inputs(predictor: ColumnPredictor, given: int) -> list[str]:
-    from tfservo.batch.worker.columns import BODY_COLUMN, EXAMPLES_COLUMN
-
-    t = predictor.target
-    if t.method == "invoke":
-        names = [BODY_COLUMN]
-    elif t.method in ("classify", "regress"):
-        names = [EXAMPLES_COLUMN]
-    else:
-        names = sorted(t.signature.inputs) if t.signature is not None else []
+    names = predictor.input_columns()
     if len(names) != given:
-        raise ValueError(f"{t.describe()} takes {', '.join(names)}; the UDF got {given} columns: pass "
+        raise ValueError(f"{predictor.target.describe()} takes {', '.join(names)}; the UDF got {given} columns: pass "
                          "input_names= naming the input each column is")
     return names
 
@@ -101,14 +90,9 @@ def _default_inputs(predictor: ColumnPredictor, given: int) -> list[str]:
 def _only_output(predictor: ColumnPredictor, out: dict[str, Any]) -> str:
     from tfservo.batch.worker.columns import ERROR_COLUMN
 
-    t = predictor.target
-    if t.method == "invoke":
-        return "response"
-    if t.method == "regress":
-        return "value"
-    names = sorted(t.signature.outputs) if t.method == "predict" and t.signature is not None else ["classes", "scores"]
+    names = predictor.output_columns()
     if len(names) != 1:
-        raise ValueError(f"{t.describe()} has outputs {', '.join(names)}; pass output= one of them "
+        raise ValueError(f"{predictor.target.describe()} has outputs {', '.join(names)}; pass output= one of them "
                          f"(or use bundle_predict_frames for all{', and ' + ERROR_COLUMN if ERROR_COLUMN in out else ''})")
     return names[0]
 

@@ -31,10 +31,10 @@ from tfservo.batch.engines.distributed import (
     outcome_name,
     release_services,
     split_object,
-    start_driver_run,
     worker_service,
     write_object,
 )
+from tfservo.batch.engines.driver import start_driver_run
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.sources import InputObject

@@ -12,20 +12,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from tfservo.batch.calls import BatchCaller, BatchResult
+from tfservo.batch.engines.driver import DriverRun, publish, start_driver_run
 from tfservo.batch.engines.local import failure_from, object_format, request_batches
 from tfservo.batch.job import TransformJob
 from tfservo.batch.joiner import DataProcessing
-from tfservo.batch.progress import Progress
 from tfservo.batch.records import RecordBatch, where
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.sources import InputObject, OpenedInput
@@ -34,18 +33,12 @@ from tfservo.batch.state import (
     ObjectOutcome,
     RecordFailure,
     TransformSummary,
-    bundle_versions,
-    check_settings,
-    dead_letter_name,
-    job_description,
-    open_output,
-    write_report,
 )
+from tfservo.batch.worker.once import load_once, release_loaded
 from tfservo.core.logs import quiet_libraries
 
 __all__ = [
     "Answer",
-    "DriverRun",
     "Request",
     "Tail",
     "call_request",
@@ -55,7 +48,6 @@ __all__ = [
     "release_services",
     "run_on_cluster",
     "split_object",
-    "start_driver_run",
     "worker_id",
     "worker_service",
     "write_object",
@@ -148,37 +140,37 @@ def _processing(job: TransformJob, fmt: str | None) -> DataProcessing:
 
 # -- one loaded model per worker process --------------------------------------------------------
 
-_services: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, Any]] = {}
-_services_lock = threading.Lock()
-
-
 def worker_service(job: TransformJob) -> Any:
     """The job's ModelService in this process, loaded once (with --env applied, and a loopback
     server when the bundle has handlers, as `transform` and `serve` do)."""
     from tfservo.batch.run import apply_env, load_service
     from tfservo.server.loopback import start_handler_endpoints
 
-    quiet_libraries()  # a worker in another process: TF's and Beam's noise off there too
-    key = (job.model, tuple(sorted(job.env.items())))
-    with _services_lock:
-        if key not in _services:
-            apply_env(job.env)
-            started = time.monotonic()
-            service = load_service(job.model, job.env)
-            loopback = start_handler_endpoints(service)
-            log.info("loaded %s in %.1fs in worker process %d", job.model, time.monotonic() - started, os.getpid())
-            _services[key] = (service, loopback)
-        return _services[key][0]
+    def load() -> tuple[Any, Any]:
+        quiet_libraries()  # a worker in another process: TF's and Beam's noise off there too
+        apply_env(job.env)
+        started = time.monotonic()
+        service = load_service(job.model, job.env)
+        loopback = start_handler_endpoints(service)
+        log.info("loaded %s in %.1fs in worker process %d", job.model, time.monotonic() - started, os.getpid())
+        return service, loopback
+
+    return load_once(("transform", job.model, tuple(sorted(job.env.items()))), load)[0]
 
 
 def release_services() -> None:
     """Close the services this process loaded (the driver, after an in-process runner)."""
-    with _services_lock:
-        for service, loopback in _services.values():
+
+    def close(loaded: Any) -> None:
+        if isinstance(loaded, tuple):
+            service, loopback = loaded
             if loopback is not None:
                 loopback.stop()
             service.close()
-        _services.clear()
+        elif hasattr(loaded, "close"):
+            loaded.close()
+
+    release_loaded(close)
 
 
 def worker_id() -> str:
@@ -229,21 +221,9 @@ def write_object(
         writer = store.writer(obj.out_name)
         for answer in ordered:
             writer.write(answer.body)
-        name = dead_letter_name(obj)
-        if dead:
-            state.put(name, b"".join(d.to_json(obj) for d in dead))
-        elif name in stale_dead_letters:
-            state.remove(name)
-        writer.commit()
     except Exception as exc:
-        if writer is not None:
-            try:
-                writer.abort()
-            except Exception:
-                pass
-        error = f"could not write {store.display(obj.out_name)}: {type(exc).__name__}: {exc}"
-        return ObjectOutcome(obj, "failed", records, RecordFailure("the object", error))
-    return ObjectOutcome(obj, "done", records, None, len(dead))
+        return publish(store, state, obj, writer, records, dead, stale_dead_letters, error=exc)
+    return publish(store, state, obj, writer, records, dead, stale_dead_letters)
 
 
 def write_wired(job: TransformJob, tail: Tail, answers: Iterable[tuple], stale_dead_letters: set[str]) -> bytes:
@@ -275,60 +255,6 @@ def outcome_from_json(obj: InputObject, data: bytes) -> ObjectOutcome:
     return ObjectOutcome(
         obj, doc["status"], doc["records"], RecordFailure(**failure) if failure else None, doc["dead_letters"]
     )
-
-
-# -- the driver's start and end, the same for every engine ----------------------------------------
-
-
-@dataclass
-class DriverRun:
-    """One run of a job as a distributed engine's driver sees it: what to do, and the summary."""
-
-    job: TransformJob
-    store: OutputStore
-    state: OutputStore
-    todo: list[InputObject]
-    stale_dead_letters: set[str]
-    summary: TransformSummary
-    started: float = field(default_factory=time.monotonic)
-
-    def progress(self, mode: str, interval: float) -> Progress:
-        """The run's progress display (by bytes when every object's size is known)."""
-        sizes = [o.size for o in self.todo]
-        return Progress(len(self.todo), sum(s for s in sizes if s) if all(sizes) else None, mode=mode, interval=interval)
-
-    def finish(self, outcomes: Iterable[ObjectOutcome], workers: Iterable[str] = ()) -> TransformSummary:
-        """Count the outcomes (an object without one failed), name the workers that took part,
-        write the failure report."""
-        outcomes = list(outcomes)
-        seen = {o.obj.rel for o in outcomes}
-        outcomes += [ObjectOutcome(obj, "failed", 0, RecordFailure("the object", "the run ended without it"))
-                     for obj in self.todo if obj.rel not in seen]
-        for outcome in outcomes:
-            self.summary.add(outcome)
-        self.summary.workers = sorted(set(workers))
-        self.summary.seconds = time.monotonic() - self.started
-        self.summary.report = write_report(self.state, self.job, self.summary)
-        return self.summary
-
-
-def start_driver_run(job: TransformJob) -> DriverRun:
-    """Validate the job, list INPUT, check the settings against an earlier run's and prepare
-    OUTPUT (as the local engine does), before any worker starts."""
-    from tfservo.batch.engines.local import list_job_inputs
-    from tfservo.core.settings import archive_limits_from_env, environment
-    from tfservo.models.bundle import open_bundle
-
-    started = time.monotonic()
-    job = job.validated()
-    objects = list_job_inputs(job)
-    store, state = OutputStore(job.output), OutputStore(job.state_url)
-    check_settings(state, job, job_description(job))  # changed flags stop the job before the bundle is read
-    versions = bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(environment(job.env)))])
-    existing, todo, done = open_output(store, state, job, objects, versions)
-    summary = TransformSummary(objects=len(objects), skipped=len(done))
-    stale = {dead_letter_name(o) for o in todo} & existing
-    return DriverRun(job, store, state, todo, stale, summary, started)
 
 
 Drive = Callable[[Any, DriverRun], tuple[list[ObjectOutcome], set[str]]]

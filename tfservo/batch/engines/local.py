@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from tfservo.batch.calls import BatchCaller, BatchResult
+from tfservo.batch.engines.driver import publish, start_driver_run
 from tfservo.batch.job import JobError, TransformJob, record_format
 from tfservo.batch.joiner import DataProcessing
 from tfservo.batch.progress import Progress
@@ -42,9 +42,6 @@ from tfservo.batch.state import (
     ObjectOutcome,
     RecordFailure,
     TransformSummary,
-    dead_letter_name,
-    open_output,
-    write_report,
 )
 from tfservo.codecs.media_types import JSON, X_IMAGE
 from tfservo.core.errors import ServingError
@@ -86,26 +83,16 @@ class TransformEngine:
         self._processing: dict[str | None, DataProcessing] = {}
 
     def run(self, objects: list[InputObject] | None = None) -> TransformSummary:
-        """Transform every object not done yet (listing INPUT unless `objects` are given)."""
-        started = time.monotonic()
-        job = self.job
-        store, self.state = OutputStore(job.output), OutputStore(job.state_url)
-        if objects is None:
-            objects = list_job_inputs(job)
-        self.existing, todo, done = open_output(store, self.state, job, objects, self.versions)
-        sizes = [o.size for o in todo]
-        total_bytes = sum(sizes) if sizes and all(s is not None for s in sizes) else None  # type: ignore[arg-type]
-        progress = Progress(len(todo), total_bytes, mode=self.progress_mode, interval=self.progress_interval)
+        """Transform every object not done yet (listing INPUT unless `objects` are given): the
+        driver's start and end every engine shares, with this machine's threads in between."""
+        run = start_driver_run(self.job, objects, self.versions, read_versions=False)
+        self.state, self.stale_dead_letters = run.state, run.stale_dead_letters
+        progress = run.progress(self.progress_mode, self.progress_interval)
         try:
-            outcomes = self._run(todo, store, progress)
+            outcomes = self._run(run.todo, run.store, progress)
         finally:
             progress.close()
-        summary = TransformSummary(objects=len(objects), skipped=len(done))
-        for outcome in outcomes:
-            summary.add(outcome)
-        summary.seconds = time.monotonic() - started
-        summary.report = write_report(self.state, job, summary)
-        return summary
+        return run.finish(outcomes)
 
     def _run(self, todo: list[InputObject], store: OutputStore, progress: Progress) -> list[ObjectOutcome]:
         n = self.job.concurrency
@@ -275,27 +262,12 @@ class _ObjectRun:
             self.failure = self.failure or self.read_failure
             if self.failure is None and not self.read_complete:
                 self.failure = RecordFailure("the object", "interrupted before it was read to the end")
-            if self.failure is not None:
-                if self.writer is not None:
-                    self.writer.abort()
-                self.outcome = ObjectOutcome(obj, "failed", self.records, self.failure)
-                return
-            assert self.writer is not None
-            name = dead_letter_name(obj)
-            if self.dead:
-                engine.state.put(name, b"".join(d.to_json(obj) for d in self.dead))
-            elif name in engine.existing:
-                engine.state.remove(name)
-            self.writer.commit()
-            self.outcome = ObjectOutcome(obj, "done", self.records, None, len(self.dead))
-        except Exception as exc:
-            if self.writer is not None:
-                try:
-                    self.writer.abort()
-                except Exception:
-                    pass
-            error = f"could not write {store.display(obj.out_name)}: {type(exc).__name__}: {exc}"
-            self.outcome = ObjectOutcome(obj, "failed", self.records, RecordFailure("the object", error))
+            self.outcome = publish(
+                store, engine.state, obj, self.writer, self.records, self.dead, engine.stale_dead_letters,
+                failure=self.failure,
+            )
+        except Exception as exc:  # a bug of ours: the object fails, its partial output goes
+            self.outcome = publish(store, engine.state, obj, self.writer, self.records, [], set(), error=exc)
         finally:
             if self.holds_slot:
                 engine.object_slots.release()

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfservo.batch.engines.distributed import (
-    DriverRun,
     Request,
     Tail,
     call_request,
@@ -32,6 +31,7 @@ from tfservo.batch.engines.distributed import (
     worker_service,
     write_wired,
 )
+from tfservo.batch.engines.driver import DriverRun
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.state import ObjectOutcome, TransformSummary
 

@@ -28,6 +28,10 @@ BODY_COLUMN = "body"
 EXAMPLES_COLUMN = "examples"
 ERROR_COLUMN = "error"
 _ON_ERROR = ("raise", "column")
+# The methods whose columns are not the signature's: (input column, what it holds), outputs.
+_INPUT_COLUMNS = {INVOKE: (BODY_COLUMN, "raw request bodies"), "classify": (EXAMPLES_COLUMN, "tf.Examples or their bytes"),
+                  "regress": (EXAMPLES_COLUMN, "tf.Examples or their bytes")}
+_OUTPUT_COLUMNS = {INVOKE: ("response",), "classify": ("classes", "scores"), "regress": ("value",)}
 
 
 class ColumnPredictor:
@@ -77,15 +81,28 @@ class ColumnPredictor:
 
     # -- elements ---------------------------------------------------------------------------
 
+    def input_columns(self) -> list[str]:
+        """The columns a batch's elements come from (the signature's inputs for predict)."""
+        fixed = _INPUT_COLUMNS.get(self.target.method)
+        if fixed is not None:
+            return [fixed[0]]
+        assert self.target.signature is not None
+        return sorted(self.target.signature.inputs)
+
+    def output_columns(self) -> list[str]:
+        """The prediction columns of the results (the signature's outputs for predict)."""
+        fixed = _OUTPUT_COLUMNS.get(self.target.method)
+        if fixed is not None:
+            return list(fixed)
+        return sorted(self.target.signature.outputs) if self.target.signature is not None else []
+
     def _elements(self, columns: dict[str, np.ndarray], rows: int) -> tuple[set[str], list[Any]]:
         """(the columns used as inputs, one element per row)."""
         t = self.target
-        if t.method == INVOKE:
-            return {BODY_COLUMN}, list(self._column(columns, BODY_COLUMN, "raw request bodies"))
-        if t.method in ("classify", "regress"):
-            return {EXAMPLES_COLUMN}, list(self._column(columns, EXAMPLES_COLUMN, "tf.Examples or their bytes"))
-        assert t.signature is not None
-        names = sorted(t.signature.inputs)
+        names = self.input_columns()
+        fixed = _INPUT_COLUMNS.get(t.method)
+        if fixed is not None:
+            return {names[0]}, list(self._column(columns, names[0], fixed[1]))
         missing = [n for n in names if n not in columns]
         if missing:
             raise InvalidArgument(
@@ -106,14 +123,7 @@ class ColumnPredictor:
         """Per-row results → columns: the signature's outputs, `classes`/`scores`, `value` or
         `response`; a failed row's cells are None."""
         t = self.target
-        if t.method == INVOKE:
-            names = ["response"]
-        elif t.method == "classify":
-            names = ["classes", "scores"]
-        elif t.method == "regress":
-            names = ["value"]
-        else:
-            names = sorted(t.signature.outputs) if t.signature is not None else []
+        names = self.output_columns()
         columns = {name: np.empty(len(results), dtype=object) for name in names}
         for i, result in enumerate(results):
             if isinstance(result, ElementFailure):
