@@ -1,9 +1,11 @@
 """One bundle, one behaviour: every case of one table, sent through every front door, must get
 the same bytes (or the same error status and message).
 
-Modes: `tfservo serve` (POST /invocations, and TF Serving's :predict for TF Serving bodies),
-`tfservo invoke`, `tfservo transform` on the local engine and on Beam, and the Beam
-`BundleModelHandler` with content_type=. Groups: SageMaker's multi-model archive with
+Modes: `tfservo serve` (POST /invocations, and TF Serving's :predict and V2's REST and gRPC
+infer for TF Serving bodies), `tfservo invoke`, `tfservo transform` on the local engine and on
+Beam, the Beam `BundleModelHandler` with content_type=, and the Ray Data (`BundlePredictor`)
+and Spark (`bundle_predict_frames`) adapters' batch step with a `body` column (their clusters
+are tested in tests/batch). Groups: SageMaker's multi-model archive with
 SAGEMAKER_TFS_DEFAULT_MODEL_NAME naming its second model (each mode once read that variable
 its own way), and a bundle with an inference.py.
 """
@@ -18,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -229,6 +232,53 @@ def by_beam_handler(servers, bundles, cases: list[Case]) -> dict[str, tuple]:
     return out
 
 
+def _by_columns(make, bundles, cases: list[Case]) -> dict[str, tuple]:
+    """A columnar adapter's batch step (`make(bundle, **selection)` → batch → columns) on each
+    group's bodies as a `body` column; failed rows as the typed errors ElementErrors names."""
+    out: dict[str, tuple] = {}
+    for (group, content_type, accept, attributes), members in _grouped(cases).items():
+        with environment(ENVS[group]):
+            predict = make(str(bundles[group]), content_type=content_type, accept=accept,
+                           custom_attributes=attributes)
+            todo = list(members)
+            while todo:
+                try:
+                    columns = predict({"body": np.array([c.body for c in todo], dtype=object)})
+                except ElementErrors as errors:
+                    failed = {f.index: f.error for f in errors.failures}
+                    for i, error in failed.items():
+                        out[todo[i].id] = (error_result(error).status, error.message)
+                    todo = [case for i, case in enumerate(todo) if i not in failed]  # the rest again
+                    continue
+                for case, response in zip(todo, columns["response"]):
+                    out[case.id] = (200, bytes(response))
+                todo = []
+    return out
+
+
+def by_ray_adapter(servers, bundles, cases: list[Case]) -> dict[str, tuple]:
+    from tfservo.ray import BundlePredictor
+
+    return _by_columns(BundlePredictor, bundles, cases)
+
+
+def by_spark_adapter(servers, bundles, cases: list[Case]) -> dict[str, tuple]:
+    import pandas as pd
+
+    from tfservo.spark import bundle_predict_frames
+
+    def make(bundle: str, **selection):
+        frames = bundle_predict_frames(bundle, **selection)
+
+        def predict(batch):
+            (frame,) = list(frames(iter([pd.DataFrame(batch)])))
+            return {name: frame[name].to_numpy() for name in frame.columns}
+
+        return predict
+
+    return _by_columns(make, bundles, cases)
+
+
 def _grouped(cases: list[Case]) -> dict[tuple, list[Case]]:
     groups: dict[tuple, list[Case]] = {}
     for case in cases:
@@ -253,7 +303,9 @@ def test_the_reference_answers_are_the_expected_ones(reference) -> None:
 
 
 @pytest.mark.parametrize(
-    "mode", [by_invoke, by_local_transform, by_beam_transform, by_beam_handler], ids=lambda m: m.__name__[3:]
+    "mode",
+    [by_invoke, by_local_transform, by_beam_transform, by_beam_handler, by_ray_adapter, by_spark_adapter],
+    ids=lambda m: m.__name__[3:],
 )
 def test_every_mode_answers_as_serve(mode, servers, bundles, reference, tmp_path) -> None:
     args = (servers, bundles, CASES) + ((tmp_path,) if "transform" in mode.__name__ else ())
@@ -270,6 +322,30 @@ def test_tf_serving_rest_answers_as_invocations(servers, reference) -> None:
             if case.id in TFS_BODIES:
                 r = client.post("/v1/models/half_plus_two:predict", content=case.body)
                 assert answer(r.status_code, r.content) == reference[case.id], case.id
+
+
+def test_v2_rest_and_grpc_answer_as_invocations(servers, reference) -> None:
+    """The TF Serving bodies' instances as V2 tensors, over REST (JSON) and gRPC (tritonclient):
+    the same numbers as /invocations answered."""
+    import tritonclient.grpc as grpcclient
+
+    want = orjson.loads(reference["tf serving json"][1])["predictions"]
+    x = np.array([1.0, 2.0, 5.0], dtype=np.float32)
+    server = servers["mme"]
+    with server.client() as client:
+        r = client.post("/v2/models/half_plus_two/infer", json={
+            "inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": x.tolist()}]})
+        assert r.status_code == 200, r.text
+        (output,) = r.json()["outputs"]
+        assert output["data"] == want
+    triton = grpcclient.InferenceServerClient(server.grpc_target)
+    try:
+        tensor = grpcclient.InferInput("x", [3], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = triton.infer("half_plus_two", [tensor])
+        assert result.as_numpy(output["name"]).tolist() == want
+    finally:
+        triton.close()
 
 
 def test_several_bodies_go_to_the_model_as_one_call_and_answer_as_if_alone(bundles) -> None:
