@@ -89,7 +89,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    if not (args.work / "mlp" / "1").is_dir():
+    args.work = args.work.resolve()
+    if not (args.work / "models" / "mlp" / "1").is_dir():
         subprocess.run([str(PYTHON), str(REPO / "bench" / "models.py"), str(args.work)], check=True,
                        capture_output=True)
     sys.path.insert(0, str(REPO / "bench"))
@@ -104,7 +105,7 @@ def main() -> None:
     for _ in range(2):
         for config, (env, workers) in CONFIGS.items():
             for name, source in sources.items():
-                proc, port = serve(source, args.work / "mlp", env, workers)
+                proc, port = serve(source, args.work / "models" / "mlp", env, workers)
                 try:
                     wrk(port, body, 8, 2)  # warm up
                     for clients in (32, 1):
