@@ -18,7 +18,7 @@ from tfservo.codecs.results import (
     regression_result_proto,
     regression_results,
 )
-from tfservo.core.errors import FailedPrecondition, InvalidArgument
+from tfservo.core.errors import InvalidArgument
 from tfservo.models.signatures import (
     CLASSIFY_METHOD,
     PREDICT_METHOD,
@@ -223,7 +223,7 @@ def test_classification_output_missing() -> None:
 
 
 def test_classification_without_classes_or_scores() -> None:
-    with pytest.raises(FailedPrecondition, match="at least one of"):
+    with pytest.raises(InvalidArgument, match="at least one of"):
         classification_results({"y": np.zeros((1, 1))}, classify_sig("y"), 1)
 
 
@@ -250,14 +250,19 @@ def test_regression_errors(arr: np.ndarray, needle: str) -> None:
 def test_signature_checks() -> None:
     check_classify_signature(classify_sig("scores"))
     check_regress_signature(regress_sig())
+    # the method_name only with TF Serving's --enable_signature_method_name_check
     with pytest.raises(InvalidArgument, match="Expected classification signature method_name"):
-        check_classify_signature(regress_sig())
+        check_classify_signature(regress_sig(), check_method_name=True)
     with pytest.raises(InvalidArgument, match="Expected regression signature method_name"):
-        check_regress_signature(classify_sig("scores"))
-    with pytest.raises(FailedPrecondition, match="at least one of"):
+        check_regress_signature(classify_sig("scores"), check_method_name=True)
+    with pytest.raises(InvalidArgument, match="at least one of"):  # without it, the outputs decide
+        check_classify_signature(regress_sig())
+    with pytest.raises(InvalidArgument, match="at least one of"):
         check_classify_signature(classify_sig("probabilities"))
     predict = SignatureDef("p", PREDICT_METHOD, {"x": TensorSpec("x", "x:0", "DT_FLOAT", None)}, {})
     with pytest.raises(InvalidArgument, match="Was: tensorflow/serving/predict"):
+        check_regress_signature(predict, check_method_name=True)
+    with pytest.raises(InvalidArgument, match="Expected one output Tensor"):
         check_regress_signature(predict)
 
 

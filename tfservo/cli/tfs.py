@@ -55,7 +55,6 @@ _TF_SERVING_ONLY: dict[str, Flag] = {
     "grpc_socket_path": Flag(str, "", False),
     "rest_api_num_threads": Flag(int, 0, False),
     "rest_api_enable_cors_support": Flag(bool, False, False),
-    "enable_signature_method_name_check": Flag(bool, False, False),
     "num_load_threads": Flag(int, 0, False),
     "num_unload_threads": Flag(int, 0, False),
     "max_num_load_retries": Flag(int, 5, False),

@@ -1,4 +1,5 @@
-"""Classify/regress signature outputs → TF Serving's results (classifier.cc / regressor.cc rules)."""
+"""Classify/regress signature outputs → TF Serving's results (classifier.cc / regressor.cc rules,
+with their current codes: a signature that does not fit is INVALID_ARGUMENT)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tfservo.core.errors import FailedPrecondition, InvalidArgument
+from tfservo.core.errors import InvalidArgument
 from tfservo.models.signatures import CLASSIFY_METHOD, REGRESS_METHOD, SignatureDef
 
 if TYPE_CHECKING:
@@ -65,27 +66,29 @@ def _describe(signature: SignatureDef) -> str:
     return f"signature {signature.name} (inputs: {inputs}; outputs: {outputs})"
 
 
-def check_classify_signature(signature: SignatureDef) -> None:
-    """Refuse a signature TF Serving cannot classify with (PreProcessClassification)."""
+def check_classify_signature(signature: SignatureDef, *, check_method_name: bool = False) -> None:
+    """Refuse a signature TF Serving cannot classify with (PreProcessClassification); its
+    method_name only with TF Serving's --enable_signature_method_name_check."""
     count = len(signature.outputs)
     wrong_outputs = None if count in (1, 2) else f"Expected one or two output Tensors, found {count}"
-    _check_examples_signature(signature, CLASSIFY_METHOD, "classification", wrong_outputs)
+    _check_examples_signature(signature, CLASSIFY_METHOD, "classification", wrong_outputs, check_method_name)
     _check_classify_outputs(signature)
 
 
-def check_regress_signature(signature: SignatureDef) -> None:
-    """Refuse a signature TF Serving cannot regress with (PreProcessRegression)."""
+def check_regress_signature(signature: SignatureDef, *, check_method_name: bool = False) -> None:
+    """Refuse a signature TF Serving cannot regress with (PreProcessRegression); its
+    method_name only with TF Serving's --enable_signature_method_name_check."""
     wrong_outputs = None if len(signature.outputs) == 1 else "Expected one output Tensor"
-    _check_examples_signature(signature, REGRESS_METHOD, "regression", wrong_outputs)
+    _check_examples_signature(signature, REGRESS_METHOD, "regression", wrong_outputs, check_method_name)
     _check_regress_outputs(signature)
 
 
 def _check_examples_signature(
-    signature: SignatureDef, method: str, kind: str, wrong_outputs: str | None
+    signature: SignatureDef, method: str, kind: str, wrong_outputs: str | None, check_method_name: bool
 ) -> None:
     """What classify and regress both require, in TF Serving's order: the method, one input,
     the number of outputs (`wrong_outputs` says what is wrong with it), an input called "inputs"."""
-    if signature.method_name != method:
+    if check_method_name and signature.method_name != method:
         raise InvalidArgument(
             f"Expected {kind} signature method_name to be {method}. Was: {signature.method_name} "
             f"({_describe(signature)}); pick a {method.rsplit('/', 1)[-1]} signature with signature_name"
@@ -95,12 +98,12 @@ def _check_examples_signature(
     if wrong_outputs is not None:
         raise InvalidArgument(f"{wrong_outputs} in {_describe(signature)}.")
     if INPUTS not in signature.inputs:
-        raise FailedPrecondition(f"No {kind} inputs found in SignatureDef: {_describe(signature)}")
+        raise InvalidArgument(f"No {kind} inputs found in SignatureDef: {_describe(signature)}")
 
 
 def _check_classify_outputs(signature: SignatureDef) -> None:
     if CLASSES not in signature.outputs and SCORES not in signature.outputs:
-        raise FailedPrecondition(
+        raise InvalidArgument(
             f'Expected classification signature outputs to contain at least one of "{CLASSES}" or '
             f'"{SCORES}". Signature was: {_describe(signature)}'
         )
@@ -108,7 +111,7 @@ def _check_classify_outputs(signature: SignatureDef) -> None:
 
 def _check_regress_outputs(signature: SignatureDef) -> None:
     if OUTPUTS not in signature.outputs:
-        raise FailedPrecondition(f"No regression outputs found in SignatureDef: {_describe(signature)}")
+        raise InvalidArgument(f"No regression outputs found in SignatureDef: {_describe(signature)}")
 
 
 def _output(outputs: Mapping[str, Any], key: str, signature: SignatureDef) -> np.ndarray:

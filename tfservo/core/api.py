@@ -43,8 +43,11 @@ __all__ = ["METHODS", "TFServingAPI", "signature_def_map", "signature_def_map_pr
 class TFServingAPI:
     """The TF Serving API over a ModelManager."""
 
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, manager: ModelManager, *, check_method_name: bool = False) -> None:
         self.manager = manager
+        # TF Serving's --enable_signature_method_name_check: off, classify/regress run on any
+        # signature of the right shape (TF2 exports mark every signature predict)
+        self.check_method_name = check_method_name
 
     # -- one call on one version -----------------------------------------------------------------
 
@@ -65,7 +68,7 @@ class TFServingAPI:
     def _run_examples(self, sv: ServableVersion, call: ExamplesCall) -> tuple[SignatureDef, dict[str, np.ndarray]]:
         method = CLASSIFY_METHOD if call.method == "classify" else REGRESS_METHOD
         sig = sv.signature(call.signature_name or DEFAULT_SIGNATURE)
-        if sig.method_name != method:
+        if self.check_method_name and sig.method_name != method:
             raise InvalidArgument(
                 f"Expected {method.rsplit('/', 1)[-1]} signature method_name to be {method}. "
                 f"Was: {sig.method_name} (model {sv.model_name} version {sv.version}, "

@@ -73,7 +73,7 @@ class ModelService:
             on_run=on_run,
             warmup=(lambda sv: replay_warmup(self.api, sv)) if self.settings.warmup else None,
         )
-        self.api = TFServingAPI(self.manager)
+        self.api = TFServingAPI(self.manager, check_method_name=self.settings.signature_method_name_check)
         self.lifecycle = ModelLifecycle(self.manager)
         self.model_config = ModelConfigReloader(self)
         self.bundles: list[Bundle] = []

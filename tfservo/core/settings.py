@@ -216,6 +216,14 @@ class Settings:
         "[default: $SAGEMAKER_GUNICORN_TIMEOUT_SECONDS or none].")
     # replay assets.extra/tf_serving_warmup_requests
     warmup: bool = setting(True, tfs=TfsFlag("enable_model_warmup", True))
+    # classify/regress only on signatures whose method_name says so (off, as in TF Serving: TF2's
+    # tf.saved_model.save writes tensorflow/serving/predict on every signature)
+    signature_method_name_check: bool = setting(
+        False, "--enable-signature-method-name-check", "--enable_signature_method_name_check",
+        tfs=TfsFlag("enable_signature_method_name_check", False),
+        help="Classify and regress only with signatures whose method_name is classify or regress, as "
+        "TF Serving does with this flag [default: off, as in TF Serving; TF2 exports mark every "
+        "signature predict].")
     model_config_poll_seconds: float = setting(  # re-read --model-config-file this often (0: never)
         0.0, "--model-config-file-poll-wait-seconds", check="non_negative",
         tfs=TfsFlag("model_config_file_poll_wait_seconds", 0, float),

@@ -351,7 +351,7 @@ class _IsolatedHelpers:
         }
         for name in self.hidden:
             del sys.modules[name]
-        self.before = set(sys.modules)
+        self.before = {name for name, _ in _modules()}
         if sys.path[: len(self._entries())] != self._entries():
             for entry in self._entries():
                 if entry in sys.path:
@@ -366,12 +366,24 @@ class _IsolatedHelpers:
     def __exit__(self, *exc: object) -> None:
         own = {
             name: module
-            for name, module in list(sys.modules.items())
+            for name, module in _modules()
             if name not in self.before and _module_file(module).startswith(self.roots)
         }
         _HELPERS.setdefault(self.code_dir, {}).update(own)
         for name, module in self.hidden.items():
             sys.modules.setdefault(name, module)
+
+
+def _modules() -> list[tuple[str, ModuleType]]:
+    """A snapshot of sys.modules. Copying it can meet an import made meanwhile (a finalizer run by
+    the garbage collector while the copy allocates, another thread): "dictionary changed size
+    during iteration" — then copy again."""
+    for _ in range(100):
+        try:
+            return list(sys.modules.items())
+        except RuntimeError:
+            continue
+    return list(sys.modules.copy().items())
 
 
 def _module_file(module: ModuleType) -> str:

@@ -167,5 +167,5 @@ def _select(service: ModelService, bundle: str, selection: Selection) -> Target:
         raise BundleError(f"{exc.message} (in {bundle}); pass signature_name= one of them") from None
     method = choose_method(selection.method, attrs, signature)
     target = Target(bundle, method, name, sv.version, signature, sv.loaded.example_feature_types())
-    check_method(method, signature, target.describe())
+    check_method(method, signature, target.describe(), check_method_name=service.api.check_method_name)
     return target

@@ -73,13 +73,14 @@ def choose_method(method: str | None, attrs: CustomAttributes, signature: Signat
     return "predict"
 
 
-def check_method(method: str, signature: SignatureDef, where: str) -> None:
-    """Refuse, before any data flows, a signature the method cannot run."""
+def check_method(method: str, signature: SignatureDef, where: str, *, check_method_name: bool = False) -> None:
+    """Refuse, before any data flows, a signature the method cannot run (its method_name only
+    with the signature method name check on, as the server checks)."""
     try:
         if method == "classify":
-            check_classify_signature(signature)
+            check_classify_signature(signature, check_method_name=check_method_name)
         elif method == "regress":
-            check_regress_signature(signature)
+            check_regress_signature(signature, check_method_name=check_method_name)
     except ServingError as exc:
         raise InvalidArgument(f"{exc.message} ({where}); pass signature_name= or method=") from None
 
