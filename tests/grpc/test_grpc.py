@@ -414,3 +414,19 @@ def test_bytes_that_are_not_the_request_message_are_invalid_argument(server) -> 
                     call(junk, timeout=10)
                 assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, junk, caught.value)
                 assert "is not a valid tensorflow.serving." in caught.value.details()
+
+
+@pytest.mark.parametrize("dims", [[0, 2**40, 2**40], [2**31, 2**31, 4], [1, 0, 2**62]])
+def test_absurd_dims_are_invalid_argument_not_internal(predictions, server, dims):
+    """A client's impossible shape (even beside a 0, which numpy cannot reshape to) is its mistake:
+    INVALID_ARGUMENT over TF Serving's Predict, 400 over V2 REST, naming the input."""
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = M
+    request.inputs["x"].dtype = tf.float32.as_datatype_enum
+    for d in dims:
+        request.inputs["x"].tensor_shape.dim.add(size=d)
+    err = error_of(predictions.Predict, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "more elements than any tensor" in err.details()
+    with server.client() as client:
+        r = client.post(f"/v2/models/{M}/infer", json={"inputs": [{"name": "x", "shape": dims, "datatype": "FP32", "data": []}]})
+    assert r.status_code == 400 and "more elements than any tensor" in r.json()["error"], r.text

@@ -10,12 +10,12 @@ DT_STRING tensors are numpy `object` arrays of `bytes`. Malformed tensors → In
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
+from tfservo.codecs.dims import element_count
 from tfservo.codecs.wire import WIRE_LEN, key, read_varint
 from tfservo.codecs.wire import field as field_bytes
 from tfservo.core.errors import Internal, InvalidArgument
@@ -97,7 +97,7 @@ def to_ndarray(proto: TensorProto, name: str = "tensor", max_fill_bytes: int = M
         )
     np_dtype, field = spec
     shape = _shape(proto, name)
-    count = math.prod(shape)
+    count = element_count(shape, name)
     if proto.tensor_content:
         if proto.dtype == types_pb2.DT_STRING:
             raise InvalidArgument(f"{name} is DT_STRING but uses tensor_content; send its values in string_val")

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from tfservo.codecs.dims import element_count
 from tfservo.core.errors import InvalidArgument
 
 __all__ = ["DTYPE_OF_V2", "V2_OF_TF", "V2Error", "decode_inputs", "encode_outputs", "v2_datatype"]
@@ -66,6 +67,7 @@ def decode_inputs(inputs: Any, binary: bytes = b"") -> dict[str, np.ndarray]:
             raise V2Error(f"input {i} has no name")
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise V2Error(f"input {name}: shape must be a list of non-negative integers, got {shape!r}")
+        element_count(shape, f"input {name}")
         if not isinstance(datatype, str) or datatype not in DTYPE_OF_V2:
             raise V2Error(f"input {name}: datatype {datatype!r} is not one tfservo takes; use one of {', '.join(DTYPE_OF_V2)}")
         size = parameters_of(tensor, f"input {name}").get("binary_data_size")
