@@ -16,7 +16,12 @@ from google.protobuf import json_format
 
 from tfservo.codecs import tfs_json as json_codec
 from tfservo.codecs.examples import build_examples
-from tfservo.codecs.results import classification_results, regression_results
+from tfservo.codecs.results import (
+    check_classify_signature,
+    check_regress_signature,
+    classification_results,
+    regression_results,
+)
 from tfservo.core.dataplane import (
     METHODS,
     Answer,
@@ -31,9 +36,7 @@ from tfservo.core.errors import InvalidArgument
 from tfservo.models.model_status import model_status
 from tfservo.models.servables import ModelManager, ServableVersion
 from tfservo.models.signatures import (
-    CLASSIFY_METHOD,
     DEFAULT_SIGNATURE,
-    REGRESS_METHOD,
     SignatureDef,
 )
 
@@ -66,19 +69,15 @@ class TFServingAPI:
         return Regression(sv.model_name, sv.version, sig.name, regression_results(outputs, sig, len(call.examples)))
 
     def _run_examples(self, sv: ServableVersion, call: ExamplesCall) -> tuple[SignatureDef, dict[str, np.ndarray]]:
-        method = CLASSIFY_METHOD if call.method == "classify" else REGRESS_METHOD
         sig = sv.signature(call.signature_name or DEFAULT_SIGNATURE)
-        if self.check_method_name and sig.method_name != method:
+        check = check_classify_signature if call.method == "classify" else check_regress_signature
+        try:  # TF Serving's PreProcessClassification / PreProcessRegression
+            check(sig, check_method_name=self.check_method_name)
+        except InvalidArgument as exc:
             raise InvalidArgument(
-                f"Expected {method.rsplit('/', 1)[-1]} signature method_name to be {method}. "
-                f"Was: {sig.method_name} (model {sv.model_name} version {sv.version}, "
-                f"signature {sig.name}); pick a signature with signature_name"
-            )
-        if len(sig.inputs) != 1:
-            raise InvalidArgument(
-                f"Expected one input Tensor in signature {sig.name} of model {sv.model_name}, "
-                f"found {len(sig.inputs)}"
-            )
+                f"{call.method} with signature {sig.name} of model {sv.model_name} version {sv.version}: "
+                f"{exc.message}; pick a {call.method} signature with signature_name"
+            ) from None
         if not call.examples:
             raise InvalidArgument("Input is empty: send at least one example")
         (key,) = sig.inputs

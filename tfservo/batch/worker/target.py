@@ -82,7 +82,7 @@ def check_method(method: str, signature: SignatureDef, where: str, *, check_meth
         elif method == "regress":
             check_regress_signature(signature, check_method_name=check_method_name)
     except ServingError as exc:
-        raise InvalidArgument(f"{exc.message} ({where}); pass signature_name= or method=") from None
+        raise InvalidArgument(f"{method} cannot run on {where}: {exc.message}; pass signature_name= or method=") from None
 
 
 def check_options(method: str | None, output: str, content_type: str | None, accept: str | None) -> None:
