@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,14 +37,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def worktree(work: Path, commit: str) -> Path:
-    target = work / f"baseline-{commit}"
-    if not target.exists():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(target), commit],
-                       check=True, capture_output=True)
-    return target
-
-
 def serve(source: Path, model: Path, env: dict[str, str], workers: int) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen(
@@ -55,12 +48,9 @@ def serve(source: Path, model: Path, env: dict[str, str], workers: int) -> tuple
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                pass
-            out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/ping"],
-                                 capture_output=True, text=True).stdout
-            if out == "200":
-                return proc, port
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as answer:
+                if answer.status == 200:
+                    return proc, port
         except OSError:
             pass
         time.sleep(0.5)
@@ -94,11 +84,12 @@ def main() -> None:
         subprocess.run([str(PYTHON), str(REPO / "bench" / "models.py"), str(args.work)], check=True,
                        capture_output=True)
     sys.path.insert(0, str(REPO / "bench"))
+    from insurance_bench import baseline_checkout
     from models import mlp_instance
 
     body = args.work / "mlp-1.json"
     body.write_text(json.dumps({"instances": [mlp_instance()]}))
-    sources = {"baseline": worktree(args.work, args.baseline), "this": REPO}
+    sources = {"baseline": baseline_checkout(args.work, args.baseline), "this": REPO}
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     best: dict[tuple[str, str, int], dict] = {}

@@ -174,8 +174,6 @@ def settings_from_tfs_args(
         # TF Serving's "unset" ("" or a 0 thread count) leaves the setting to tfservo's environment/default
         flags[option.name] = None if setting == "" or (setting == 0 and option.env) else setting
     flags["model_config_file"] = config_file
-    flags["intra_op_threads"] = value["tensorflow_intra_op_parallelism"] or None
-    flags["inter_op_threads"] = value["tensorflow_inter_op_parallelism"] or None
     return resolve_settings(multi_model=False, serve_default_path=False, env=env, **flags)
 
 

@@ -437,7 +437,7 @@ def resolve_batching(
     --batching-eager / TFSERVO_BATCHING_EAGER closes a batch as soon as a batch thread is free
     instead of waiting for the timeout (a lone request runs at once; batches form under load).
     """
-    eager = eager or _env_bool(env, "TFSERVO_BATCHING_EAGER", False)
+    eager = eager or bool(_from_env(_BY_NAME["batching_eager"], env)[0])
     options: BatchingOptions | None
     try:
         if parameters_file:

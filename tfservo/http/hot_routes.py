@@ -131,13 +131,13 @@ def request_header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _settle(future: asyncio.Future[bytes], result: bytes | None, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future[bytes | None], result: bytes | None, error: BaseException | None) -> None:
     if future.done():
         return
     if error is not None:
         future.set_exception(error)
     else:
-        future.set_result(result if result is not None else b"")
+        future.set_result(result)
 
 
 class HotRoutes:
@@ -216,7 +216,7 @@ class HotRoutes:
         the answer straight back to the loop (one thread hand-off instead of three). None: the
         call needs the thread path (see TFServingAPI.submit_predict)."""
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[bytes] = loop.create_future()
+        answer: asyncio.Future[bytes | None] = loop.create_future()
 
         def done(result: bytes | None, error: BaseException | None) -> None:
             loop.call_soon_threadsafe(_settle, answer, result, error)

@@ -140,37 +140,40 @@ def _processing(job: TransformJob, fmt: str | None) -> DataProcessing:
 
 # -- one loaded model per worker process --------------------------------------------------------
 
+@dataclass
+class _WorkerService:
+    """A job's model service in a worker, with the loopback server its handlers call."""
+
+    service: Any
+    loopback: Any
+
+    def close(self) -> None:
+        if self.loopback is not None:
+            self.loopback.stop()
+        self.service.close()
+
+
 def worker_service(job: TransformJob) -> Any:
     """The job's ModelService in this process, loaded once (with --env applied, and a loopback
     server when the bundle has handlers, as `transform` and `serve` do)."""
     from tfservo.batch.run import apply_env, load_service
     from tfservo.server.loopback import start_handler_endpoints
 
-    def load() -> tuple[Any, Any]:
+    def load() -> _WorkerService:
         quiet_libraries()  # a worker in another process: TF's and Beam's noise off there too
         apply_env(job.env)
         started = time.monotonic()
         service = load_service(job.model, job.env)
         loopback = start_handler_endpoints(service)
         log.info("loaded %s in %.1fs in worker process %d", job.model, time.monotonic() - started, os.getpid())
-        return service, loopback
+        return _WorkerService(service, loopback)
 
-    return load_once(("transform", job.model, tuple(sorted(job.env.items()))), load)[0]
+    return load_once(("transform", job.model, tuple(sorted(job.env.items()))), load).service
 
 
 def release_services() -> None:
     """Close the services this process loaded (the driver, after an in-process runner)."""
-
-    def close(loaded: Any) -> None:
-        if isinstance(loaded, tuple):
-            service, loopback = loaded
-            if loopback is not None:
-                loopback.stop()
-            service.close()
-        elif hasattr(loaded, "close"):
-            loaded.close()
-
-    release_loaded(close)
+    release_loaded()
 
 
 def worker_id() -> str:

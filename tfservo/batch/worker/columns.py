@@ -81,6 +81,10 @@ class ColumnPredictor:
 
     # -- elements ---------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Stop the bundle's loopback server and unload its models."""
+        self.bundle.close()
+
     def input_columns(self) -> list[str]:
         """The columns a batch's elements come from (the signature's inputs for predict)."""
         fixed = _INPUT_COLUMNS.get(self.target.method)

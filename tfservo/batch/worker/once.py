@@ -1,15 +1,20 @@
 """Load once per worker process: the one cache of what a worker loads (a transform job's model
-service, a Spark Python worker's bundle), keyed by what decides it, closed together at the end."""
+service, a Spark Python worker's bundle), keyed by what decides it, closed together at the end.
+What is cached has a `close()`."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["load_once", "release_loaded"]
 
-T = TypeVar("T")
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+T = TypeVar("T", bound=Closable)
 
 _loaded: dict[Hashable, Any] = {}
 _lock = threading.Lock()
@@ -24,9 +29,9 @@ def load_once(key: Hashable, load: Callable[[], T]) -> T:
         return value
 
 
-def release_loaded(close: Callable[[Any], None]) -> None:
-    """`close` everything loaded in this process (a driver that ran an in-process runner)."""
+def release_loaded() -> None:
+    """Close everything loaded in this process (a driver that ran an in-process runner)."""
     with _lock:
         for value in _loaded.values():
-            close(value)
+            value.close()
         _loaded.clear()
