@@ -51,7 +51,10 @@ class DriverRun:
 
     def finish(self, outcomes: Iterable[ObjectOutcome], workers: Iterable[str] = ()) -> TransformSummary:
         """Count the outcomes (an object without one failed), name the workers that took part,
-        write the failure report."""
+        write the failure report, and remove partial files whose writer has gone since the start:
+        a killed run's workers (Ray actors of a dead driver) may still have been writing then."""
+        self.store.clean_partials()
+        self.state.clean_partials()
         outcomes = list(outcomes)
         seen = {o.obj.rel for o in outcomes}
         outcomes += [ObjectOutcome(obj, "failed", 0, RecordFailure("the object", "the run ended without it"))
