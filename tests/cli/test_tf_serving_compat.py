@@ -52,11 +52,10 @@ def test_kserve_and_tf_serving_docker_argument_lists_mean_what_they_mean_there(t
     settings = settings_from_tfs_args(KSERVE_ARGS, env={})
     assert (settings.port, settings.grpc_port, settings.host) == (8080, 9000, "0.0.0.0")
     assert settings.request_timeout == 60.0 and settings.paths == ()
-    config = Path(settings.model_config_file).read_text()
-    assert 'name: "half_plus_two"' in config and 'base_path: "/mnt/models"' in config
+    assert (settings.model_name, settings.model_base_path, settings.model_config_file) == ("half_plus_two", "/mnt/models", None)
     # TF Serving's image: MODEL_NAME and MODEL_BASE_PATH
     settings = settings_from_tfs_args(["--port=8500", "--rest_api_port=8501"], env={"MODEL_NAME": "m", "MODEL_BASE_PATH": "/models"})
-    assert 'base_path: "/models/m"' in Path(settings.model_config_file).read_text()
+    assert (settings.model_name, settings.model_base_path) == ("m", "/models/m")
     assert settings.file_system_poll_wait_seconds == 1.0  # TF Serving's default
     given, ignored = parse_tfs_args(["--enable_batching", "--noenable_model_warmup", "--grpc_max_threads", "4",
                                      "--rest_api_num_threads=8"])
@@ -69,6 +68,16 @@ def test_kserve_and_tf_serving_docker_argument_lists_mean_what_they_mean_there(t
         parse_tfs_args(["--port=eighty"])
     with pytest.raises(ConfigError, match="nothing to serve"):
         settings_from_tfs_args(["--port=1"], env={})
+
+
+def test_a_bad_model_config_file_is_reported_in_tf_servings_words(tmp_path):
+    bad = tmp_path / "models.config"
+    bad.write_text('model_config_list { config { name: "m" base_pth: "/models/m" } }\n')
+    done = subprocess.run([TFMS, f"--model_config_file={bad}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    # what TF Serving's own test looks for, then which file and what was wrong
+    assert "Error parsing text-format tensorflow.serving.ModelServerConfig" in done.stderr
+    assert str(bad) in done.stderr and "base_pth" in done.stderr
 
 
 def test_a_misspelt_flag_stops_start_up_naming_it():
@@ -84,11 +93,15 @@ def tfs(tmp_path_factory):
     monitoring = work / "monitoring.config"
     monitoring.write_text('prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }\n')
     rest, grpc_port = free_port(), free_port()
+    server_tmp = work / "tmp"
+    server_tmp.mkdir()
     args = [a for a in KSERVE_ARGS if not a.startswith(("--port", "--rest_api_port", "--model_base_path"))]
     server = TFServingProcess(
         [*args, f"--port={grpc_port}", f"--rest_api_port={rest}", f"--model_base_path={HALF_PLUS_TWO}",
          f"--monitoring_config_file={monitoring}", "--grpc_max_threads=8"],
+        env={"TMPDIR": str(server_tmp)},
     ).start()
+    server.tmp = server_tmp
     server.grpc_target = f"127.0.0.1:{grpc_port}"
     yield server
     server.stop()
@@ -96,6 +109,7 @@ def tfs(tmp_path_factory):
 
 def test_tf_serving_clients_talk_to_it(tfs):
     assert "0.0.0.0" in tfs.output  # all interfaces, like TF Serving
+    assert list(tfs.tmp.iterdir()) == []  # --model_base_path leaves no generated config behind
     assert "--grpc_max_threads is accepted for compatibility and has no effect" in tfs.output
     with tfs.client() as http:
         got = http.post("/v1/models/half_plus_two:predict", json={"instances": [1.0, 2.0]})

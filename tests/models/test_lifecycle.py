@@ -239,7 +239,7 @@ def test_config_errors_name_the_file_and_model(tmp_path):
     assert str(bad) in err and "/no/such/dir" in err and "model m" in err
 
     bad.write_text("model_config_list { config { name: 'm' base_pth: '/x' } }")
-    not_valid = f"model config file {bad} is not a valid text ModelServerConfig.*base_pth"
+    not_valid = f"Error parsing text-format tensorflow.serving.ModelServerConfig.*base_pth.*model config file {bad}"
     with pytest.raises(InvalidArgument, match=not_valid):
         read_model_config_file(str(bad))
     for text, needle in (

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,16 +150,11 @@ def settings_from_tfs_args(
     base_path = value["model_base_path"]
     if not base_path and "model_base_path" not in given and env.get("MODEL_BASE_PATH") and not value["model_config_file"]:
         base_path = f"{env['MODEL_BASE_PATH'].rstrip('/')}/{model_name}"
-    config_file = value["model_config_file"] or None
-    if config_file and base_path:
-        raise ConfigError("give --model_config_file or --model_base_path, not both (as TF Serving requires)")
-    if not config_file:
-        if not base_path:
-            raise ConfigError(
-                "nothing to serve: give --model_base_path=/models/NAME (and --model_name), "
-                "--model_config_file, or MODEL_NAME and MODEL_BASE_PATH"
-            )
-        config_file = _single_model_config(model_name, base_path)
+    if not value["model_config_file"] and not base_path:
+        raise ConfigError(
+            "nothing to serve: give --model_base_path=/models/NAME (and --model_name), "
+            "--model_config_file, or MODEL_NAME and MODEL_BASE_PATH"
+        )
     if value["allow_version_labels_for_unavailable_models"]:
         warn("--allow_version_labels_for_unavailable_models: tfservo allows labels on any configured version")
     if value["tensorflow_session_parallelism"] and not value["tensorflow_intra_op_parallelism"]:
@@ -173,22 +166,9 @@ def settings_from_tfs_args(
         setting = option.tfs.convert(value[name]) if option.tfs.convert else value[name]
         # TF Serving's "unset" ("" or a 0 thread count) leaves the setting to tfservo's environment/default
         flags[option.name] = None if setting == "" or (setting == 0 and option.env) else setting
-    flags["model_config_file"] = config_file
+    flags["model_base_path"] = base_path or None
+    flags["model_name"] = model_name
     return resolve_settings(multi_model=False, serve_default_path=False, env=env, **flags)
-
-
-def _single_model_config(name: str, base_path: str) -> str:
-    """--model_name/--model_base_path as a one-model ModelServerConfig, so both forms go the
-    config file's way (TF Serving builds the same config internally)."""
-    text = f'model_config_list {{ config {{ name: "{_escape(name)}" base_path: "{_escape(base_path)}" model_platform: "tensorflow" }} }}\n'
-    fd, path = tempfile.mkstemp(prefix="tfservo-model-config-", suffix=".config")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
-
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _usage() -> str:

@@ -262,6 +262,8 @@ def build_service(
             service.add_bundle(path)
         if settings.model_config_file:
             service.model_config.load_file(settings.model_config_file)
+        if settings.model_base_path:
+            service.model_config.load_base_path(settings.model_name, settings.model_base_path)
         _check_selection(service, settings)
         service.lifecycle.start_polling(settings.file_system_poll_wait_seconds)
     except BaseException:
@@ -273,7 +275,7 @@ def build_service(
 def _check_selection(service: ModelService, settings: Settings) -> None:
     """Every labelled model and the default model must be served."""
     names = service.manager.model_names()
-    where = ", ".join(settings.paths) or settings.model_config_file or "the served models"
+    where = ", ".join(settings.paths) or settings.model_config_file or settings.model_base_path or "the served models"
     for model in settings.version_labels:
         if model not in names:
             raise BundleError(

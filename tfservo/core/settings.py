@@ -148,6 +148,9 @@ class Settings:
         None, "--model-config-file", "--model_config_file", existing_file=True,
         tfs=TfsFlag("model_config_file", ""),
         help="TF Serving's text ModelServerConfig: models, base paths, version policies and labels.")
+    # TF Serving's --model_name/--model_base_path: one model served as a one-entry model config
+    model_base_path: str | None = setting(None)
+    model_name: str = setting("default")
     file_system_poll_wait_seconds: float = setting(
         0.0, "--file-system-poll-wait-seconds", "--file_system_poll_wait_seconds", check="non_negative",
         tfs=TfsFlag("file_system_poll_wait_seconds", 1, float),
@@ -371,7 +374,10 @@ def resolve_settings(
             "multi-model mode needs one worker (models are loaded into one process); "
             "drop --workers / SAGEMAKER_GUNICORN_WORKERS"
         )
-    if not paths and serve_default_path and not value["multi_model"] and not value["model_config_file"]:
+    if value["model_config_file"] and value["model_base_path"]:
+        raise ConfigError("give --model_config_file or --model_base_path, not both (as TF Serving requires)")
+    if not paths and serve_default_path and not value["multi_model"] and not value["model_config_file"] \
+            and not value["model_base_path"]:
         paths = [DEFAULT_MODEL_PATH]
     if flags.get("host") is None and "SAGEMAKER_BIND_TO_PORT" in env:
         value["host"] = "0.0.0.0"  # inside SageMaker the platform reaches the container from outside

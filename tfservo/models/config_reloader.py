@@ -23,6 +23,7 @@ from tfservo.models.model_config import (
     VersionPolicy,
     parse_model_server_config,
     read_model_config_file,
+    single_model_config,
 )
 
 __all__ = ["ConfigFilePoller", "ModelConfigReloader", "ServedModels"]
@@ -60,6 +61,11 @@ class ModelConfigReloader:
         """Serve the models of a text ModelServerConfig file (--model-config-file)."""
         configs = read_model_config_file(path)
         self._apply(configs, source=f"model config file {path}")
+
+    def load_base_path(self, name: str, base_path: str) -> None:
+        """Serve one model from its base path, as TF Serving's --model_name/--model_base_path do
+        (TF Serving builds the same one-entry config internally)."""
+        self._apply([single_model_config(name, base_path)], source=f"--model_base_path {base_path}")
 
     def reload_config(self, config: str | bytes | Any) -> None:
         """Make the served config models match `config` (text or ModelServerConfig proto).

@@ -21,6 +21,7 @@ __all__ = [
     "ModelConfig",
     "parse_model_server_config",
     "read_model_config_file",
+    "single_model_config",
     "VersionPolicy",
 ]
 
@@ -91,8 +92,9 @@ def parse_model_server_config(
         try:
             text_format.Parse(text, proto)
         except text_format.ParseError as exc:
+            # TF Serving's own words first: its users and tests look for them
             raise InvalidArgument(
-                f"{source} is not a valid text ModelServerConfig: {exc}; the expected shape is "
+                f"Error parsing text-format tensorflow.serving.ModelServerConfig: {exc} ({source}); the expected shape is "
                 f"model_config_list {{ config {{ name: '...' base_path: '...' }} }} (see {CONFIG_DOCS})"
             ) from None
     else:
@@ -109,6 +111,15 @@ def parse_model_server_config(
             raise InvalidArgument(f"{source} names model {entry.name} twice; give each config a unique name")
         seen.add(entry.name)
     return entries
+
+
+def single_model_config(name: str, base_path: str) -> ModelConfig:
+    """TF Serving's --model_name/--model_base_path as the one config entry it stands for."""
+    from tensorflow_serving.config import model_server_config_pb2
+
+    proto = model_server_config_pb2.ModelServerConfig()
+    proto.model_config_list.config.add(name=name, base_path=base_path, model_platform="tensorflow")
+    return parse_model_server_config(proto, source="--model_name/--model_base_path")[0]
 
 
 def read_model_config_file(path: str) -> list[ModelConfig]:

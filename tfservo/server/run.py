@@ -224,7 +224,7 @@ def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
     log.info(
         "serving %s on %s://%s:%d (models: %s; default: %s; pid %d of %d workers; batching: %s)",
         ", ".join(settings.paths)
-        or (f"multi-model root {settings.model_root}" if settings.multi_model else settings.model_config_file),
+        or (f"multi-model root {settings.model_root}" if settings.multi_model else settings.model_config_file or settings.model_base_path),
         "https" if settings.tls_cert else "http",
         settings.host,
         port,
