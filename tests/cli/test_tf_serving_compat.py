@@ -98,10 +98,11 @@ def tfs(tmp_path_factory):
     args = [a for a in KSERVE_ARGS if not a.startswith(("--port", "--rest_api_port", "--model_base_path"))]
     server = TFServingProcess(
         [*args, f"--port={grpc_port}", f"--rest_api_port={rest}", f"--model_base_path={HALF_PLUS_TWO}",
-         f"--monitoring_config_file={monitoring}", "--grpc_max_threads=8"],
+         f"--monitoring_config_file={monitoring}", "--grpc_max_threads=8", f"--grpc_socket_path={work / 'grpc.sock'}"],
         env={"TMPDIR": str(server_tmp)},
     ).start()
     server.tmp = server_tmp
+    server.grpc_socket = f"unix:{work / 'grpc.sock'}"
     server.grpc_target = f"127.0.0.1:{grpc_port}"
     yield server
     server.stop()
@@ -120,6 +121,30 @@ def test_tf_serving_clients_talk_to_it(tfs):
     with tfs_grpc(tfs.grpc_target) as (predict, _):
         answer = predict.Predict(grpc_predict_request("half_plus_two", np.array([4.0], np.float32)), timeout=30)
         assert list(answer.outputs["y"].float_val) == [4.0]
+
+
+def test_grpc_on_a_unix_socket_answers_every_service(tfs):
+    """--grpc_socket_path: TF Serving's stubs, V2 (tritonclient) and health over unix:, beside TCP."""
+    import tritonclient.grpc as grpcclient
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    assert f"and {tfs.grpc_socket}" in tfs.output
+    with tfs_grpc(tfs.grpc_socket) as (predict, models):
+        answer = predict.Predict(grpc_predict_request("half_plus_two", np.array([4.0], np.float32)), timeout=30)
+        assert list(answer.outputs["y"].float_val) == [4.0]
+        with pytest.raises(grpc.RpcError) as missing:
+            predict.Predict(grpc_predict_request("nope", np.array([4.0], np.float32)), timeout=30)
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    with grpc.insecure_channel(tfs.grpc_socket) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="half_plus_two"), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    triton = grpcclient.InferenceServerClient(tfs.grpc_socket)
+    try:
+        x = grpcclient.InferInput("x", [2], "FP32")
+        x.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+        assert triton.infer("half_plus_two", [x]).as_numpy("y").tolist() == [2.5, 3.0]
+    finally:
+        triton.close()
 
 
 def test_grpc_health_probes(tfs):

@@ -50,7 +50,6 @@ _TF_SERVING_ONLY: dict[str, Flag] = {
     "tensorflow_session_parallelism": Flag(int, 0),
     "allow_version_labels_for_unavailable_models": Flag(bool, False),
     # accepted, not acted on
-    "grpc_socket_path": Flag(str, "", False),
     "rest_api_num_threads": Flag(int, 0, False),
     "rest_api_enable_cors_support": Flag(bool, False, False),
     "num_load_threads": Flag(int, 0, False),

@@ -235,6 +235,9 @@ class Settings:
         None, "--monitoring-config-file", existing_file=True, tfs=TfsFlag("monitoring_config_file", ""),
         help="TF Serving's MonitoringConfig: its Prometheus metric names at its path.")
     grpc_host: str | None = setting(None, tfs=TfsFlag("grpc_host", "0.0.0.0"))  # None: the HTTP host
+    grpc_socket_path: str | None = setting(
+        None, "--grpc-socket-path", "--grpc_socket_path", tfs=TfsFlag("grpc_socket_path", ""), metavar="PATH",
+        help="Also serve gRPC (TF Serving's and V2 services, health) on this Unix socket, as TF Serving does.")
     ssl_config_file: str | None = setting(  # TF Serving's SSLConfig for gRPC
         None, "--ssl-config-file", existing_file=True, tfs=TfsFlag("ssl_config_file", ""),
         help="TF Serving's SSLConfig (server_key, server_cert, custom_ca, client_verify): TLS for gRPC.")

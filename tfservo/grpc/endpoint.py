@@ -47,13 +47,15 @@ def start_grpc(
         reuse_port=reuse_port,
         credentials=server_credentials(settings.ssl_config_file) if settings.ssl_config_file else None,
         draining=draining,
+        socket_path=settings.grpc_socket_path,
     )
     from tfservo.grpc.v2 import v2_handler
 
     server.add_service(v2_handler(v2, metrics.v2_scope if metrics is not None else plain_scope))
     server.start()
     service.grpc_port = server.port
-    log.log(log_level, "gRPC%s on %s:%d", " (TLS)" if settings.ssl_config_file else "", host, server.port)
+    log.log(log_level, "gRPC%s on %s:%d%s", " (TLS)" if settings.ssl_config_file else "", host, server.port,
+            f" and unix:{settings.grpc_socket_path}" if settings.grpc_socket_path else "")
     return server
 
 

@@ -9,6 +9,7 @@ gRPC status of the same name (NOT_FOUND, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, â
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -338,6 +339,7 @@ class GrpcServer:
         reuse_port: bool = False,
         credentials: grpc.ServerCredentials | None = None,
         draining: Callable[[], bool] = lambda: False,
+        socket_path: str | None = None,
     ) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc"),
@@ -383,7 +385,25 @@ class GrpcServer:
             self.port = 0
         if not self.port:
             raise Unavailable(f"cannot listen for gRPC on {address} (port in use?); pick another --grpc-port")
+        self.socket_path = socket_path
+        if socket_path:
+            self._listen_on_socket(socket_path, credentials)
         self._stopped: threading.Event | None = None
+
+    def _listen_on_socket(self, path: str, credentials: grpc.ServerCredentials | None) -> None:
+        """The same services on a Unix socket (TF Serving's --grpc_socket_path). gRPC replaces a
+        socket file left at `path`; with several workers the last one started answers there."""
+        address = f"unix:{os.path.abspath(path)}"
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise Unavailable(f"cannot serve gRPC on {address}: {folder} is not a directory; create it or change --grpc_socket_path")
+        try:
+            bound = (self._server.add_secure_port(address, credentials) if credentials is not None
+                     else self._server.add_insecure_port(address))
+        except RuntimeError:
+            bound = 0
+        if not bound:
+            raise Unavailable(f"cannot serve gRPC on {address}; check the path is writable or change --grpc_socket_path")
 
     def add_service(self, handler: grpc.GenericRpcHandler) -> None:
         """Serve another service on this port (before `start`): the front door adds V2's."""
