@@ -245,6 +245,32 @@ def test_a_hanging_handler_gets_504_and_others_keep_answering(tmp_path):
         server.stop(timeout=5)
 
 
+def test_a_hung_handler_is_answered_at_the_containers_30_s_by_default(tmp_path):
+    """No time limit given: an invocation gets the SageMaker container's 30 s, then 504."""
+    bundle = tmp_path / "bundle"
+    write_code(
+        bundle / "code",
+        """
+        import threading
+
+        def handler(data, context):
+            threading.Event().wait()  # hangs for good
+        """,
+    )
+    import shutil
+
+    shutil.copytree(HALF_PLUS_TWO, bundle / "half_plus_two")
+    server = ServerProcess([str(bundle)]).start()
+    try:
+        with server.client() as http:
+            hung = http.post("/invocations", content=b"{}", headers={"Content-Type": "application/json"})
+            assert hung.status_code == 504
+            assert "limit of 30 s" in hung.json()["error"]
+            assert "SAGEMAKER_GUNICORN_TIMEOUT_SECONDS" in hung.json()["error"]
+    finally:
+        server.stop(timeout=5)
+
+
 def test_rest_timeout_and_grpc_deadline_against_a_slow_model(slow_model):
     server = ServerProcess([str(slow_model), "--request-timeout", "0.3"]).start()
     try:

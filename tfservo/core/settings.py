@@ -212,11 +212,11 @@ class Settings:
         0.0, "--request-timeout", check="non_negative", metavar="SECONDS",
         tfs=TfsFlag("rest_api_timeout_in_ms", 30000, _ms_to_seconds),
         help="Limit for a TF Serving REST call; past it 504 [default: none].")
-    invocation_timeout: float = setting(
-        0.0, "--invocation-timeout", env="SAGEMAKER_GUNICORN_TIMEOUT_SECONDS", check="non_negative",
-        metavar="SECONDS", note="seconds; 0 or unset: no limit",
+    invocation_timeout: float = setting(  # the SageMaker container's gunicorn timeout, 30 s by default
+        30.0, "--invocation-timeout", env="SAGEMAKER_GUNICORN_TIMEOUT_SECONDS", check="non_negative",
+        metavar="SECONDS", note="seconds; 0: no limit",
         help="Limit for an invocation, handlers included; past it 504 "
-        "[default: $SAGEMAKER_GUNICORN_TIMEOUT_SECONDS or none].")
+        "[default: $SAGEMAKER_GUNICORN_TIMEOUT_SECONDS or 30, as in the SageMaker container; 0: none].")
     # replay assets.extra/tf_serving_warmup_requests
     warmup: bool = setting(True, tfs=TfsFlag("enable_model_warmup", True))
     # classify/regress only on signatures whose method_name says so (off, as in TF Serving: TF2's
