@@ -89,6 +89,23 @@ def test_other_model_by_name_and_extra_attributes_kept(http):
     assert r.json() == {"predictions": [[2.5]]}
 
 
+@pytest.mark.parametrize(
+    ("accept", "content_type"),
+    [
+        ("application/json", "application/json"),
+        ("application/json, application/jsonlines", "application/json"),  # the container's own test
+        ("application/json;q=0.9, text/html;q=0.1", "application/json"),
+    ],
+)
+def test_accept_naming_json_gets_the_containers_bytes(http, accept, content_type):
+    """The container removes TF Serving's newlines when Accept names JSON; without Accept they stay."""
+    r = invoke(http, b'{"instances": [1.0, 2.0, 5.0]}', Accept=accept)
+    assert r.headers["content-type"] == content_type
+    assert r.content == b'{    "predictions": [3.5, 4.0, 5.5    ]}'
+    r = invoke(http, b'{"instances": [1.0, 2.0, 5.0]}')
+    assert r.content == b'{\n    "predictions": [3.5, 4.0, 5.5\n    ]\n}'
+
+
 def test_accept_jsonlines_and_csv(http):
     r = invoke(http, b"1.0,2.0,5.0\n0.0,2.0,5.0", "text/csv", Accept="application/jsonlines")
     assert r.status_code == 200

@@ -38,6 +38,7 @@ __all__ = [
     "MediaType",
     "merge_instances",
     "negotiate",
+    "one_line_json",
     "NotAcceptable",
     "numeric_csv",
     "parse_accept",
@@ -436,16 +437,25 @@ def from_tfs_response(body: bytes, accept: Sequence[str]) -> tuple[bytes, str]:
     return _csv_rows(records), CSV
 
 
-def encode_answer(answer: Answer, target: str) -> bytes:
-    """A model's answer in a negotiated CONVERTIBLE_TYPES type: TF Serving's JSON, or one record
-    per line as JSON lines or CSV, written straight from the arrays when they are plain numbers."""
+def encode_answer(answer: Answer, target: str, *, one_line: bool = False) -> bytes:
+    """A model's answer in a negotiated CONVERTIBLE_TYPES type: TF Serving's JSON (`one_line`:
+    without its newlines, see one_line_json), or one record per line as JSON lines or CSV,
+    written straight from the arrays when they are plain numbers."""
     if target == JSON:
-        return json_codec.encode_answer(answer)
+        body = json_codec.encode_answer(answer)
+        return body.replace(b"\n", b"") if one_line else body
     rows = answer_rows(answer)
     if rows is None:
         return from_tfs_response(json_codec.encode_answer(answer), [target])[0]
     lines = rows.json if is_json_lines(target) else rows.csv
     return b"".join(line + b"\n" for line in lines)
+
+
+def one_line_json(accept: Sequence[str]) -> bool:
+    """Whether TF Serving's JSON is answered without its newlines: the SageMaker container removes
+    them when Accept names JSON or JSON lines (only whitespace, but clients compare bytes).
+    JSON strings escape their newlines, so removing raw ones never changes a value."""
+    return any(essence == JSON or is_json_lines(essence) for essence in accept)
 
 
 def negotiate(accept: Sequence[str], offered: Sequence[str]) -> str:

@@ -38,7 +38,7 @@ class InvocationResult:
     A failed invocation keeps the ServingError it failed with (`error`), so in-process callers
     get the original type and message; only an edge writes its status and body."""
 
-    __slots__ = ("status", "content_type", "answer", "custom_attributes", "error", "_body")
+    __slots__ = ("status", "content_type", "answer", "custom_attributes", "error", "one_line", "_body")
 
     def __init__(
         self,
@@ -48,9 +48,11 @@ class InvocationResult:
         answer: Answer | None = None,
         custom_attributes: str | None = None,
         error: ServingError | None = None,
+        one_line: bool = False,
     ) -> None:
         self.status = status
         self.error = error
+        self.one_line = one_line  # TF Serving's JSON without its newlines (content_types.one_line_json)
         self.content_type = content_type
         self.answer = answer
         self.custom_attributes = custom_attributes  # a handler's, for X-Amzn-SageMaker-Custom-Attributes
@@ -65,7 +67,7 @@ class InvocationResult:
         """The answer in the negotiated content type (ServingError if it cannot be written)."""
         if self._body is None:
             assert self.answer is not None
-            self._body = content_types.encode_answer(self.answer, self.content_type)
+            self._body = content_types.encode_answer(self.answer, self.content_type, one_line=self.one_line)
         return self._body
 
     def encoded(self) -> InvocationResult:
@@ -189,7 +191,8 @@ class Invoker:
         merged = content_types.merge_instances(list(requests.values()))
         if merged is not None:
             try:
-                answer_type = content_types.negotiate(content_types.parse_accept(accept), CONVERTIBLE_TYPES)
+                accept_types = content_types.parse_accept(accept)
+                answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
                 answer = self.api.infer(
                     attrs.method or "predict", name, attrs.version_number, None, {"instances": merged}  # type: ignore[arg-type]
                 )
@@ -200,7 +203,9 @@ class Invoker:
                 for i, instances in requests.items():
                     part = answer_rows_slice(answer, start, start + len(instances), total)
                     if part is not None:
-                        results[i] = InvocationResult(200, None, answer_type, part)
+                        results[i] = InvocationResult(
+                            200, None, answer_type, part, one_line=content_types.one_line_json(accept_types)
+                        )
                     start += len(instances)
         return [
             result if result is not None else self.call(bodies[i], content_type, accept, custom_attributes, model_name)
@@ -231,9 +236,10 @@ class Invoker:
                 note_model(name)
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
         tfs_request = content_types.to_tfs_request(body, content_type or "")
-        answer_type = content_types.negotiate(content_types.parse_accept(accept), CONVERTIBLE_TYPES)
+        accept_types = content_types.parse_accept(accept)
+        answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
         answer = self.api.infer(method, name, version, None, tfs_request)
-        return InvocationResult(200, None, answer_type, answer)
+        return InvocationResult(200, None, answer_type, answer, one_line=content_types.one_line_json(accept_types))
 
     def _with_handlers(
         self,
