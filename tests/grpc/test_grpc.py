@@ -430,3 +430,57 @@ def test_absurd_dims_are_invalid_argument_not_internal(predictions, server, dims
     with server.client() as client:
         r = client.post(f"/v2/models/{M}/infer", json={"inputs": [{"name": "x", "shape": dims, "datatype": "FP32", "data": []}]})
     assert r.status_code == 400 and "more elements than any tensor" in r.json()["error"], r.text
+
+
+def _tensor(dtype: int, dims: list[int], **values) -> object:
+    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2
+
+    shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in dims])
+    return tensor_pb2.TensorProto(dtype=dtype, tensor_shape=shape, **values)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "says"),
+    [
+        (_tensor(tf.variant.as_datatype_enum, [1]), "DT_VARIANT, which tfservo cannot read"),
+        (_tensor(999, [1], float_val=[1.0]), "dtype 999"),
+        (_tensor(tf.float32.as_datatype_enum, [3], tensor_content=b"\0" * 5), "tensor_content has 5 bytes"),
+        (_tensor(tf.float32.as_datatype_enum, [-1], float_val=[1.0]), "unknown (-1) dimension"),
+        (_tensor(tf.string.as_datatype_enum, [1], tensor_content=b"abc"), "send its values in string_val"),
+        (_tensor(tf.half.as_datatype_enum, [1], half_val=[70000]), "16-bit patterns"),
+        (_tensor(tf.complex64.as_datatype_enum, [1], scomplex_val=[1.0]), "real and imaginary"),
+        (_tensor(tf.bool.as_datatype_enum, [1], bool_val=[True]), "cannot be converted safely"),
+        (_tensor(tf.float32.as_datatype_enum, [100_000_000], float_val=[1.0]), "over the 256 MiB"),
+    ],
+)
+def test_dtype_and_size_mistakes_are_invalid_argument(predictions, tensor, says):
+    """Every client mistake in a tensor (dtype, byte count, fill size) says what, never INTERNAL."""
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = M
+    request.inputs["x"].CopyFrom(tensor)
+    err = error_of(predictions.Predict, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and says in err.details(), err.details()
+
+
+def test_v2_tensor_mistakes_are_invalid_argument(server):
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    def infer(datatype, shape, raw=None, **contents):
+        request = service_pb2.ModelInferRequest(model_name=M)
+        tensor = request.inputs.add(name="x", datatype=datatype, shape=shape)
+        for field, values in contents.items():
+            getattr(tensor.contents, field).extend(values)
+        if raw is not None:
+            request.raw_input_contents.append(raw)
+        return request
+
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for request, says in [
+            (infer("FP32", [3], raw=b"\0" * 5), "5 bytes for shape [3]"),
+            (infer("FP99", [1], fp32_contents=[1.0]), "datatype 'FP99'"),
+            (infer("BYTES", [1], bytes_contents=[b"x"]), "expects DT_FLOAT"),
+            (infer("FP32", [-3], fp32_contents=[1.0]), "non-negative"),
+        ]:
+            err = error_of(stub.ModelInfer, request)
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and says in err.details(), err.details()
