@@ -27,6 +27,32 @@ def write_code(code_dir: Path, source: str, files: dict[str, str] | None = None)
     return code_dir
 
 
+def write_wheel(folder: Path, name: str, version: str, modules: dict[str, str]) -> Path:
+    """A pure-Python wheel built by hand (no network, no build backend): `modules` maps paths
+    such as "PIL/__init__.py" to their source. pip installs it from a requirements.txt line."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name.replace('-', '_')}-{version}"
+    files = {
+        **modules,
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tfservo-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    wheel = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+        zf.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
 @pytest.fixture(scope="session")
 def testdata() -> Path:
     if not TESTDATA.is_dir():

@@ -212,3 +212,29 @@ def test_serve_bundle_from_s3(s3_endpoint, s3_bucket, handler_bundle):
         r = c.post("/invocations", content=b"1.0", headers={
             "Content-Type": "text/csv", "X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=plain"})
         assert r.json() == {"predictions": [3.5]}
+
+
+def test_a_requirement_tfservo_already_imported_is_one_clear_error_in_every_mode(tmp_path):
+    """code/requirements.txt pinning another version of a package the server has imported
+    (Pillow, via TensorFlow's Keras): serve, invoke and transform all stop naming it."""
+    import PIL
+    from conftest import write_wheel
+
+    model = copy_model(HALF_PLUS_THREE, tmp_path / "m")
+    (model / "code").mkdir()
+    wheel = write_wheel(model / "code", "pillow", "99.0", {"PIL/__init__.py": "__version__ = '99.0'\n"})
+    write(model / "code" / "requirements.txt", f"./{wheel.name}\n")
+    write(model / "code" / "inference.py", "import PIL\n\ndef handler(data, context):\n    return PIL.__version__, 'text/plain'\n")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.json").write_text('{"instances": [1.0]}')
+    env = {"TFSERVO_REQUIREMENTS_DIR": str(tmp_path / "deps")}
+    said = f"installs pillow 99.0, but pillow {PIL.__version__} is already imported"
+    for args in (
+        ["serve", str(model), "--port", "0", "--grpc-port", "0"],
+        ["invoke", str(model)],
+        ["transform", str(model), str(tmp_path / "in"), str(tmp_path / "out")],
+    ):
+        done = run_cli(args, timeout=300, env=env, input=b"{}")
+        assert done.returncode != 0, args
+        assert said.encode() in done.stderr + done.stdout, (args, done.stderr[-2000:])
+        assert f"pin pillow=={PIL.__version__}".encode() in done.stderr + done.stdout

@@ -199,6 +199,10 @@ class ModelService:
             # keyed by what is installed, so a re-extracted archive reuses its earlier install
             hashlib.sha256(label.encode() + _read_or_empty(os.path.join(code_dir, "requirements.txt"))).hexdigest()[:16],
         )
+        # TensorFlow (and the Keras and Pillow it imports) first, in every mode: what the bundle's
+        # requirements cannot replace is then the same whether serve, invoke or a transform loads it
+        import tfservo.models.savedmodel  # noqa: F401
+
         install_requirements(code_dir, target)
         module = f"tfservo_user_inference_{label.replace('.', '_').replace('-', '_')}"
         return load_handlers(code_dir, module_name=module)

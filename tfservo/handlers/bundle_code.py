@@ -33,6 +33,7 @@ from requests.structures import CaseInsensitiveDict
 
 from tfservo.codecs.media_types import JSON
 from tfservo.core.errors import BundleError, HandlerError
+from tfservo.handlers.shadowing import check_shadowed_imports
 
 __all__ = [
     "DEFAULT_CONTENT_TYPE",
@@ -439,7 +440,8 @@ def install_requirements(
     """pip-install code_dir/requirements.txt into target_dir and put that on sys.path.
 
     As in the container, a code/lib directory wins: requirements.txt is then ignored with a
-    warning. An install is skipped when target_dir records the same requirements (and Python);
+    warning. A listed package that this process has already imported at another version is a
+    BundleError naming it (shadowing.check_shadowed_imports), never a silent mismatch. An install is skipped when target_dir records the same requirements (and Python);
     a failed one is a BundleError with pip's last lines. Returns target_dir, or None.
     """
     requirements = os.path.abspath(os.path.join(code_dir, "requirements.txt"))
@@ -457,6 +459,7 @@ def install_requirements(
     else:
         log.info("packages from %s already installed in %s", requirements, target)
     with _IMPORT_LOCK:
+        check_shadowed_imports(requirements, target)
         if target not in sys.path:
             sys.path.insert(0, target)  # until the handlers that use it are unloaded
     return target
