@@ -147,6 +147,29 @@ def test_grpc_on_a_unix_socket_answers_every_service(tfs):
         triton.close()
 
 
+def test_a_profile_is_captured_over_the_grpc_port(tfs, tmp_path):
+    """TensorFlow's own profiler client (what TensorBoard's Capture Profile calls) against the
+    serving port, while requests run: TensorFlow's trace lands in the logdir."""
+    import tensorflow as tf
+
+    stop = threading.Event()
+
+    def load():
+        with tfs.client() as http:
+            while not stop.is_set():
+                http.post("/v1/models/half_plus_two:predict", json={"instances": [1.0]})
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        tf.profiler.experimental.client.trace(f"grpc://{tfs.grpc_target}", str(tmp_path / "logs"), 1000)
+    finally:
+        stop.set()
+        loader.join(30)
+    traces = list((tmp_path / "logs" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
 def test_grpc_health_probes(tfs):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -70,7 +70,6 @@ _TF_SERVING_ONLY: dict[str, Flag] = {
     "num_tflite_interpreters_per_pool": Flag(int, 1, False),
     "num_tflite_interpreters": Flag(int, 1, False),
     "xla_cpu_compilation_enabled": Flag(bool, False, False),
-    "enable_profiler": Flag(bool, True, False),
     "thread_pool_factory_config_file": Flag(str, "", False),
     "mixed_precision": Flag(str, "", False),
     "skip_initialize_tpu": Flag(bool, False, False),

@@ -235,6 +235,9 @@ class Settings:
         None, "--monitoring-config-file", existing_file=True, tfs=TfsFlag("monitoring_config_file", ""),
         help="TF Serving's MonitoringConfig: its Prometheus metric names at its path.")
     grpc_host: str | None = setting(None, tfs=TfsFlag("grpc_host", "0.0.0.0"))  # None: the HTTP host
+    # TensorFlow's ProfilerService on the gRPC port (tf.profiler.experimental.client.trace, TensorBoard)
+    profiler: bool = setting(True, env="TFSERVO_ENABLE_PROFILER", tfs=TfsFlag("enable_profiler", True),
+                             note="false: no ProfilerService")
     grpc_socket_path: str | None = setting(
         None, "--grpc-socket-path", "--grpc_socket_path", tfs=TfsFlag("grpc_socket_path", ""), metavar="PATH",
         help="Also serve gRPC (TF Serving's and V2 services, health) on this Unix socket, as TF Serving does.")

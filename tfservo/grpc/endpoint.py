@@ -52,6 +52,10 @@ def start_grpc(
     from tfservo.grpc.v2 import v2_handler
 
     server.add_service(v2_handler(v2, metrics.v2_scope if metrics is not None else plain_scope))
+    if settings.profiler:
+        from tfservo.grpc.profiler import profiler_handler
+
+        server.add_service(profiler_handler())
     server.start()
     service.grpc_port = server.port
     log.log(log_level, "gRPC%s on %s:%d%s", " (TLS)" if settings.ssl_config_file else "", host, server.port,
