@@ -65,16 +65,14 @@ _TF_SERVING_ONLY: dict[str, Flag] = {
     "grpc_max_threads": Flag(int, 0, False),
     "num_request_iterations_for_warmup": Flag(int, 1, False),
     "remove_unused_fields_from_bundle_metagraph": Flag(bool, True, False),
-    "prefer_tflite_model": Flag(bool, False, False),
     "num_tflite_pools": Flag(int, 1, False),
-    "num_tflite_interpreters_per_pool": Flag(int, 1, False),
     "num_tflite_interpreters": Flag(int, 1, False),
     "xla_cpu_compilation_enabled": Flag(bool, False, False),
     "thread_pool_factory_config_file": Flag(str, "", False),
     "mixed_precision": Flag(str, "", False),
     "skip_initialize_tpu": Flag(bool, False, False),
     "use_alts_credentials": Flag(bool, False, False),
-    "use_tflite_model": Flag(bool, False, False),
+    "use_tflite_model": Flag(bool, False),  # TF Serving's older name of --prefer_tflite_model
     "enable_grpc_healthcheck_service": Flag(bool, True, False),  # tfservo always serves grpc.health.v1
 }
 _SETTING_OF_FLAG = {option.tfs.name: option for option in tfs_flags() if option.tfs is not None}
@@ -153,6 +151,8 @@ def settings_from_tfs_args(
             "nothing to serve: give --model_base_path=/models/NAME (and --model_name), "
             "--model_config_file, or MODEL_NAME and MODEL_BASE_PATH"
         )
+    if value["use_tflite_model"]:
+        value["prefer_tflite_model"] = True
     if value["allow_version_labels_for_unavailable_models"]:
         warn("--allow_version_labels_for_unavailable_models: tfservo allows labels on any configured version")
     if value["tensorflow_session_parallelism"] and not value["tensorflow_intra_op_parallelism"]:

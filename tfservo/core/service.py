@@ -26,7 +26,7 @@ from tfservo.handlers.bundle_code import (
     reload_handlers,
     unload_handlers,
 )
-from tfservo.models.bundle import Bundle, ModelSource, open_bundle
+from tfservo.models.bundle import SAVED_MODEL_FILES, TFLITE_MODEL_FILE, Bundle, ModelSource, open_bundle
 from tfservo.models.config_reloader import ModelConfigReloader
 from tfservo.models.lifecycle import ModelLifecycle
 from tfservo.models.model_config import VersionPolicy
@@ -61,11 +61,7 @@ class ModelService:
         on_run: RunHook | None = None,
     ) -> None:
         self.settings = settings or Settings()
-        loader = functools.partial(
-            _load_saved_model,
-            intra=self.settings.intra_op_threads,
-            inter=self.settings.inter_op_threads,
-        )
+        loader = functools.partial(_load_model, self.settings)
         self.manager = ModelManager(
             loader,
             runner_factory=_runner_factory(self.settings, on_batch),
@@ -301,10 +297,18 @@ def _runner_factory(settings: Settings, on_batch: BatchHook | None) -> RunnerFac
     return make_runner_factory(settings.batching, on_batch=on_batch)
 
 
-def _load_saved_model(path: str, *, intra: int, inter: int) -> LoadedModel:
+def _load_model(settings: Settings, path: str) -> LoadedModel:
+    """A version dir's model: its SavedModel, or its model.tflite where there is no SavedModel
+    or --prefer-tflite-model says so (as TF Serving chooses)."""
+    if os.path.isfile(os.path.join(path, TFLITE_MODEL_FILE)) and (
+        settings.prefer_tflite_model or not any(os.path.isfile(os.path.join(path, f)) for f in SAVED_MODEL_FILES)
+    ):
+        from tfservo.models.tflite import load_tflite_model
+
+        return load_tflite_model(path, interpreters=settings.tflite_interpreters, threads=settings.intra_op_threads)
     from tfservo.models.savedmodel import load_saved_model
 
-    return load_saved_model(path, intra_op_threads=intra, inter_op_threads=inter)
+    return load_saved_model(path, intra_op_threads=settings.intra_op_threads, inter_op_threads=settings.inter_op_threads)
 
 
 def _read_or_empty(path: str) -> bytes:

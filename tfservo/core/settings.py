@@ -235,6 +235,13 @@ class Settings:
         None, "--monitoring-config-file", existing_file=True, tfs=TfsFlag("monitoring_config_file", ""),
         help="TF Serving's MonitoringConfig: its Prometheus metric names at its path.")
     grpc_host: str | None = setting(None, tfs=TfsFlag("grpc_host", "0.0.0.0"))  # None: the HTTP host
+    prefer_tflite_model: bool = setting(
+        False, "--prefer-tflite-model", tfs=TfsFlag("prefer_tflite_model", False),
+        help="Where a version dir holds both, serve model.tflite instead of the SavedModel, as TF "
+        "Serving's --prefer_tflite_model does [default: the SavedModel; a dir with only model.tflite serves it].")
+    tflite_interpreters: int = setting(  # TFLite interpreters per version: calls that run at once
+        1, env="TFSERVO_TFLITE_INTERPRETERS", check="at_least_one",
+        tfs=TfsFlag("num_tflite_interpreters_per_pool", 1))
     # TensorFlow's ProfilerService on the gRPC port (tf.profiler.experimental.client.trace, TensorBoard)
     profiler: bool = setting(True, env="TFSERVO_ENABLE_PROFILER", tfs=TfsFlag("enable_profiler", True),
                              note="false: no ProfilerService")

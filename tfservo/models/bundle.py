@@ -31,6 +31,7 @@ __all__ = [
     "CODE_DIR_NAME",
     "MAX_VERSION",
     "SAVED_MODEL_FILES",
+    "TFLITE_MODEL_FILE",
     "Bundle",
     "discover_versions",
     "is_model_name",
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 ARCHIVE_MODEL_NAME = "model"  # what the SageMaker container calls a model at /opt/ml/model
 CODE_DIR_NAME = "code"
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+TFLITE_MODEL_FILE = "model.tflite"  # a TFLite version dir (TF Serving serves these too)
 MAX_VERSION = 2**63 - 1  # TF Serving versions are int64
 
 _VERSION_RE = re.compile(r"[0-9]+", re.ASCII)
@@ -236,8 +238,8 @@ def _code_dir(path: str) -> str | None:
 
 
 def _is_saved_model_dir(path: str) -> bool:
-    """True if a SavedModel file lies directly in `path`."""
-    return any(os.path.isfile(os.path.join(path, f)) for f in SAVED_MODEL_FILES)
+    """True if a SavedModel file (or a TFLite model) lies directly in `path`."""
+    return any(os.path.isfile(os.path.join(path, f)) for f in (*SAVED_MODEL_FILES, TFLITE_MODEL_FILE))
 
 
 def _dir_name(path: str) -> str:

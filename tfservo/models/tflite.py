@@ -1,0 +1,148 @@
+"""TFLite models: a version dir holding `model.tflite`, served as TF Serving serves it.
+
+The model runs in TensorFlow's own TFLite interpreter (`tf.lite.Interpreter`, no extra
+package). Its signature runners become the version's signatures (method `predict`, shapes from
+`shape_signature`, so a -1 batch dim is resized per call); a model converted without signatures
+gets `serving_default` over its input and output tensors, named as the tensors are. An
+interpreter runs one call at a time, so a version holds a small pool of them
+(`--num_tflite_interpreters_per_pool`, `--num_tflite_pools`), each with the intra-op thread count.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import warnings
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from tfservo.core.errors import Code, InvalidArgument, ModelLoadError
+from tfservo.models.bundle import TFLITE_MODEL_FILE
+from tfservo.models.savedmodel import LoadedModel, _Backend, _Runner
+from tfservo.models.signatures import DEFAULT_SIGNATURE, PREDICT_METHOD, SignatureDef
+
+__all__ = ["TFLITE_MODEL_FILE", "load_tflite_model"]
+
+
+def load_tflite_model(path: str, *, interpreters: int = 1, threads: int = 0) -> LoadedModel:
+    """Load `path`/model.tflite into `interpreters` interpreters; raises ModelLoadError."""
+    model_file = os.path.join(path, TFLITE_MODEL_FILE)
+    if not os.path.isfile(model_file):
+        raise ModelLoadError(f"No {TFLITE_MODEL_FILE} in {path}; put the converted model there", Code.NOT_FOUND)
+    pool: queue.Queue[Any] = queue.Queue()
+    try:
+        for _ in range(max(interpreters, 1)):
+            pool.put(_interpreter(model_file, threads))
+    except (ValueError, RuntimeError) as exc:
+        raise ModelLoadError(
+            f"Failed to load TFLite model {model_file}: {str(exc).strip().splitlines()[0]}; "
+            "check that it was written by tf.lite.TFLiteConverter and is complete"
+        ) from None
+    backend = _TfliteBackend(pool)
+    return LoadedModel(path, backend.meta_graph_def(), backend)
+
+
+def _interpreter(model_file: str, threads: int) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "tf.lite.Interpreter is deprecated": see docs/decisions.md
+        interpreter = tf.lite.Interpreter(model_path=model_file, num_threads=threads or None)
+    interpreter.allocate_tensors()
+    return interpreter
+
+
+class _TfliteBackend(_Backend):
+    """Signature runners over a pool of interpreters, one call per interpreter at a time."""
+
+    kind = "tflite"
+
+    def __init__(self, pool: queue.Queue[Any]) -> None:
+        self.pool = pool
+        first = pool.get()
+        try:
+            self.signatures = _signature_specs(first)
+        finally:
+            pool.put(first)
+
+    def meta_graph_def(self) -> meta_graph_pb2.MetaGraphDef:
+        """The signatures as TF Serving reports a TFLite model's: SignatureDefs, method predict."""
+        meta = meta_graph_pb2.MetaGraphDef()
+        for name, (inputs, outputs) in self.signatures.items():
+            proto = meta.signature_def[name]
+            proto.method_name = PREDICT_METHOD
+            for target, details in ((proto.inputs, inputs), (proto.outputs, outputs)):
+                for key, detail in details.items():
+                    info = target[key]
+                    info.name = detail["name"]
+                    info.dtype = tf.as_dtype(detail["dtype"]).as_datatype_enum
+                    for size in detail["shape_signature"]:
+                        info.tensor_shape.dim.add(size=int(size))
+        return meta
+
+    def runner(self, sig: SignatureDef, in_keys: tuple[str, ...], out_keys: tuple[str, ...]) -> _Runner:
+        inputs, outputs = self.signatures[sig.name]
+
+        def run(values: list[np.ndarray]) -> list[Any]:
+            interpreter = self.pool.get()
+            try:
+                result = _call(interpreter, sig.name, inputs, outputs, dict(zip(in_keys, values)))
+            except (ValueError, RuntimeError) as exc:
+                raise InvalidArgument(
+                    f"{str(exc).strip().splitlines()[0]} (while running TFLite signature '{sig.name}'); "
+                    f"expected inputs: {_describe(inputs)}"
+                ) from None
+            finally:
+                self.pool.put(interpreter)
+            return [result[key] for key in out_keys]
+
+        return run
+
+    def close(self) -> None:
+        while not self.pool.empty():
+            self.pool.get_nowait()
+
+
+def _signature_specs(interpreter: Any) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Signature name → (input key → tensor details, output key → tensor details)."""
+    listed = interpreter.get_signature_list()
+    if listed:
+        specs = {}
+        for name in listed:
+            runner = interpreter.get_signature_runner(name)
+            specs[name] = (runner.get_input_details(), runner.get_output_details())
+        return specs
+    # converted without signatures: one over the model's tensors, keyed by tensor name
+    return {
+        DEFAULT_SIGNATURE: (
+            {d["name"]: d for d in interpreter.get_input_details()},
+            {d["name"]: d for d in interpreter.get_output_details()},
+        )
+    }
+
+
+def _call(
+    interpreter: Any, name: str, inputs: dict[str, Any], outputs: dict[str, Any], feeds: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    if interpreter.get_signature_list():
+        answer = interpreter.get_signature_runner(name)(**feeds)
+        return {key: np.array(value) for key, value in answer.items()}
+    for key, value in feeds.items():
+        index = inputs[key]["index"]
+        if tuple(interpreter.get_input_details()[_position(interpreter, index)]["shape"]) != value.shape:
+            interpreter.resize_tensor_input(index, value.shape, strict=True)
+            interpreter.allocate_tensors()
+        interpreter.set_tensor(index, value)
+    interpreter.invoke()
+    return {key: interpreter.get_tensor(detail["index"]) for key, detail in outputs.items()}
+
+
+def _position(interpreter: Any, index: int) -> int:
+    return [d["index"] for d in interpreter.get_input_details()].index(index)
+
+
+def _describe(details: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{key} {tf.as_dtype(d['dtype']).name}{list(int(s) for s in d['shape_signature'])}" for key, d in details.items()
+    )
