@@ -599,3 +599,26 @@ def test_make_requests_response_error_status():
         response.raise_for_status()
     odd = make_requests_response(599, b"", "application/json", "not a url")
     assert odd.status_code == 599 and odd.reason == ""
+
+
+def test_a_loaded_package_that_satisfies_the_requirement_is_kept_with_a_warning(tmp_path, caplog):
+    """`Pillow>=6.2` (the container's own example bundles) with Pillow already imported: the loaded
+    version satisfies it, so the bundle loads and gets it; `Pillow==99.0` does not: a BundleError."""
+    import PIL
+    from conftest import write_wheel
+
+    code = tmp_path / "code"
+    code.mkdir()
+    write_wheel(code, "pillow", "99.0", {"PIL/__init__.py": "__version__ = '99.0'\n"})
+    (code / "requirements.txt").write_text("--no-index\n--find-links .\nPillow>=6.2\n")
+    target = tmp_path / "deps"
+    try:
+        assert install_requirements(str(code), str(target)) == str(target)
+        assert f"the handler gets {PIL.__version__}, which satisfies pillow>=6.2" in caplog.text
+        (code / "requirements.txt").write_text("--no-index\n--find-links .\nPillow==99.0\n")
+        with pytest.raises(BundleError, match=f"installs pillow 99.0, but pillow {PIL.__version__} is already imported"):
+            install_requirements(str(code), str(tmp_path / "deps2"))
+    finally:
+        for path in (str(target), str(tmp_path / "deps2")):
+            while path in sys.path:
+                sys.path.remove(path)

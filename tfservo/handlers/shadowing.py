@@ -15,18 +15,20 @@ import re
 import sys
 from collections.abc import Iterable
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion
+
 from tfservo.core.errors import BundleError
 
 __all__ = ["check_shadowed_imports"]
 
 log = logging.getLogger("tfservo.handlers")
 
-_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
 
 def check_shadowed_imports(requirements: str, target: str) -> None:
-    """Raise BundleError naming the package when `requirements` lists a package installed into
-    `target` at a version other than the one this process has already imported."""
+    """Raise BundleError naming the package when `requirements` asks for a version of a package
+    that this process has already imported at a version outside what it asks for."""
     named = _named_packages(requirements)
     target = os.path.abspath(target)
     for dist in importlib.metadata.distributions(path=[target]):
@@ -35,35 +37,42 @@ def check_shadowed_imports(requirements: str, target: str) -> None:
         if loaded is None:
             continue
         module, where, version = loaded
+        version = version or "(version unknown)"
         if version == dist.version:
             continue
-        if _normalise(name) in named:
+        wanted = named.get(_normalise(name))
+        if wanted is not None and not _satisfies(wanted, version):
             raise BundleError(
                 f"{requirements} installs {name} {dist.version}, but {name} {version} is already "
                 f"imported in this process (module {module} from {where}, used by tfservo or TensorFlow) "
                 f"and cannot be replaced; pin {name}=={version} in requirements.txt, or drop it"
             )
         log.warning(
-            "%s pulls in %s %s, but %s %s is already imported from %s; the handler gets %s",
+            "%s installs %s %s, but %s %s is already imported from %s; the handler gets %s%s",
             requirements, name, dist.version, name, version, where, version,
+            f", which satisfies {name}{wanted}" if wanted is not None else "",
         )
 
 
-def _named_packages(requirements: str) -> set[str]:
-    """The normalised names of the packages a requirements file lists (options and URLs skipped)."""
-    names = set()
+def _named_packages(requirements: str) -> dict[str, SpecifierSet]:
+    """The packages a requirements file lists (normalised name → the versions it accepts);
+    options, local paths and lines pip alone understands are skipped."""
+    named: dict[str, SpecifierSet] = {}
     with open(requirements, encoding="utf-8", errors="replace") as f:
         for line in f:
-            text = line.split("#", 1)[0].strip()
-            if text.endswith(".whl"):  # a wheel's file name starts with its distribution's name
-                names.add(_normalise(os.path.basename(text).split("-", 1)[0]))
+            text = line.split(" #", 1)[0].strip()
+            if text.endswith(".whl"):  # a wheel's file name is NAME-VERSION-...
+                name, _, rest = os.path.basename(text).partition("-")
+                named[_normalise(name)] = SpecifierSet(f"=={rest.split('-', 1)[0]}")
                 continue
-            if not text or text.startswith(("-", ".", "/")) or ("://" in text and "@" not in text):
+            if not text or text.startswith(("-", ".", "/", "#")):
                 continue
-            match = _NAME.match(text)  # also "name @ url"
-            if match:
-                names.add(_normalise(match.group(1)))
-    return names
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                continue
+            named[_normalise(requirement.name)] = requirement.specifier
+    return named
 
 
 def _loaded_elsewhere(dist: importlib.metadata.Distribution, target: str) -> tuple[str, str, str] | None:
@@ -74,7 +83,7 @@ def _loaded_elsewhere(dist: importlib.metadata.Distribution, target: str) -> tup
         where = getattr(module, "__file__", None) if module is not None else None
         if not where or os.path.abspath(where).startswith(target + os.sep):
             continue
-        return top, where, _version_outside(dist.metadata["Name"] or top, target) or "unknown"
+        return top, where, _version_outside(dist.metadata["Name"] or top, where) or ""
     return None
 
 
@@ -91,12 +100,20 @@ def _top_level(dist: importlib.metadata.Distribution) -> Iterable[str]:
     return sorted(tops)
 
 
-def _version_outside(name: str, target: str) -> str | None:
-    """The version of distribution `name` installed anywhere on sys.path but `target`."""
+def _version_outside(name: str, module_file: str) -> str | None:
+    """The version of distribution `name` installed where `module_file` was imported from."""
     for dist in importlib.metadata.distributions(name=name):
-        if not os.path.abspath(str(dist.locate_file(""))).startswith(target):
+        base = os.path.abspath(str(dist.locate_file("")))
+        if os.path.abspath(module_file).startswith(base + os.sep):
             return dist.version
     return None
+
+
+def _satisfies(wanted: SpecifierSet, version: str) -> bool:
+    try:
+        return wanted.contains(version, prereleases=True)
+    except InvalidVersion:  # a version pip itself could not compare
+        return False
 
 
 def _normalise(name: str) -> str:
