@@ -128,3 +128,42 @@ def test_prefer_tflite_model_serves_the_tflite_model_of_a_dir_holding_both(model
     with ServerProcess([str(models / "both"), "--prefer-tflite-model"]) as proc:
         with proc.client() as http:
             assert http.post("/v1/models/both:predict", json={"instances": [[1.0]]}).json() == {"predictions": [[101.0]]}
+
+
+def test_signature_defs_stored_in_the_models_metadata_name_its_inputs(tmp_path):
+    """A TFLite model without signature runners (TF1's converter) whose SignatureDefs TF Serving's
+    tooling stored in `signature_defs_metadata`: requests use the SignatureDef's keys ("x"),
+    fed to the tensors they name, at any batch rank, as TF Serving feeds them."""
+    from flatbuffers import flexbuffers
+    from tensorflow.core.protobuf import meta_graph_pb2
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    from tfservo.models.tflite import load_tflite_model
+
+    _save_tflite(tmp_path, _twice)
+    model = flatbuffer_utils.read_model(str(tmp_path / "model.tflite"))
+    model.signatureDefs = []  # as TF1's converter wrote them: tensors only
+    graph = model.subgraphs[0]
+    tensor_in = graph.tensors[graph.inputs[0]].name.decode()
+    tensor_out = graph.tensors[graph.outputs[0]].name.decode()
+    signature = meta_graph_pb2.SignatureDef(method_name="tensorflow/serving/predict")
+    signature.inputs["x"].name = f"{tensor_in}:0"
+    signature.outputs["y"].name = f"{tensor_out}:0"
+    buffer = schema.BufferT()
+    buffer.data = list(flexbuffers.Dumps({"serving_default": signature.SerializeToString()}))
+    model.buffers.append(buffer)
+    metadata = schema.MetadataT()
+    metadata.name, metadata.buffer = b"signature_defs_metadata", len(model.buffers) - 1
+    model.metadata = [*(model.metadata or []), metadata]
+    flatbuffer_utils.write_model(model, str(tmp_path / "model.tflite"))
+
+    loaded = load_tflite_model(str(tmp_path))
+    try:
+        assert {name: (list(s.inputs), list(s.outputs)) for name, s in loaded.signatures.items()} == {
+            "serving_default": (["x"], ["y"])
+        }
+        assert loaded.run("serving_default", {"x": np.array([[1.5], [2.0]], np.float32)})["y"].tolist() == [[3.0], [4.0]]
+        assert loaded.run("serving_default", {"x": np.array([2.0], np.float32)})["y"].tolist() == [4.0]
+    finally:
+        loaded.close()

@@ -2,8 +2,9 @@
 
 The model runs in TensorFlow's own TFLite interpreter (`tf.lite.Interpreter`, no extra
 package). Its signature runners become the version's signatures (method `predict`, shapes from
-`shape_signature`, so a -1 batch dim is resized per call); a model converted without signatures
-gets `serving_default` over its input and output tensors, named as the tensors are. An
+`shape_signature`, so a -1 batch dim is resized per call). A model without signature runners uses
+the SignatureDefs TF Serving's converter stores in its `signature_defs_metadata` (keys mapped to
+tensors by name), or else `serving_default` over its input and output tensors, named as they are. An
 interpreter runs one call at a time, so a version holds a small pool of them
 (`--num_tflite_interpreters_per_pool`, `--num_tflite_pools`), each with the intra-op thread count.
 """
@@ -41,7 +42,7 @@ def load_tflite_model(path: str, *, interpreters: int = 1, threads: int = 0) -> 
             f"Failed to load TFLite model {model_file}: {str(exc).strip().splitlines()[0]}; "
             "check that it was written by tf.lite.TFLiteConverter and is complete"
         ) from None
-    backend = _TfliteBackend(pool)
+    backend = _TfliteBackend(pool, model_file)
     return LoadedModel(path, backend.meta_graph_def(), backend)
 
 
@@ -58,11 +59,11 @@ class _TfliteBackend(_Backend):
 
     kind = "tflite"
 
-    def __init__(self, pool: queue.Queue[Any]) -> None:
+    def __init__(self, pool: queue.Queue[Any], model_file: str) -> None:
         self.pool = pool
         first = pool.get()
         try:
-            self.signatures = _signature_specs(first)
+            self.signatures = _signature_specs(first, model_file)
         finally:
             pool.put(first)
 
@@ -104,7 +105,7 @@ class _TfliteBackend(_Backend):
             self.pool.get_nowait()
 
 
-def _signature_specs(interpreter: Any) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+def _signature_specs(interpreter: Any, model_file: str) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """Signature name → (input key → tensor details, output key → tensor details)."""
     listed = interpreter.get_signature_list()
     if listed:
@@ -113,13 +114,46 @@ def _signature_specs(interpreter: Any) -> dict[str, tuple[dict[str, Any], dict[s
             runner = interpreter.get_signature_runner(name)
             specs[name] = (runner.get_input_details(), runner.get_output_details())
         return specs
-    # converted without signatures: one over the model's tensors, keyed by tensor name
-    return {
-        DEFAULT_SIGNATURE: (
-            {d["name"]: d for d in interpreter.get_input_details()},
-            {d["name"]: d for d in interpreter.get_output_details()},
-        )
-    }
+    inputs = {d["name"]: d for d in interpreter.get_input_details()}
+    outputs = {d["name"]: d for d in interpreter.get_output_details()}
+    stored = _stored_signature_defs(model_file)
+    if stored:
+        def by_tensor(infos: Any, tensors: dict[str, Any], name: str) -> dict[str, Any]:
+            found = {}
+            for key, info in infos.items():
+                tensor = info.name.removesuffix(":0")
+                if tensor not in tensors:
+                    raise ModelLoadError(
+                        f"TFLite model {model_file}: signature {name} names tensor {info.name}, which the "
+                        f"model does not have as an input or output; tensors: {', '.join(tensors)}"
+                    )
+                found[key] = tensors[tensor]
+            return found
+
+        return {
+            name: (by_tensor(sig.inputs, inputs, name), by_tensor(sig.outputs, outputs, name))
+            for name, sig in stored.items()
+        }
+    return {DEFAULT_SIGNATURE: (inputs, outputs)}  # keyed by tensor name
+
+
+def _stored_signature_defs(model_file: str) -> dict[str, Any]:
+    """The SignatureDefs in the model's `signature_defs_metadata` (a FlexBuffer map of name →
+    serialized SignatureDef, as TF Serving's TFLite tooling writes them); {} if there are none."""
+    from flatbuffers import flexbuffers
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model(model_file)
+    for metadata in model.metadata or ():
+        if metadata.name == b"signature_defs_metadata":
+            root = flexbuffers.GetRoot(bytes(model.buffers[metadata.buffer].data)).AsMap
+            found = {}
+            for key, value in zip(root.Keys, root.Values):
+                proto = meta_graph_pb2.SignatureDef()
+                proto.ParseFromString(bytes(value.AsBlob if value.IsBlob else value.AsStringBytes))
+                found[key.AsKey] = proto
+            return found
+    return {}
 
 
 def _call(
@@ -131,7 +165,7 @@ def _call(
     for key, value in feeds.items():
         index = inputs[key]["index"]
         if tuple(interpreter.get_input_details()[_position(interpreter, index)]["shape"]) != value.shape:
-            interpreter.resize_tensor_input(index, value.shape, strict=True)
+            interpreter.resize_tensor_input(index, value.shape)  # any rank, as TF Serving feeds it
             interpreter.allocate_tensors()
         interpreter.set_tensor(index, value)
     interpreter.invoke()
