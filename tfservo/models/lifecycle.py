@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from tfservo.core.errors import InvalidArgument, NotFound
 from tfservo.models.bundle import discover_versions
 from tfservo.models.model_config import VersionPolicy
+from tfservo.models.profiling import annotation
 from tfservo.models.servables import ModelManager, ServedModel, State
 
 __all__ = ["ModelLifecycle", "WatchedModel"]
@@ -199,7 +200,8 @@ class ModelLifecycle:
             if self._stop.is_set():
                 return
             try:
-                self.sync(name)
+                with annotation("tfservo.poll_base_path", model=name):
+                    self.sync(name)
             except NotFound:
                 pass  # removed while we were polling
             except Exception:

@@ -38,6 +38,7 @@ from tfservo.core.errors import (
 )
 from tfservo.models import QUIET_TENSORFLOW  # sets TF_CPP_MIN_LOG_LEVEL before TF loads
 from tfservo.models.captured_variables import UnrestorableVariables, restore_captured_variables
+from tfservo.models.profiling import annotation
 from tfservo.models.signatures import SignatureDef, TensorSpec, signature_from_proto, tensor_info_name
 
 __all__ = ["INIT_OP_SIGNATURE", "Feeds", "load_saved_model", "LoadedModel"]
@@ -238,7 +239,8 @@ class LoadedModel:
         if runner is None:
             runner = self._make_runner(sig, in_keys, out_keys)
         try:
-            values = runner([feeds[k] for k in in_keys])
+            with annotation("tfservo.run", signature=sig.name, model=self.path):
+                values = runner([feeds[k] for k in in_keys])
         except tf.errors.OpError as exc:
             raise self._run_error(sig, feeds, exc.error_code, exc.message) from None
         except (TypeError, ValueError) as exc:

@@ -1,0 +1,20 @@
+"""Annotations in TensorFlow's profiler traces (its TraceMe events): each model run and each poll
+of the model base paths shows in a trace captured over the gRPC port (tfservo.grpc.profiler).
+
+An annotation costs about half a microsecond when no trace is being captured.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+__all__ = ["annotation"]
+
+
+def annotation(name: str, **labels: Any) -> AbstractContextManager[Any]:
+    """A TraceMe span called `name` with `labels`, recorded only while a profile is captured."""
+    import tensorflow as tf  # already loaded wherever models run
+
+    trace: AbstractContextManager[Any] = tf.profiler.experimental.Trace(name, **labels)
+    return trace
