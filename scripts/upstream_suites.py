@@ -55,8 +55,8 @@ CONTAINER_EXPECTED = {
     "(README: SageMaker's API); with Accept: application/json it writes the container's bytes",
     "test/integration/local/test_multi_model_endpoint.py::test_bad_model_reqeust": "a load request "
     "without 'url' is the client's mistake: 400 naming the field, where the container answers 500",
-    "test/integration/local/test_multi_model_endpoint.py::test_load_one_model_two_times": "the checkout "
-    "lacks test/resources/mme/cifar's variables (stored outside Git); with them it loads",
+    "test/integration/local/test_multi_model_endpoint.py::test_load_one_model_two_times": "needs "
+    "test/resources/mme/cifar's variables file, which the copy of the checkout run here lacks",
     "test/integration/local/test_pre_post_processing.py::*[[]3]": "code/requirements.txt installs "
     "Pillow with pip inside the container, which needs PyPI from inside Docker",
     "test/integration/local/test_pre_post_processing.py::*[[]5]": "the same: pip inside the container",
