@@ -50,9 +50,6 @@ NOT_RUN = {
 # The container's tests that fail here and why: tfservo's choices where the container is at fault,
 # and what this machine lacks (checked against the failures' names; anything else fails the run).
 CONTAINER_EXPECTED = {
-    "test/integration/local/test_container.py::test_predict_with_jsonlines*": "tfservo answers "
-    "Accept: application/jsonlines with one prediction per line, not TF Serving's JSON on one line "
-    "(README: SageMaker's API); with Accept: application/json it writes the container's bytes",
     "test/integration/local/test_multi_model_endpoint.py::test_bad_model_reqeust": "a load request "
     "without 'url' is the client's mistake: 400 naming the field, where the container answers 500",
     "test/integration/local/test_multi_model_endpoint.py::test_load_one_model_two_times": "needs "

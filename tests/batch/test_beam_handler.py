@@ -229,7 +229,7 @@ def test_several_models_in_sequence_per_key_and_inference_py(beam_models: BeamMo
         )
         | "convert out" >> beam.Map(lambda r: r.inference)
     )
-    assert_that(converted, equal_to([b"2.5\n3.0\n"]), label="conversion")
+    assert_that(converted, equal_to([b'{    "predictions": [2.5, 3.0    ]}']), label="conversion")
     p.run().wait_until_finish()
 
 

@@ -70,8 +70,9 @@ def escaped(copy: str, inside: Path) -> list[str]:
     found = []
     for path in Path(copy).rglob("*"):
         if path.is_file():
-            # flip()'s temporary link (name.tmp) may be caught in the copy: it stands for name
-            original = inside / str(path.relative_to(copy)).removesuffix(".tmp")
+            # flip()'s temporary link (name.tmp, a file or the variables/ dir) may be caught in the
+            # copy: it stands for name
+            original = inside.joinpath(*(part.removesuffix(".tmp") for part in path.relative_to(copy).parts))
             if not original.is_file() or original.read_bytes() != path.read_bytes():
                 found.append(str(path.relative_to(copy)))
     return found

@@ -43,6 +43,13 @@ def split_response(body: bytes, content_type: str | None, count: int) -> list[Re
     kind = essence(content_type)
     if is_json_lines(kind):
         lines = [line for line in body.split(b"\n") if line.strip()]
+        if len(lines) == 1:  # TF Serving's answer on one line: how the container frames JSON lines
+            try:
+                doc = orjson.loads(lines[0])
+            except orjson.JSONDecodeError:
+                doc = None
+            if isinstance(doc, dict) and any(key in doc for key in TFS_RESPONSE_KEYS):
+                return _split_json(doc, count)
         return _expect(count, [_json_line(line) for line in lines], body, "JSON lines")
     if kind == CSV:
         return _expect(count, _csv_rows(body), body, "CSV rows")

@@ -421,34 +421,34 @@ def _match(pattern: re.Pattern[str], text: str, pos: int) -> re.Match[str]:
 def from_tfs_response(body: bytes, accept: Sequence[str]) -> tuple[bytes, str]:
     """TF Serving's JSON answer as (body, content type) for an Accept list from parse_accept.
 
-    Converted to the first acceptable of application/json (as is), application/jsonlines (one
-    record per line), text/csv (one row per record); nothing acceptable → NotAcceptable (406).
-    The container ignores Accept and always answers TF Serving's JSON; users asked for this.
+    Converted to the first acceptable of application/json (as is), JSON lines (TF Serving's JSON
+    on one line, as the SageMaker container answers it), text/csv (one row per record, where the
+    container answers JSON: users asked for CSV); nothing acceptable → NotAcceptable (406).
     """
     target = negotiate(accept, CONVERTIBLE_TYPES)
     if target == JSON:
         return body, JSON
+    if is_json_lines(target):
+        return body.replace(b"\n", b""), target
     doc = json_codec.load_json(body)
     if isinstance(doc, dict) and "error" in doc:
         return body, JSON  # an error stays the JSON error object
-    records = response_records(doc)
-    if is_json_lines(target):
-        return b"".join(orjson.dumps(record) + b"\n" for record in records), target
-    return _csv_rows(records), CSV
+    return _csv_rows(response_records(doc)), CSV
 
 
 def encode_answer(answer: Answer, target: str, *, one_line: bool = False) -> bytes:
     """A model's answer in a negotiated CONVERTIBLE_TYPES type: TF Serving's JSON (`one_line`:
-    without its newlines, see one_line_json), or one record per line as JSON lines or CSV,
-    written straight from the arrays when they are plain numbers."""
-    if target == JSON:
+    without its newlines, see one_line_json), JSON lines as the container writes them (that JSON
+    on one line: the answer is the one record), or CSV, one row per record, written straight from
+    the arrays when they are plain numbers. (A batch transform splits answers per record itself,
+    from the arrays: `batch/calls`.)"""
+    if target == JSON or is_json_lines(target):
         body = json_codec.encode_answer(answer)
-        return body.replace(b"\n", b"") if one_line else body
+        return body.replace(b"\n", b"") if one_line or target != JSON else body
     rows = answer_rows(answer)
     if rows is None:
         return from_tfs_response(json_codec.encode_answer(answer), [target])[0]
-    lines = rows.json if is_json_lines(target) else rows.csv
-    return b"".join(line + b"\n" for line in lines)
+    return b"".join(line + b"\n" for line in rows.csv)
 
 
 def one_line_json(accept: Sequence[str]) -> bool:
