@@ -491,15 +491,18 @@ def test_two_bundles_helper_modules_of_the_same_name_do_not_clash(tmp_path):
 
 
 def test_requirements_install_into_target_and_skip_when_unchanged(tmp_path, monkeypatch):
+    from conftest import write_wheel
+
     code = tmp_path / "code"
     code.mkdir()
-    (code / "requirements.txt").write_text("six==1.17.0\n")
+    write_wheel(code, "tfservo-probe", "1.0", {"tfservo_probe.py": "VERSION = '1.0'\n"})
+    (code / "requirements.txt").write_text("--no-index\n--find-links .\ntfservo-probe==1.0\n")
     target = tmp_path / "deps" / "bundle"
     assert install_requirements(str(code), str(target)) == str(target)
-    assert (target / "six.py").is_file()
+    assert (target / "tfservo_probe.py").is_file()
     assert str(target) in sys.path
     probe = subprocess.run(
-        [sys.executable, "-c", "import six; print(six.__file__)"],
+        [sys.executable, "-c", "import tfservo_probe; print(tfservo_probe.__file__)"],
         env={**os.environ, "PYTHONPATH": str(target), "PYTHONNOUSERSITE": "1"},
         capture_output=True,
         text=True,
@@ -517,7 +520,7 @@ def test_requirements_install_into_target_and_skip_when_unchanged(tmp_path, monk
 def test_changed_requirements_reinstall(tmp_path, monkeypatch):
     code = tmp_path / "code"
     code.mkdir()
-    (code / "requirements.txt").write_text("six\n")
+    (code / "requirements.txt").write_text("tfservo-probe-a\n")  # not installed here: pip runs
     target = tmp_path / "deps"
     calls = []
 
@@ -532,7 +535,7 @@ def test_changed_requirements_reinstall(tmp_path, monkeypatch):
     install_requirements(str(code), str(target))
     assert len(calls) == 1
     assert calls[0][:3] == [sys.executable, "-m", "pip"]
-    (code / "requirements.txt").write_text("six\ntomli\n")
+    (code / "requirements.txt").write_text("tfservo-probe-a\ntfservo-probe-b\n")
     install_requirements(str(code), str(target))
     assert len(calls) == 2
     assert (target / "marker_pkg.py").read_text() == "N = 2\n"
@@ -601,20 +604,29 @@ def test_make_requests_response_error_status():
     assert odd.status_code == 599 and odd.reason == ""
 
 
-def test_a_loaded_package_that_satisfies_the_requirement_is_kept_with_a_warning(tmp_path, caplog):
-    """`Pillow>=6.2` (the container's own example bundles) with Pillow already imported: the loaded
-    version satisfies it, so the bundle loads and gets it; `Pillow==99.0` does not: a BundleError."""
+def test_requirements_the_server_satisfies_are_not_installed_and_others_must_not_shadow(tmp_path, caplog):
+    """`Pillow>=6.2` (the container's own example bundles): the server's Pillow satisfies it, so
+    nothing is installed and the bundle gets it; `Pillow==99.0` with Pillow already imported is a
+    BundleError naming both versions."""
+    import logging
+
     import PIL
     from conftest import write_wheel
 
     code = tmp_path / "code"
     code.mkdir()
     write_wheel(code, "pillow", "99.0", {"PIL/__init__.py": "__version__ = '99.0'\n"})
-    (code / "requirements.txt").write_text("--no-index\n--find-links .\nPillow>=6.2\n")
+    (code / "requirements.txt").write_text("--no-index\n--find-links .\nPillow>=6.2\nsix\n")
     target = tmp_path / "deps"
+    caplog.set_level(logging.INFO, logger="tfservo.handlers")
     try:
+        # what pip would find installed is not installed again (no index needed), as in the container
         assert install_requirements(str(code), str(target)) == str(target)
-        assert f"the handler gets {PIL.__version__}, which satisfies pillow>=6.2" in caplog.text
+        assert f"already satisfied here (Pillow {PIL.__version__}, six 1.17.0)" in caplog.text
+        assert not (target / "PIL").exists()
+        (code / "requirements.txt").write_text("--no-index\n--find-links .\nPillow>=6.2\nsix==1.0\n")
+        with pytest.raises(BundleError, match="pip could not install"):  # six 1.0 is not here: pip runs
+            install_requirements(str(code), str(tmp_path / "deps1"))
         (code / "requirements.txt").write_text("--no-index\n--find-links .\nPillow==99.0\n")
         with pytest.raises(BundleError, match=f"installs pillow 99.0, but pillow {PIL.__version__} is already imported"):
             install_requirements(str(code), str(tmp_path / "deps2"))

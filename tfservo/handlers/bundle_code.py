@@ -33,7 +33,7 @@ from requests.structures import CaseInsensitiveDict
 
 from tfservo.codecs.media_types import JSON
 from tfservo.core.errors import BundleError, HandlerError
-from tfservo.handlers.shadowing import check_shadowed_imports
+from tfservo.handlers.shadowing import check_shadowed_imports, satisfied_here
 
 __all__ = [
     "DEFAULT_CONTENT_TYPE",
@@ -441,7 +441,9 @@ def install_requirements(
 
     As in the container, a code/lib directory wins: requirements.txt is then ignored with a
     warning. A listed package that this process has already imported at another version is a
-    BundleError naming it (shadowing.check_shadowed_imports), never a silent mismatch. An install is skipped when target_dir records the same requirements (and Python);
+    BundleError naming it (shadowing.check_shadowed_imports), never a silent mismatch. Nothing is
+    installed when this environment satisfies every requirement already (as the container's pip
+    finds them installed), or when target_dir records the same requirements (and Python);
     a failed one is a BundleError with pip's last lines. Returns target_dir, or None.
     """
     requirements = os.path.abspath(os.path.join(code_dir, "requirements.txt"))
@@ -455,7 +457,14 @@ def install_requirements(
         content = f.read()
     digest = hashlib.sha256(content + sys.version.encode() + sys.executable.encode()).hexdigest()
     if _read(os.path.join(target, _MARKER)) != digest:
-        _pip_install(requirements, target, digest, timeout)
+        present = satisfied_here(requirements)
+        if present is None:
+            _pip_install(requirements, target, digest, timeout)
+        else:  # the container's pip would find them all installed, and install nothing
+            log.info("%s: already satisfied here (%s); nothing to install", requirements, ", ".join(present) or "empty")
+            os.makedirs(target, exist_ok=True)
+            with open(os.path.join(target, _MARKER), "w") as f:
+                f.write(digest)
     else:
         log.info("packages from %s already installed in %s", requirements, target)
     with _IMPORT_LOCK:

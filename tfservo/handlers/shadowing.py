@@ -21,7 +21,7 @@ from packaging.version import InvalidVersion
 
 from tfservo.core.errors import BundleError
 
-__all__ = ["check_shadowed_imports"]
+__all__ = ["check_shadowed_imports", "satisfied_here"]
 
 log = logging.getLogger("tfservo.handlers")
 
@@ -52,6 +52,36 @@ def check_shadowed_imports(requirements: str, target: str) -> None:
             requirements, name, dist.version, name, version, where, version,
             f", which satisfies {name}{wanted}" if wanted is not None else "",
         )
+
+
+def satisfied_here(requirements: str) -> list[str] | None:
+    """`name version` of each requirement when this environment already satisfies every one (as
+    the container's `pip install -r` would find them all installed), so there is nothing for pip to
+    do; None when anything is missing, pinned elsewhere, or not a plain `name<spec>` line."""
+    found = []
+    with open(requirements, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            text = line.split(" #", 1)[0].strip()
+            if not text or text.startswith("#"):
+                continue
+            if text.startswith("-"):
+                continue  # an option (index, find-links): nothing to install by itself
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                return None
+            if requirement.marker is not None and not requirement.marker.evaluate():
+                continue  # not for this platform
+            if requirement.url or requirement.extras:
+                return None
+            try:
+                version = importlib.metadata.version(requirement.name)
+            except importlib.metadata.PackageNotFoundError:
+                return None
+            if not _satisfies(requirement.specifier, version):
+                return None
+            found.append(f"{requirement.name} {version}")
+    return found
 
 
 def _named_packages(requirements: str) -> dict[str, SpecifierSet]:
