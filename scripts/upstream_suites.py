@@ -54,13 +54,9 @@ CONTAINER_EXPECTED = {
     "without 'url' is the client's mistake: 400 naming the field, where the container answers 500",
     "test/integration/local/test_multi_model_endpoint.py::test_load_one_model_two_times": "needs "
     "test/resources/mme/cifar's variables file, which the copy of the checkout run here lacks",
-    "test/integration/local/test_pre_post_processing.py::*[[]3]": "code/requirements.txt installs "
-    "Pillow with pip inside the container, which needs PyPI from inside Docker",
-    "test/integration/local/test_pre_post_processing.py::*[[]5]": "the same: pip inside the container",
-    "test/integration/local/test_pre_post_processing_mme.py::*": "the same: the universal script's "
-    "requirements.txt is installed with pip inside the container",
     "test/integration/local/test_pre_post_processing.py::*[[]4]": "the handler asserts Pillow is not "
     "importable, but tfservo's TensorFlow (Keras) and matplotlib bring Pillow into the server",
+    "test/integration/local/test_pre_post_processing.py::*[[]5]": "the same handler: Pillow is there",
 }
 
 # TF Serving runs its Keras tests with Keras 2 (tf_keras); installed beside the suite only.
