@@ -17,7 +17,8 @@ MODEL = TFS / "saved_model_half_plus_two_cpu"
 
 @pytest.fixture(scope="module")
 def server():
-    args = [str(MODEL), "--header-timeout", "1", "--keep-alive-timeout", "1", "--max-connections", "40"]
+    args = [str(MODEL), "--header-timeout", "1", "--keep-alive-timeout", "1", "--max-connections", "40",
+            "--body-timeout", "2", "--min-body-rate", "100"]
     with ServerProcess(args) as proc:
         yield proc
 
@@ -82,6 +83,39 @@ def test_idle_and_slow_clients_are_closed_on_time_while_others_are_served(server
         assert data.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in data
         assert sock.recv(1) == b""  # closed
         sock.close()
+
+
+def test_a_body_trickling_a_byte_a_second_gets_408_and_a_steady_one_is_answered(server) -> None:
+    """--body-timeout 2 --min-body-rate 100: 2 s for a body, plus 1 s per 100 bytes received."""
+    host, port = server.url.removeprefix("http://").split(":")
+    head = b"POST /v1/models/saved_model_half_plus_two_cpu:predict HTTP/1.1\r\nHost: x\r\n"
+    body = b'{"instances": [' + b", ".join([b"1.0"] * 300) + b"]}"
+    with socket.create_connection((host, int(port)), timeout=10) as slow:
+        slow.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body))
+        started, answer = time.monotonic(), b""
+        for byte in body:  # a byte a second: 2 s plus 0.01 s per byte, long before the body ends
+            try:
+                slow.sendall(bytes([byte]))
+                slow.settimeout(1)
+                answer = slow.recv(65536)
+                break
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        assert answer.startswith(b"HTTP/1.1 408") and b"request body did not arrive in time" in answer, answer
+        assert time.monotonic() - started < 10
+    # a body in pieces, 0.5 s apart, keeps up with 100 bytes a second: answered
+    with socket.create_connection((host, int(port)), timeout=10) as steady:
+        steady.sendall(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+        for i in range(0, len(body), 200):
+            steady.sendall(body[i : i + 200])
+            time.sleep(0.5)
+        chunks = []
+        while chunk := steady.recv(65536):
+            chunks.append(chunk)
+        status, answer_json = status_and_json(b"".join(chunks))
+        assert status == 200 and len(answer_json["predictions"]) == 300
 
 
 def test_connections_past_the_limit_are_refused_without_locking_others_out(server) -> None:

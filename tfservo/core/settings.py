@@ -188,6 +188,13 @@ class Settings:
         10.0, "--header-timeout", check="positive",
         help="A request's headers must arrive within this many seconds of the connection or the "
         "previous answer, else 408 and the connection closes [default: 10].")
+    body_timeout: float = setting(  # a body must keep arriving: this long, plus 1 s per min_body_rate bytes
+        20.0, "--body-timeout", check="positive", metavar="SECONDS",
+        help="A request body must arrive within this many seconds, extended by a second for every "
+        "--min-body-rate bytes received, else 408 and the connection closes [default: 20].")
+    min_body_rate: int = setting(
+        500, "--min-body-rate", check="at_least_one", metavar="BYTES",
+        help="Bytes a second a slow body must keep up past --body-timeout [default: 500].")
     max_connections: int = setting(  # open connections per worker; 0: from the file limit
         0, "--max-connections", check="non_negative",
         help="Open connections per worker; past it a new one gets 503 and is closed "

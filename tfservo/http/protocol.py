@@ -8,6 +8,10 @@ it writes itself in JSON and limits on slow, idle and too many clients.
 - a connection whose request headers do not arrive within `header_timeout` seconds (an idle
   connection that never sends a request, or one dribbling a byte a second) answers 408 and
   is closed;
+- a request body must arrive within `body_timeout` seconds, extended by a second for every
+  `min_body_rate` bytes received (Apache's mod_reqtimeout `body=20,MinRate=500`), else 408 and
+  the connection closes: a body trickling a byte a second cannot hold a connection open; time
+  while tfservo itself has paused reading (the app is not reading yet) does not count;
 - past `max_connections` open connections a new one answers 503 and is closed, so idle or
   slow clients cannot use up the process's file descriptors and lock others out.
 
@@ -44,11 +48,15 @@ class ServingProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with JSON errors, no upgrades, and connection limits."""
 
     header_timeout: float = 10.0
+    body_timeout: float = 20.0
+    min_body_rate: int = 500
     max_connections: int = 10_000
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_deadline = 0.0
         self._refusing_upgrade = False
         if len(self.connections) > self.max_connections:
             self._answer(
@@ -61,6 +69,7 @@ class ServingProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._cancel_body_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -90,12 +99,16 @@ class ServingProtocol(HttpToolsProtocol):
             self._refusing_upgrade = True  # answered by data_received, without starting the app
             return
         super().on_headers_complete()
+        self._body_deadline = self.loop.time() + self.body_timeout
+        self._body_timer = self.loop.call_later(self.body_timeout, self._check_body_rate)
 
     def on_body(self, body: bytes) -> None:
+        self._body_deadline += len(body) / self.min_body_rate
         if not self._refusing_upgrade:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._cancel_body_timer()
         if not self._refusing_upgrade:
             super().on_message_complete()
 
@@ -120,6 +133,27 @@ class ServingProtocol(HttpToolsProtocol):
                 "send the whole request at once",
             )
 
+    def _cancel_body_timer(self) -> None:
+        timer = getattr(self, "_body_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._body_timer = None
+
+    def _check_body_rate(self) -> None:
+        self._body_timer = None
+        now = self.loop.time()
+        if self.flow is not None and self.flow.read_paused:
+            self._body_deadline = now + self.body_timeout  # waiting on the app, not the client
+        if now < self._body_deadline:
+            self._body_timer = self.loop.call_later(self._body_deadline - now, self._check_body_rate)
+            return
+        self._answer(
+            408,
+            f"The request body did not arrive in time ({self.body_timeout:g} s, plus 1 s per "
+            f"{self.min_body_rate} bytes received); send the body at once, or raise --body-timeout / "
+            "lower --min-body-rate for slow links",
+        )
+
     def _answer(self, status: int, message: str) -> None:
         """A complete JSON error answer, then the connection closes."""
         if self.transport.is_closing():
@@ -136,10 +170,12 @@ class ServingProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_class(*, header_timeout: float, max_connections: int) -> Any:
+def protocol_class(*, header_timeout: float, max_connections: int, body_timeout: float = 20.0,
+                   min_body_rate: int = 500) -> Any:
     """The protocol class for one server's limits (uvicorn instantiates it per connection)."""
     return type(
         "ServingProtocol",
         (ServingProtocol,),
-        {"header_timeout": header_timeout, "max_connections": max_connections},
+        {"header_timeout": header_timeout, "max_connections": max_connections, "body_timeout": body_timeout,
+         "min_body_rate": min_body_rate},
     )

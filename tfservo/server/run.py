@@ -130,6 +130,8 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, *
         loop="uvloop",
         http=protocol_class(
             header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+            min_body_rate=settings.min_body_rate,
             max_connections=settings.max_connections or default_max_connections(),
         ),
         ws="none",
