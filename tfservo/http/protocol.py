@@ -119,10 +119,17 @@ class ServingProtocol(HttpToolsProtocol):
         self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
 
     def _cancel_header_timer(self) -> None:
-        timer = getattr(self, "_header_timer", None)
+        self._cancel("_header_timer")
+
+    def _cancel_body_timer(self) -> None:
+        self._cancel("_body_timer")
+
+    def _cancel(self, attribute: str) -> None:
+        """Cancel the timer held in `attribute` (set in connection_made), if one is armed."""
+        timer: asyncio.TimerHandle | None = getattr(self, attribute, None)
         if timer is not None:
             timer.cancel()
-            self._header_timer = None
+            setattr(self, attribute, None)
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
@@ -132,12 +139,6 @@ class ServingProtocol(HttpToolsProtocol):
                 f"The request headers did not arrive within {self.header_timeout:g} s; "
                 "send the whole request at once",
             )
-
-    def _cancel_body_timer(self) -> None:
-        timer = getattr(self, "_body_timer", None)
-        if timer is not None:
-            timer.cancel()
-            self._body_timer = None
 
     def _check_body_rate(self) -> None:
         self._body_timer = None
