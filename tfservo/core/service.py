@@ -26,7 +26,7 @@ from tfservo.handlers.bundle_code import (
     reload_handlers,
     unload_handlers,
 )
-from tfservo.models.bundle import SAVED_MODEL_FILES, TFLITE_MODEL_FILE, Bundle, ModelSource, open_bundle
+from tfservo.models.bundle import Bundle, ModelSource, open_bundle, serves_tflite
 from tfservo.models.config_reloader import ModelConfigReloader
 from tfservo.models.lifecycle import ModelLifecycle
 from tfservo.models.model_config import VersionPolicy
@@ -300,9 +300,7 @@ def _runner_factory(settings: Settings, on_batch: BatchHook | None) -> RunnerFac
 def _load_model(settings: Settings, path: str) -> LoadedModel:
     """A version dir's model: its SavedModel, or its model.tflite where there is no SavedModel
     or --prefer-tflite-model says so (as TF Serving chooses)."""
-    if os.path.isfile(os.path.join(path, TFLITE_MODEL_FILE)) and (
-        settings.prefer_tflite_model or not any(os.path.isfile(os.path.join(path, f)) for f in SAVED_MODEL_FILES)
-    ):
+    if serves_tflite(path, settings.prefer_tflite_model):
         from tfservo.models.tflite import load_tflite_model
 
         return load_tflite_model(path, interpreters=settings.tflite_interpreters, threads=settings.intra_op_threads)

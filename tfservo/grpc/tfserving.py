@@ -376,33 +376,30 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.host = host
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        try:
-            if credentials is not None:
-                self.port = self._server.add_secure_port(address, credentials)
-            else:
-                self.port = self._server.add_insecure_port(address)
-        except RuntimeError:
-            self.port = 0
+        self.port = self._bind(address, credentials)
         if not self.port:
             raise Unavailable(f"cannot listen for gRPC on {address} (port in use?); pick another --grpc-port")
-        self.socket_path = socket_path
-        if socket_path:
+        if socket_path:  # TF Serving's --grpc_socket_path: the same services on a Unix socket
             self._listen_on_socket(socket_path, credentials)
         self._stopped: threading.Event | None = None
 
+    def _bind(self, address: str, credentials: grpc.ServerCredentials | None) -> int:
+        """Listen on `address` (TLS with `credentials`); the bound port, 0 if it cannot."""
+        try:
+            if credentials is not None:
+                return int(self._server.add_secure_port(address, credentials))
+            return int(self._server.add_insecure_port(address))
+        except RuntimeError:
+            return 0
+
     def _listen_on_socket(self, path: str, credentials: grpc.ServerCredentials | None) -> None:
-        """The same services on a Unix socket (TF Serving's --grpc_socket_path). gRPC replaces a
-        socket file left at `path`; with several workers the last one started answers there."""
+        """gRPC replaces a socket file left at `path`; with several workers the last one started
+        answers there."""
         address = f"unix:{os.path.abspath(path)}"
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             raise Unavailable(f"cannot serve gRPC on {address}: {folder} is not a directory; create it or change --grpc_socket_path")
-        try:
-            bound = (self._server.add_secure_port(address, credentials) if credentials is not None
-                     else self._server.add_insecure_port(address))
-        except RuntimeError:
-            bound = 0
-        if not bound:
+        if not self._bind(address, credentials):
             raise Unavailable(f"cannot serve gRPC on {address}; check the path is writable or change --grpc_socket_path")
 
     def add_service(self, handler: grpc.GenericRpcHandler) -> None:

@@ -3,7 +3,8 @@
 Packages from code/requirements.txt go first on sys.path, so they win for every module not yet
 imported. A module already imported (by tfservo, TensorFlow or Keras) cannot be replaced in a
 running process: the handler would silently get the server's version. That is an error for a
-package requirements.txt names, and a warning for one pip pulled in as a dependency.
+package requirements.txt names at a version the loaded one does not satisfy, and a warning
+otherwise; requirements this environment already satisfies are not installed at all.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
@@ -24,6 +25,9 @@ from tfservo.core.errors import BundleError
 __all__ = ["check_shadowed_imports", "satisfied_here"]
 
 log = logging.getLogger("tfservo.handlers")
+
+_WHERE_OPTIONS = ("-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--no-index", "--trusted-host",
+                  "--prefer-binary", "--only-binary", "--no-binary", "--pre")
 
 
 def check_shadowed_imports(requirements: str, target: str) -> None:
@@ -59,50 +63,49 @@ def satisfied_here(requirements: str) -> list[str] | None:
     the container's `pip install -r` would find them all installed), so there is nothing for pip to
     do; None when anything is missing, pinned elsewhere, or not a plain `name<spec>` line."""
     found = []
+    for text, requirement in _requirement_lines(requirements):
+        if text.startswith(_WHERE_OPTIONS):
+            continue  # where pip looks: nothing to install by itself (-r, -e, -c still need pip)
+        if requirement is None or requirement.url or requirement.extras:
+            return None
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue  # not for this platform
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        if not _satisfies(requirement.specifier, version):
+            return None
+        found.append(f"{requirement.name} {version}")
+    return found
+
+
+def _named_packages(requirements: str) -> dict[str, SpecifierSet]:
+    """The packages a requirements file lists (normalised name → the versions it accepts); a
+    wheel file's name gives its version; options and other paths are skipped."""
+    named: dict[str, SpecifierSet] = {}
+    for text, requirement in _requirement_lines(requirements):
+        if text.endswith(".whl"):  # a wheel's file name is NAME-VERSION-...
+            name, _, rest = os.path.basename(text).partition("-")
+            named[_normalise(name)] = SpecifierSet(f"=={rest.split('-', 1)[0]}")
+        elif requirement is not None:
+            named[_normalise(requirement.name)] = requirement.specifier
+    return named
+
+
+def _requirement_lines(requirements: str) -> Iterator[tuple[str, Requirement | None]]:
+    """Each line of a requirements file that says something, comments removed, with its
+    requirement as pip reads it (None for options, paths and what `packaging` cannot parse)."""
     with open(requirements, encoding="utf-8", errors="replace") as f:
         for line in f:
             text = line.split(" #", 1)[0].strip()
             if not text or text.startswith("#"):
                 continue
-            if text.startswith("-"):
-                continue  # an option (index, find-links): nothing to install by itself
             try:
-                requirement = Requirement(text)
+                requirement = None if text.startswith(("-", ".", "/")) else Requirement(text)
             except InvalidRequirement:
-                return None
-            if requirement.marker is not None and not requirement.marker.evaluate():
-                continue  # not for this platform
-            if requirement.url or requirement.extras:
-                return None
-            try:
-                version = importlib.metadata.version(requirement.name)
-            except importlib.metadata.PackageNotFoundError:
-                return None
-            if not _satisfies(requirement.specifier, version):
-                return None
-            found.append(f"{requirement.name} {version}")
-    return found
-
-
-def _named_packages(requirements: str) -> dict[str, SpecifierSet]:
-    """The packages a requirements file lists (normalised name → the versions it accepts);
-    options, local paths and lines pip alone understands are skipped."""
-    named: dict[str, SpecifierSet] = {}
-    with open(requirements, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            text = line.split(" #", 1)[0].strip()
-            if text.endswith(".whl"):  # a wheel's file name is NAME-VERSION-...
-                name, _, rest = os.path.basename(text).partition("-")
-                named[_normalise(name)] = SpecifierSet(f"=={rest.split('-', 1)[0]}")
-                continue
-            if not text or text.startswith(("-", ".", "/", "#")):
-                continue
-            try:
-                requirement = Requirement(text)
-            except InvalidRequirement:
-                continue
-            named[_normalise(requirement.name)] = requirement.specifier
-    return named
+                requirement = None
+            yield text, requirement
 
 
 def _loaded_elsewhere(dist: importlib.metadata.Distribution, target: str) -> tuple[str, str, str] | None:

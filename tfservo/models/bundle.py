@@ -32,6 +32,7 @@ __all__ = [
     "MAX_VERSION",
     "SAVED_MODEL_FILES",
     "TFLITE_MODEL_FILE",
+    "serves_tflite",
     "Bundle",
     "discover_versions",
     "is_model_name",
@@ -239,7 +240,19 @@ def _code_dir(path: str) -> str | None:
 
 def _is_saved_model_dir(path: str) -> bool:
     """True if a SavedModel file (or a TFLite model) lies directly in `path`."""
-    return any(os.path.isfile(os.path.join(path, f)) for f in (*SAVED_MODEL_FILES, TFLITE_MODEL_FILE))
+    return _has_saved_model(path) or os.path.isfile(os.path.join(path, TFLITE_MODEL_FILE))
+
+
+def _has_saved_model(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, f)) for f in SAVED_MODEL_FILES)
+
+
+def serves_tflite(version_dir: str, prefer_tflite: bool) -> bool:
+    """Whether a version dir is served from its model.tflite: where it has no SavedModel, or
+    --prefer-tflite-model says so (as TF Serving chooses)."""
+    return os.path.isfile(os.path.join(version_dir, TFLITE_MODEL_FILE)) and (
+        prefer_tflite or not _has_saved_model(version_dir)
+    )
 
 
 def _dir_name(path: str) -> str:

@@ -5,8 +5,9 @@ package). Its signature runners become the version's signatures (method `predict
 `shape_signature`, so a -1 batch dim is resized per call). A model without signature runners uses
 the SignatureDefs TF Serving's converter stores in its `signature_defs_metadata` (keys mapped to
 tensors by name), or else `serving_default` over its input and output tensors, named as they are. An
-interpreter runs one call at a time, so a version holds a small pool of them
-(`--num_tflite_interpreters_per_pool`, `--num_tflite_pools`), each with the intra-op thread count.
+interpreter runs one call at a time, so a version holds a pool of
+`--num_tflite_interpreters_per_pool` of them, each with the intra-op thread count
+(`--num_tflite_pools` has no equivalent: one pool per version).
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ class _TfliteBackend(_Backend):
         first = pool.get()
         try:
             self.signatures = _signature_specs(first, model_file)
+            self.has_runners = bool(first.get_signature_list())  # else: fed tensor by tensor
         finally:
             pool.put(first)
+        self.fed_shapes: dict[tuple[int, int], tuple[int, ...]] = {}  # (interpreter, tensor) → shape now
 
     def meta_graph_def(self) -> meta_graph_pb2.MetaGraphDef:
         """The signatures as TF Serving reports a TFLite model's: SignatureDefs, method predict."""
@@ -88,7 +91,11 @@ class _TfliteBackend(_Backend):
         def run(values: list[np.ndarray]) -> list[Any]:
             interpreter = self.pool.get()
             try:
-                result = _call(interpreter, sig.name, inputs, outputs, dict(zip(in_keys, values)))
+                if self.has_runners:
+                    answer = interpreter.get_signature_runner(sig.name)(**dict(zip(in_keys, values)))
+                    result = {key: np.array(value) for key, value in answer.items()}
+                else:
+                    result = self._feed_tensors(interpreter, inputs, outputs, dict(zip(in_keys, values)))
             except (ValueError, RuntimeError) as exc:
                 raise InvalidArgument(
                     f"{str(exc).strip().splitlines()[0]} (while running TFLite signature '{sig.name}'); "
@@ -99,6 +106,21 @@ class _TfliteBackend(_Backend):
             return [result[key] for key in out_keys]
 
         return run
+
+    def _feed_tensors(
+        self, interpreter: Any, inputs: dict[str, Any], outputs: dict[str, Any], feeds: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """A model without signature runners: set each input tensor (resized to the value's
+        shape, any rank, as TF Serving feeds it), invoke, read the outputs."""
+        for key, value in feeds.items():
+            index = inputs[key]["index"]
+            if self.fed_shapes.get((id(interpreter), index), tuple(inputs[key]["shape"])) != value.shape:
+                interpreter.resize_tensor_input(index, value.shape)
+                interpreter.allocate_tensors()
+                self.fed_shapes[(id(interpreter), index)] = value.shape
+            interpreter.set_tensor(index, value)
+        interpreter.invoke()
+        return {key: interpreter.get_tensor(detail["index"]) for key, detail in outputs.items()}
 
     def close(self) -> None:
         while not self.pool.empty():
@@ -154,26 +176,6 @@ def _stored_signature_defs(model_file: str) -> dict[str, Any]:
                 found[key.AsKey] = proto
             return found
     return {}
-
-
-def _call(
-    interpreter: Any, name: str, inputs: dict[str, Any], outputs: dict[str, Any], feeds: dict[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    if interpreter.get_signature_list():
-        answer = interpreter.get_signature_runner(name)(**feeds)
-        return {key: np.array(value) for key, value in answer.items()}
-    for key, value in feeds.items():
-        index = inputs[key]["index"]
-        if tuple(interpreter.get_input_details()[_position(interpreter, index)]["shape"]) != value.shape:
-            interpreter.resize_tensor_input(index, value.shape)  # any rank, as TF Serving feeds it
-            interpreter.allocate_tensors()
-        interpreter.set_tensor(index, value)
-    interpreter.invoke()
-    return {key: interpreter.get_tensor(detail["index"]) for key, detail in outputs.items()}
-
-
-def _position(interpreter: Any, index: int) -> int:
-    return [d["index"] for d in interpreter.get_input_details()].index(index)
 
 
 def _describe(details: dict[str, Any]) -> str:
