@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import subprocess
 import threading
@@ -27,7 +28,9 @@ class ServerProcess:
         args: Sequence[str],
         env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
+        file_limit: int | None = None,
     ) -> None:
+        self.file_limit = file_limit  # RLIMIT_NOFILE of the server process
         self.args = [TFSERVO, "serve", "--host", "127.0.0.1", "--port", "0", *args]
         if "--grpc-port" not in args:
             self.args += ["--grpc-port", "0"]
@@ -46,6 +49,7 @@ class ServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=self._limit if self.file_limit else None,
         )
         threading.Thread(target=self._drain, daemon=True).start()
         deadline = time.monotonic() + self.timeout
@@ -56,6 +60,9 @@ class ServerProcess:
                     f"tfservo serve did not start (exit {self.proc.returncode}):\n" + self.output
                 )
         return self
+
+    def _limit(self) -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.file_limit, self.file_limit))
 
     def _drain(self) -> None:
         assert self.proc and self.proc.stderr

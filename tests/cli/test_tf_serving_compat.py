@@ -4,7 +4,6 @@ names, time limits (504, DEADLINE_EXCEEDED, rows dropped from a batch) and TLS."
 
 from __future__ import annotations
 
-import datetime
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+from certificates import certificates
 from conftest import TFS, grpc_predict_request, tfs_grpc, write_code
 from server_process import ServerProcess
 
@@ -356,49 +356,8 @@ def test_rows_whose_deadline_passed_in_the_queue_are_dropped_from_the_batch():
 # -- TLS --------------------------------------------------------------------------------------------
 
 
-def _certificates(where: Path) -> dict[str, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def make(name, issuer_key=None, issuer_name=None, *, ca=False, san=None):
-        key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        builder = (
-            x509.CertificateBuilder().subject_name(subject).issuer_name(issuer_name or subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if san:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        cert = builder.sign(issuer_key or key, hashes.SHA256())
-        return key, cert
-
-    import ipaddress
-
-    ca_key, ca_cert = make("tfservo test CA", ca=True)
-    files = {}
-    for role, san in (("server", [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                      ("client", None)):
-        key, cert = make(role, ca_key, ca_cert.subject, san=san)
-        files[f"{role}.key"] = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        files[f"{role}.crt"] = cert.public_bytes(serialization.Encoding.PEM)
-    files["ca.crt"] = ca_cert.public_bytes(serialization.Encoding.PEM)
-    paths = {}
-    for name, data in files.items():
-        (where / name).write_bytes(data)
-        paths[name] = where / name
-    return paths
-
-
 def test_mutual_tls_on_rest_and_grpc(tmp_path):
-    pem = _certificates(tmp_path)
+    pem = certificates(tmp_path)
     ssl_config = tmp_path / "ssl.config"
     ssl_config.write_text(
         f'server_key: "{pem["server.key"].read_text()}"\nserver_cert: "{pem["server.crt"].read_text()}"\n'

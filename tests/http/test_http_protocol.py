@@ -3,12 +3,15 @@ once, slow and idle clients are cut off on time, and too many connections cannot
 
 from __future__ import annotations
 
+import collections
 import json
 import socket
+import threading
 import time
 
 import httpx
 import pytest
+from certificates import certificates
 from conftest import TFS
 from server_process import ServerProcess
 
@@ -118,23 +121,92 @@ def test_a_body_trickling_a_byte_a_second_gets_408_and_a_steady_one_is_answered(
         assert status == 200 and len(answer_json["predictions"]) == 300
 
 
-def test_connections_past_the_limit_are_refused_without_locking_others_out(server) -> None:
+def test_past_the_limit_idle_connections_make_room_and_only_busy_ones_refuse(server) -> None:
+    """--max-connections 40: 60 silent connections close the oldest 20 without an answer (nginx's
+    reuse of idle connections) and clients keep being served; with 40 connections each busy with
+    a request, a new one is refused with 503."""
     host, port = server.url.removeprefix("http://").split(":")
-    held = [socket.create_connection((host, int(port))) for _ in range(60)]
+    silent = [socket.create_connection((host, int(port))) for _ in range(60)]
     try:
-        refused = 0
-        for sock in held:
-            sock.settimeout(0.2)
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            assert client.get("/ping").status_code == 200
+        closed = []
+        for sock in silent:
+            sock.settimeout(0.5)
             try:
-                data = sock.recv(65536)
+                if sock.recv(65536) == b"":
+                    closed.append(sock)
             except TimeoutError:
-                continue
-            if data.startswith(b"HTTP/1.1 503"):
-                refused += 1
-                assert b"--max-connections" in data
-        assert refused >= 20
+                pass
+        assert len(closed) >= 20 and silent[0] in closed and silent[-1] not in closed
     finally:
-        for sock in held:
+        for sock in silent:
             sock.close()
+    time.sleep(0.2)
+    busy = [socket.create_connection((host, int(port))) for _ in range(40)]
+    try:
+        for sock in busy:
+            sock.sendall(b"GET /ping HTTP/1.1\r\n")  # a request under way: not idle
+        time.sleep(0.2)
+        with socket.create_connection((host, int(port)), timeout=5) as refused:
+            status, doc = status_and_json(refused.recv(65536))  # answered before it sends a byte
+        assert status == 503 and "--max-connections" in doc["error"]
+    finally:
+        for sock in busy:
+            sock.close()
+    time.sleep(0.2)
     with httpx.Client(base_url=server.url, timeout=5) as client:
         assert client.get("/ping").status_code == 200
+
+
+def test_silent_connections_beyond_the_file_limit_do_not_lock_clients_out() -> None:
+    """1,100 connections that never send a byte, against a server whose file limit is 1,024,
+    while clients keep predicting, each on a new connection: no client sees a 503 or a reset."""
+    args = [str(MODEL), "--header-timeout", "5"]
+    with ServerProcess(args, file_limit=1024) as proc:
+        host, port = proc.url.removeprefix("http://").split(":")
+        statuses: list[int] = []
+        errors: list[str] = []
+        done = threading.Event()
+
+        def predict() -> None:
+            with httpx.Client(base_url=proc.url, timeout=10) as client:
+                while not done.is_set():
+                    try:
+                        answer = client.post("/v1/models/saved_model_half_plus_two_cpu:predict",
+                                             json={"instances": [1.0]}, headers={"Connection": "close"})
+                        statuses.append(answer.status_code)
+                    except httpx.TransportError as exc:
+                        errors.append(repr(exc))
+
+        clients = [threading.Thread(target=predict) for _ in range(4)]
+        for thread in clients:
+            thread.start()
+        silent = []
+        try:
+            for _ in range(1100):
+                silent.append(socket.create_connection((host, int(port))))
+            time.sleep(2)
+        finally:
+            done.set()
+            for thread in clients:
+                thread.join()
+            for sock in silent:
+                sock.close()
+        assert statuses and set(statuses) == {200}, collections.Counter(statuses)
+        assert not errors, errors[:3]
+
+
+def test_a_tls_handshake_that_never_finishes_is_closed_after_the_header_timeout(tmp_path) -> None:
+    pem = certificates(tmp_path)
+    args = [str(MODEL), "--header-timeout", "1", "--tls-cert", str(pem["server.crt"]), "--tls-key", str(pem["server.key"])]
+    with ServerProcess(args) as proc:
+        host, port = proc.url.removeprefix("https://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as silent, \
+                socket.create_connection((host, int(port)), timeout=10) as half:
+            half.sendall(b"\x16\x03\x01\x02\x00\x01")  # the first bytes of a ClientHello, then nothing
+            started = time.monotonic()
+            assert silent.recv(1) == b"" and half.recv(1) == b""
+            assert time.monotonic() - started < 8  # asyncio's own limit is 60 s
+        answer = httpx.get(f"{proc.url}/ping", verify=str(pem["ca.crt"]), timeout=10)
+        assert answer.status_code == 200

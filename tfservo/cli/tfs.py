@@ -61,7 +61,6 @@ _TF_SERVING_ONLY: dict[str, Flag] = {
     "platform_config_file": Flag(str, "", False),
     "per_process_gpu_memory_fraction": Flag(float, 0.0, False),
     "saved_model_tags": Flag(str, "serve", False),
-    "grpc_channel_arguments": Flag(str, "", False),
     "grpc_max_threads": Flag(int, 0, False),
     "num_request_iterations_for_warmup": Flag(int, 1, False),
     "remove_unused_fields_from_bundle_metagraph": Flag(bool, True, False),

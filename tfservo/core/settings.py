@@ -186,8 +186,8 @@ class Settings:
         help="Close an idle keep-alive connection after this many seconds [default: 5].")
     header_timeout: float = setting(  # a request's headers must arrive within this
         10.0, "--header-timeout", check="positive",
-        help="A request's headers must arrive within this many seconds of the connection or the "
-        "previous answer, else 408 and the connection closes [default: 10].")
+        help="A request's headers (and, with --tls-cert, the TLS handshake) must arrive within this many "
+        "seconds of the connection or the previous answer, else 408 and the connection closes [default: 10].")
     body_timeout: float = setting(  # a body must keep arriving: this long, plus 1 s per min_body_rate bytes
         20.0, "--body-timeout", check="positive", metavar="SECONDS",
         help="A request body must arrive within this many seconds, extended by a second for every "
@@ -197,8 +197,8 @@ class Settings:
         help="Bytes a second a slow body must keep up past --body-timeout [default: 500].")
     max_connections: int = setting(  # open connections per worker; 0: from the file limit
         0, "--max-connections", check="non_negative",
-        help="Open connections per worker; past it a new one gets 503 and is closed "
-        "[default: the process's file limit less 128].")
+        help="Open connections per worker; past it the oldest idle ones close to make room, and only "
+        "when every one is busy does a new one get 503 [default: the process's file limit less 128].")
     max_decoding_mb: float = setting(  # request bodies being decoded at once per worker; 0: from memory
         0.0, "--max-decoding-mb", check="non_negative",
         help="Request bodies read and decoded at once, per worker, in MB; past it a request gets "
@@ -255,6 +255,23 @@ class Settings:
     grpc_socket_path: str | None = setting(
         None, "--grpc-socket-path", "--grpc_socket_path", tfs=TfsFlag("grpc_socket_path", ""), metavar="PATH",
         help="Also serve gRPC (TF Serving's and V2 services, health) on this Unix socket, as TF Serving does.")
+    # gRPC connection limits (HTTP/2's own, in place of the HTTP port's connection hygiene)
+    grpc_max_concurrent_streams: int = setting(
+        128, "--grpc-max-concurrent-streams", check="at_least_one", metavar="N",
+        help="Calls one gRPC connection may have open at once; a client's further calls wait for one to "
+        "end [default: 128, as nginx].")
+    grpc_max_connection_idle: float = setting(
+        300.0, "--grpc-max-connection-idle", check="non_negative", metavar="SECONDS",
+        help="Close a gRPC connection that has had no call for this long; its client reconnects when it "
+        "next calls [default: 300; 0: never].")
+    grpc_max_connection_age: float = setting(
+        0.0, "--grpc-max-connection-age", check="non_negative", metavar="SECONDS",
+        help="Ask a gRPC client to reconnect once its connection is this old, so load spreads over new "
+        "instances; its calls in flight get 30 s more [default: 0, never].")
+    grpc_channel_arguments: str = setting(
+        "", "--grpc-channel-arguments", tfs=TfsFlag("grpc_channel_arguments", ""), metavar="NAME=VALUE,...",
+        help="gRPC core arguments for the server, comma separated, as TF Serving's --grpc_channel_arguments "
+        "(e.g. grpc.max_connection_age_ms=60000); they override the gRPC settings above.")
     ssl_config_file: str | None = setting(  # TF Serving's SSLConfig for gRPC
         None, "--ssl-config-file", existing_file=True, tfs=TfsFlag("ssl_config_file", ""),
         help="TF Serving's SSLConfig (server_key, server_cert, custom_ca, client_verify): TLS for gRPC.")

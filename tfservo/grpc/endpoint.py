@@ -12,6 +12,7 @@ from tfservo.core.service import ModelService
 from tfservo.core.settings import Settings
 from tfservo.core.tfs_configs import read_ssl_config
 from tfservo.core.v2_dataplane import V2DataPlane
+from tfservo.grpc.options import server_options
 from tfservo.grpc.tfserving import GrpcServer
 from tfservo.server.metrics import Metrics
 
@@ -48,6 +49,7 @@ def start_grpc(
         credentials=server_credentials(settings.ssl_config_file) if settings.ssl_config_file else None,
         draining=draining,
         socket_path=settings.grpc_socket_path,
+        options=server_options(settings),
     )
     from tfservo.grpc.v2 import v2_handler
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -340,6 +340,7 @@ class GrpcServer:
         credentials: grpc.ServerCredentials | None = None,
         draining: Callable[[], bool] = lambda: False,
         socket_path: str | None = None,
+        options: Sequence[tuple[str, int | str]] = (),
     ) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc"),
@@ -349,6 +350,7 @@ class GrpcServer:
                 # Off unless several worker processes share the port: a second server on a
                 # taken port must fail rather than silently take half the traffic.
                 ("grpc.so_reuseport", 1 if reuse_port else 0),
+                *options,
             ],
         )
         self._server.add_generic_rpc_handlers((

@@ -12,8 +12,10 @@ it writes itself in JSON and limits on slow, idle and too many clients.
   `min_body_rate` bytes received (Apache's mod_reqtimeout `body=20,MinRate=500`), else 408 and
   the connection closes: a body trickling a byte a second cannot hold a connection open; time
   while tfservo itself has paused reading (the app is not reading yet) does not count;
-- past `max_connections` open connections a new one answers 503 and is closed, so idle or
-  slow clients cannot use up the process's file descriptors and lock others out.
+- past `max_connections` open connections the oldest idle ones (silent since accept, or kept
+  alive between requests) are closed to make room, as nginx reuses its connections; only when
+  every open connection is busy with a request does a new one answer 503 and close. Idle or
+  silent clients cannot use up the process's file descriptors and lock active ones out.
 
 This leans on uvicorn's internals (HttpToolsProtocol's connection, parser-callback and
 response hooks), so it lives here alone, uvicorn is pinned in requirements.lock, and
@@ -51,6 +53,9 @@ class ServingProtocol(HttpToolsProtocol):
     body_timeout: float = 20.0
     min_body_rate: int = 500
     max_connections: int = 10_000
+    # This server's idle connections, oldest first (a dict keeps insertion order); each server
+    # gets its own through protocol_class.
+    idle: dict[ServingProtocol, None] = {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -58,21 +63,24 @@ class ServingProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_deadline = 0.0
         self._refusing_upgrade = False
-        if len(self.connections) > self.max_connections:
+        if len(self.connections) > self.max_connections and not self._close_idle():
             self._answer(
                 503,
-                f"tfservo has {self.max_connections} connections open, its limit; retry shortly, "
-                "reuse connections, or start it with a larger --max-connections",
+                f"tfservo has {self.max_connections} connections open, each busy with a request, its "
+                "limit; retry shortly, or start it with a larger --max-connections",
             )
             return
+        self.idle[self] = None  # silent until its first byte
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.idle.pop(self, None)
         self._cancel_header_timer()
         self._cancel_body_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self.idle.pop(self, None)
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
@@ -112,7 +120,23 @@ class ServingProtocol(HttpToolsProtocol):
         if not self._refusing_upgrade:
             super().on_message_complete()
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None:  # kept alive, waiting for the next request
+            self.idle[self] = None
+
     # -- internals ---------------------------------------------------------------------------
+
+    def _close_idle(self) -> bool:
+        """Close the oldest idle connections until this one fits; False if none is idle."""
+        while len(self.connections) > self.max_connections:
+            if not self.idle:
+                return False
+            oldest = next(iter(self.idle))
+            del self.idle[oldest]
+            self.connections.discard(oldest)  # its connection_lost comes on a later loop turn
+            oldest.transport.close()
+        return True
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -178,5 +202,5 @@ def protocol_class(*, header_timeout: float, max_connections: int, body_timeout:
         "ServingProtocol",
         (ServingProtocol,),
         {"header_timeout": header_timeout, "max_connections": max_connections, "body_timeout": body_timeout,
-         "min_body_rate": min_body_rate},
+         "min_body_rate": min_body_rate, "idle": {}},
     )

@@ -206,6 +206,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
         on_stop=stop_listeners,
         grace_seconds=_GRACE_SECONDS,
         on_started=started,
+        tls_handshake_timeout=settings.header_timeout,
     )
     if link is not None:
         server.alone_stops = lambda: link.recycled

@@ -18,6 +18,7 @@ With --workers, phase 2 starts only once every worker has drained (`workers.py`)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import socket
@@ -121,9 +122,11 @@ class GracefulServer(uvicorn.Server):
         on_stop: Callable[[], None],
         grace_seconds: float = 30.0,
         on_started: Callable[[], None] | None = None,
+        tls_handshake_timeout: float = 60.0,
     ) -> None:
         super().__init__(config)
         self.drain = drain
+        self.tls_handshake_timeout = tls_handshake_timeout
         self.on_stop = on_stop
         self.on_started = on_started
         self.grace_seconds = grace_seconds
@@ -133,7 +136,18 @@ class GracefulServer(uvicorn.Server):
         self._stopping: threading.Thread | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        loop = asyncio.get_running_loop()
+        if self.config.ssl is not None:
+            # uvicorn has no setting for the TLS handshake's time limit (asyncio's default is 60 s),
+            # and a connection counts against --max-connections only once its handshake is done:
+            # its create_server calls get one, for this startup only.
+            loop.create_server = functools.partial(  # type: ignore[method-assign]
+                loop.create_server, ssl_handshake_timeout=self.tls_handshake_timeout
+            )
+        try:
+            await super().startup(sockets)
+        finally:
+            loop.__dict__.pop("create_server", None)
         if self.started and self.on_started is not None:
             self.on_started()  # accepting, and SIGTERM/SIGINT now drain: ready in earnest
 
