@@ -38,7 +38,7 @@ def two_handlers(tmp_path_factory):
     for name, code in (("slow", SLOW), ("fast", FAST)):
         shutil.copytree(HP3 / "00000124", root / name / "00000124")
         write_code(root / name / "code", code)
-    with ServerProcess([str(root)]) as server:
+    with ServerProcess([str(root), "--max-queued-per-model", "30"]) as server:
         yield server
 
 
@@ -63,6 +63,30 @@ def test_a_slow_handler_cannot_starve_other_models(two_handlers) -> None:
     assert waited_behind == 0, f"the fast model was answered only after {waited_behind} slow calls ended"
     queued = re.search(r'^tfservo_pool_queued\{pool="tfservo-invoke"\} ([0-9.]+)$', metrics, re.M)
     assert queued and float(queued[1]) > 0  # the slow model's extra calls waited, visibly
+
+
+def test_calls_past_a_models_queue_bound_get_503_with_retry_after_at_once(two_handlers) -> None:
+    """48 of the 64 invocation threads per model, 30 more waiting (--max-queued-per-model 30):
+    of 85 slow calls 7 are refused at once, on /invocations and on the runtime API alike, and
+    the other model is still answered."""
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+    with httpx.Client(base_url=two_handlers.url, timeout=60, limits=limits) as client:
+        with ThreadPoolExecutor(90) as pool:
+            slow = [pool.submit(invoke, client, "slow", b"3") for _ in range(78)]
+            time.sleep(1.0)
+            refused = [invoke(client, "slow", b"3") for _ in range(5)]
+            runtime = [client.post("/endpoints/any/invocations", content=b"3", headers={
+                "Content-Type": "text/plain", "X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=slow",
+            }) for _ in range(2)]
+            assert invoke(client, "fast").text == "quick"
+            assert not any(f.done() for f in slow)  # refused while all 78 still run or wait
+            assert [f.result().text for f in slow] == ["slept"] * 78
+    for answer in refused:
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+        assert "--max-queued-per-model 30" in answer.json()["error"]
+    for answer in runtime:
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+        assert answer.headers["x-amzn-errortype"] == "ServiceUnavailable" and "waiting" in answer.json()["message"]
 
 
 def test_batching_defaults_absorb_64_clients_without_429(tmp_path) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "InvalidArgument",
     "ModelLoadError",
     "NotFound",
+    "Overloaded",
     "PermissionDenied",
     "ResourceExhausted",
     "ServingError",
@@ -57,6 +58,7 @@ class ServingError(Exception):
     """An error a caller can act on; `code` says which kind, the message says what to do."""
 
     code: Code = Code.INTERNAL
+    retry_after: float | None = None  # seconds a caller should wait before trying again, if known
 
     def __init__(self, message: str, code: Code | None = None) -> None:
         super().__init__(message)
@@ -90,6 +92,15 @@ class ResourceExhausted(ServingError):
 
 class Unavailable(ServingError):
     code = Code.UNAVAILABLE
+
+
+class Overloaded(Unavailable):
+    """More work than a model may take on: 503 with Retry-After (gRPC UNAVAILABLE); clients that
+    honour it try again."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class AlreadyExists(ServingError):

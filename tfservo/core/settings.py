@@ -199,6 +199,10 @@ class Settings:
         0, "--max-connections", check="non_negative",
         help="Open connections per worker; past it the oldest idle ones close to make room, and only "
         "when every one is busy does a new one get 503 [default: the process's file limit less 128].")
+    max_queued_per_model: int = setting(  # invocations of one model waiting for a thread, per worker
+        256, "--max-queued-per-model", env="TFSERVO_MAX_QUEUED_PER_MODEL", check="non_negative", metavar="N",
+        help="Calls of one model that may wait for a thread while its share of them (48 of 64) is busy, per "
+        "pool and worker; past it 503 with Retry-After [default: 256; 0: none wait].")
     max_decoding_mb: float = setting(  # request bodies being decoded at once per worker; 0: from memory
         0.0, "--max-decoding-mb", check="non_negative",
         help="Request bodies read and decoded at once, per worker, in MB; past it a request gets "

@@ -195,8 +195,10 @@ def build_app(
         service,
         v2=v2,
         max_request_bytes=settings.max_request_bytes,
-        calls=CallPlacement(_THREADS, "tfservo-call", inline=not batched),
-        invocations=CallPlacement(_THREADS, "tfservo-invoke", inline=not batched),
+        calls=CallPlacement(_THREADS, "tfservo-call", inline=not batched, max_queued=settings.max_queued_per_model),
+        invocations=CallPlacement(
+            _THREADS, "tfservo-invoke", inline=not batched, max_queued=settings.max_queued_per_model
+        ),
         is_loaded=multi_model.is_loaded if multi_model is not None else None,
         batched=batched,
         budget=DecodeBudget(max_decoding_bytes),

@@ -8,9 +8,11 @@ waiting for their batch, handlers calling back over HTTP) must never be placed i
 caller says so with `may_inline=False`.
 
 Work in threads is grouped (by model, as the caller names it): one group may hold at most
-`per_group` of the pool's threads, and the rest of its calls wait on the event loop, so a
-slow model or handler cannot starve the others. `on_queue(pool, change)` hears of every call
-that starts or stops waiting (the metrics' queue gauge).
+`per_group` of the pool's threads, and at most `max_queued` more of its calls wait on the event
+loop; a call beyond that raises Overloaded (503 with Retry-After) at once. So a slow model or
+stuck handler can neither starve the others nor pile up waiting requests without limit.
+`on_queue(pool, change)` hears of every call that starts or stops waiting (the metrics' queue
+gauge).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from tfservo.core.errors import Overloaded
 
 __all__ = ["INLINE_BODY_BYTES", "INLINE_SECONDS", "CallPlacement"]
 
@@ -36,20 +40,24 @@ _MAX_KINDS = 4096  # kinds are keyed by names clients send; forget them all beyo
 class _Group:
     """The threads one group holds, and its calls waiting for one."""
 
-    __slots__ = ("semaphore", "users")
+    __slots__ = ("semaphore", "users", "waiting")
 
     def __init__(self, limit: int) -> None:
         self.semaphore = asyncio.Semaphore(limit)
         self.users = 0
+        self.waiting = 0
 
 
 class CallPlacement:
     """Runs request work inline when it is known to be quick, else in a thread pool of its own."""
 
-    def __init__(self, threads: int, name: str, *, inline: bool = True, per_group: int | None = None) -> None:
+    def __init__(
+        self, threads: int, name: str, *, inline: bool = True, per_group: int | None = None, max_queued: int = 256,
+    ) -> None:
         self.inline = inline
         self.name = name
         self.per_group = per_group or max(1, threads * 3 // 4)
+        self.max_queued = max_queued
         self.on_queue: Callable[[str, int], None] | None = None
         self._groups: dict[Hashable, _Group] = {}
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
@@ -77,10 +85,18 @@ class CallPlacement:
         running: asyncio.Future[T] | None = None
         try:
             if entry.semaphore.locked():
+                if entry.waiting >= self.max_queued:
+                    raise Overloaded(
+                        f"model {group or '-'} has {self.per_group} calls running and {entry.waiting} waiting, "
+                        f"its bound (--max-queued-per-model {self.max_queued}); retry shortly, or send it "
+                        "to another instance"
+                    )
+                entry.waiting += 1
                 self._queue(1)
                 try:
                     await entry.semaphore.acquire()
                 finally:
+                    entry.waiting -= 1
                     self._queue(-1)
             else:
                 await entry.semaphore.acquire()

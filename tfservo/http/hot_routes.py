@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -120,7 +121,14 @@ async def send_result(
 ) -> None:
     if result.custom_attributes is not None:  # a handler's, passed on as SageMaker does
         headers = (*headers, (CUSTOM_ATTRIBUTES, result.custom_attributes.encode("latin-1")))
+    if result.error is not None and result.error.retry_after is not None:
+        headers = (*headers, retry_after_header(result.error.retry_after))
     await send_response(send, result.status, result.body, result.content_type, headers)
+
+
+def retry_after_header(seconds: float) -> tuple[bytes, bytes]:
+    """Retry-After in whole seconds (HTTP's form), at least 1."""
+    return b"retry-after", str(max(1, math.ceil(seconds))).encode()
 
 
 def request_header(scope: Scope, name: bytes) -> str | None:
@@ -356,7 +364,10 @@ class HotRoutes:
             ) from None
 
     async def _send_runtime_error(self, send: Send, error: RuntimeError_) -> None:
-        await send_response(send, error.status, error.body, JSON, ((b"x-amzn-errortype", error.error_type.encode()),))
+        headers: tuple[tuple[bytes, bytes], ...] = ((b"x-amzn-errortype", error.error_type.encode()),)
+        if error.retry_after is not None:
+            headers += (retry_after_header(error.retry_after),)
+        await send_response(send, error.status, error.body, JSON, headers)
 
     async def _with_body(
         self,
@@ -401,5 +412,5 @@ class HotRoutes:
             f"(--max-decoding-mb {self.budget.limit_bytes / 2**20:g}); retry in a moment or send to another instance"
         )
         key, error_type = (b"message", b"ServiceUnavailable") if runtime else (b"error", None)
-        headers = ((b"retry-after", b"1"),) + (((b"x-amzn-errortype", error_type),) if error_type else ())
+        headers = (retry_after_header(1),) + (((b"x-amzn-errortype", error_type),) if error_type else ())
         await send_response(send, 503, orjson.dumps({key.decode(): message}), JSON, headers)

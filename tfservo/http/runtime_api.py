@@ -54,6 +54,7 @@ class RuntimeError_:
     status: int
     error_type: str
     body: bytes
+    retry_after: float | None = None
 
 
 def check_request(
@@ -121,5 +122,5 @@ def runtime_error(exc: ServingError) -> RuntimeError_:
         doc = {"message": exc.message, "OriginalStatusCode": status, "OriginalMessage": exc.message}
         return RuntimeError_(424, "ModelError", orjson.dumps(doc))
     if status == 503:
-        return RuntimeError_(503, "ServiceUnavailable", orjson.dumps({"message": exc.message}))
+        return RuntimeError_(503, "ServiceUnavailable", orjson.dumps({"message": exc.message}), exc.retry_after)
     return RuntimeError_(500, "InternalFailure", orjson.dumps({"message": exc.message}))

@@ -227,7 +227,7 @@ class RestEndpoint(_Endpoint):
         error = error_from_response(response.status_code, response.content, what)
         retry_after = response.headers.get("retry-after", "")
         if retry_after.replace(".", "", 1).isdigit():
-            error.retry_after = float(retry_after)  # type: ignore[attr-defined]
+            error.retry_after = float(retry_after)
         raise error
 
     def _metadata(self, name: str, version: int | None) -> tuple[int, dict[str, SignatureDef]]:
