@@ -4,6 +4,7 @@ debootstrapped base (scripts/test-image builds it), started with `docker run`.""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -92,6 +93,15 @@ def test_kserve_runtime_arguments():
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
             assert status == health_pb2.HealthCheckResponse.SERVING
+        # The lone worker killed as the OOM killer would: the supervisor replaces it.
+        worker = re.search(r"pid (\d+) of 1 workers", box.logs())[1]
+        box.exec("sh", "-c", f"kill -9 {worker}")
+        deadline = time.monotonic() + 120
+        while "starting a new one" not in box.logs() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        box.wait_http(f"http://127.0.0.1:{rest}/v1/models/half_plus_two")
+        got = httpx.post(f"http://127.0.0.1:{rest}/v1/models/half_plus_two:predict", json={"instances": [3.0]}, timeout=30)
+        assert got.json() == {"predictions": [3.5]}
     finally:
         box.remove()
 

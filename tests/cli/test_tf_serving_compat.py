@@ -4,6 +4,9 @@ names, time limits (504, DEADLINE_EXCEEDED, rows dropped from a batch) and TLS."
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -205,6 +208,22 @@ def test_tf_serving_metric_names_appear_and_move(tfs):
     assert count(after, ':tensorflow:serving:runtime_latency_count{API="predict",model_name="half_plus_two",runtime="TF1"}') >= 3
     assert count(after, ":tensorflow:core:graph_runs") > count(before, ":tensorflow:core:graph_runs")
     assert ":tensorflow:cc:saved_model:load_attempt_count{" in after and 'status="success"} 1' in after
+
+
+def test_its_lone_worker_killed_is_replaced_and_both_ports_answer_again(tfs):
+    """Last of the tests on this server: its worker killed as the OOM killer would."""
+    worker = int(re.search(r"pid (\d+) of 1 workers", tfs.output)[1])
+    os.kill(worker, signal.SIGKILL)
+    with httpx.Client(base_url=tfs.url, timeout=120, headers={"Connection": "close"}) as http:
+        got = http.post("/v1/models/half_plus_two:predict", json={"instances": [1.0]})  # waits in the backlog
+        assert got.json() == {"predictions": [2.5]}
+    deadline = time.monotonic() + 60
+    while "starting a new one" not in tfs.output and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"worker {worker} was killed by SIGKILL; starting a new one" in tfs.output
+    with tfs_grpc(tfs.grpc_target) as (predict, _):
+        answer = predict.Predict(grpc_predict_request("half_plus_two", np.array([4.0], np.float32)), timeout=30)
+        assert list(answer.outputs["y"].float_val) == [4.0]
 
 
 # -- time limits ------------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def test_sigterm_finishes_requests_in_flight_and_exits_0(bundle):
             except httpx.TransportError:
                 pass
             check_answers([rest_future.result(60)], [grpc_future.result(60)], [invocation_future.result(60)])
-        check_stopped_cleanly(proc, stopped_lines=1)
+        check_stopped_cleanly(proc, stopped_lines=2)  # the worker, then its supervisor
         assert "SIGTERM received" in proc.output
     finally:
         proc.stop(signal.SIGKILL)

@@ -178,6 +178,19 @@ class Settings:
         1, "--workers", env="SAGEMAKER_GUNICORN_WORKERS", check="at_least_one",
         help="Serving processes sharing the port, each with its own copy of the models "
         "[default: $SAGEMAKER_GUNICORN_WORKERS or 1].")
+    no_supervisor: bool = setting(
+        False, "--no-supervisor", env="TFSERVO_NO_SUPERVISOR",
+        help="Serve in this process alone, without the supervisor that replaces a worker that dies "
+        "(os._exit, a segfault, the OOM killer), outgrows --max-worker-memory-mb or reaches --max-requests.")
+    max_worker_memory_mb: float = setting(  # 0: from the container's (or machine's) memory
+        0.0, "--max-worker-memory-mb", env="TFSERVO_MAX_WORKER_MEMORY_MB", check="non_negative", metavar="MB",
+        help="A worker whose resident memory passes this stops taking connections and is replaced "
+        "without dropping requests [default: 90% of the container's memory limit, or the machine's, "
+        "shared by the workers and one replacement].")
+    max_requests: int = setting(
+        0, "--max-requests", env="TFSERVO_MAX_REQUESTS", check="non_negative", metavar="N",
+        help="Replace a worker once it has answered this many requests, as gunicorn's --max-requests "
+        "(the replacement starts first) [default: 0, never].")
     log_level: str = setting(
         "info", "--log-level", env="TFSERVO_LOG_LEVEL", choices=_LEVELS,
         help="Log level [default: info]; debug logs one line per request.")

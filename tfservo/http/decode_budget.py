@@ -10,7 +10,7 @@ refuses a body the --max-request-mb limit allows.
 
 from __future__ import annotations
 
-from tfservo.models.multi_model import available_memory_bytes
+from tfservo.core.memory import available_memory_bytes
 
 __all__ = ["DecodeBudget", "default_decoding_bytes"]
 

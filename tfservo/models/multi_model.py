@@ -34,13 +34,14 @@ from tfservo.core.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
+from tfservo.core.memory import available_memory_bytes
 from tfservo.core.service import ModelService
 from tfservo.core.settings import DEFAULT_MEMORY_FACTOR, DEFAULT_MODEL_ROOT
 from tfservo.models.bundle import CODE_DIR_NAME, ModelSource, discover_versions, is_model_name
 from tfservo.models.servables import State
 from tfservo.models.snapshot import copy_confined
 
-__all__ = ["available_memory_bytes", "InsufficientMemory", "MultiModelEndpoint", "parse_load_request"]
+__all__ = ["InsufficientMemory", "MultiModelEndpoint", "parse_load_request"]
 
 log = logging.getLogger("tfservo.multi_model")
 
@@ -332,50 +333,6 @@ def parse_load_request(body: bytes) -> tuple[str, str]:
             '{"model_name": "...", "url": "/opt/ml/models/..."}'
         )
     return doc["model_name"], doc["url"]
-
-
-def available_memory_bytes() -> int | None:
-    """Memory a new model can use: MemAvailable, capped by the cgroup's limit minus its usage."""
-    try:
-        import psutil  # optional: more portable when installed
-
-        available: int | None = int(psutil.virtual_memory().available)
-    except ImportError:
-        available = _meminfo_available()
-    cgroup = _cgroup_headroom()
-    if cgroup is not None:
-        available = cgroup if available is None else min(available, cgroup)
-    return available
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _cgroup_headroom() -> int | None:
-    """limit − usage of this process's memory cgroup (v2, else v1); None when unlimited."""
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            with open(limit_file) as f:
-                limit = f.read().strip()
-            with open(usage_file) as f:
-                usage = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if limit == "max" or not limit.isdigit() or int(limit) >= 2**60:
-            return None
-        return max(int(limit) - usage, 0)
-    return None
 
 
 def _numeric_versions(path: str) -> dict[int, str]:

@@ -29,8 +29,9 @@ from tfservo.core.errors import (
     PermissionDenied,
     ServingError,
 )
+from tfservo.core.memory import available_memory_bytes
 from tfservo.models.bundle import ArchiveLimits, ModelSource, open_bundle
-from tfservo.models.multi_model import InsufficientMemory, MultiModelEndpoint, available_memory_bytes
+from tfservo.models.multi_model import InsufficientMemory, MultiModelEndpoint
 from tfservo.models.snapshot import copy_file_confined
 
 __all__ = ["TargetModels", "target_model_name"]

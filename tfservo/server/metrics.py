@@ -15,13 +15,15 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -132,10 +134,26 @@ class Metrics:
             "tfservo_timeouts", "Requests answered 504 because their time limit passed, by route and model",
             ["route", "model"], registry=reg,
         )
+        self.worker_memory = Gauge(
+            "tfservo_worker_resident_bytes", "Resident memory of the worker process",
+            multiprocess_mode="liveall", registry=reg,
+        )
+        self.worker_memory_limit = Gauge(
+            "tfservo_worker_memory_limit_bytes", "Resident memory past which a worker is replaced "
+            "(--max-worker-memory-mb)", multiprocess_mode="livemax", registry=reg,
+        )
+        self.on_answered: Callable[[], None] | None = None  # the worker's watch counts answers
+        self._replacements: _Replacements | None = None
         self._failures_counted: set[int] = set()
         # TF Serving's metric names (--monitoring_config_file), when asked for
         self.tfs: TFServingMetrics | None = None
         self.tfs_path: str | None = None
+
+    def count_replacements(self, counts: Callable[[], Mapping[str, int]], reasons: Sequence[str]) -> None:
+        """Report the supervisor's counts of replaced workers (it alone knows of those that died)."""
+        self._replacements = _Replacements(counts, reasons)
+        if not self.multiprocess_dir:
+            self.registry.register(self._replacements)
 
     def serve_tf_serving_names(self, path: str) -> None:
         """Also keep TF Serving's metrics and answer GET `path` with them."""
@@ -225,6 +243,8 @@ class Metrics:
                 labels.model, labels.method or "predict", "GRPC" if transport == "grpc" else "REST",
                 _code_name(labels.status), seconds,
             )
+        if self.on_answered is not None:
+            self.on_answered()
         if access_log.isEnabledFor(logging.DEBUG):
             access_log.debug(
                 "protocol=%s route=%s method=%s model=%s version=%s status=%s ms=%.2f",
@@ -239,6 +259,8 @@ class Metrics:
         if self.multiprocess_dir:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
+            if self._replacements is not None:  # the same in every worker: not summed over them
+                registry.register(self._replacements)
             return prometheus_client.generate_latest(registry)
         return prometheus_client.generate_latest(self.registry)
 
@@ -249,6 +271,25 @@ class Metrics:
         names the model of invocations that never reach a model in-process (handlers).
         """
         return _HttpMetrics(app, self, service, routes)
+
+
+class _Replacements(Collector):
+    """tfservo_worker_replacements_total{reason}: the supervisor's counts, as this worker last heard them."""
+
+    def __init__(self, counts: Callable[[], Mapping[str, int]], reasons: Sequence[str]) -> None:
+        self.counts = counts
+        self.reasons = reasons
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "tfservo_worker_replacements", "Workers replaced, by reason: memory (--max-worker-memory-mb), "
+            "requests (--max-requests), stuck (a call past twice its time limit), died (exited or was killed)",
+            labels=["reason"],
+        )
+        counts = self.counts()
+        for reason in self.reasons:
+            family.add_metric([reason], counts.get(reason, 0))
+        yield family
 
 
 _METRIC_METHODS = metric_methods()

@@ -7,15 +7,16 @@ import gc
 import logging
 import os
 import socket
-import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.types import ASGIApp
 
+from tfservo.core.errors import ServingError
+from tfservo.core.memory import resident_bytes
 from tfservo.core.settings import Settings
 from tfservo.server.metrics import Metrics
+from tfservo.server.recycling import REASONS, WorkerWatch, hard_limit, worker_memory_limit
 from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.workers import Supervisor, WorkerLink
 
@@ -74,36 +75,6 @@ def start_worker(
     return service, metrics.asgi(outer, service, routes), app
 
 
-def hard_limit(settings: Settings) -> float:
-    """How long a call may run before its worker is replaced (with --workers): twice the
-    longest time limit; 0 (never) without one."""
-    return 2 * max(settings.request_timeout, settings.invocation_timeout)
-
-
-class StuckCallWatch:
-    """Asks the supervisor to replace this worker once a call has run past `limit` seconds: the
-    caller got 504 long ago, and a thread that never returns cannot be stopped any other way."""
-
-    def __init__(self, app: ServingApp, limit: float, recycle: Any) -> None:
-        self.placements = (app.hot.calls, app.hot.invocations)
-        self.limit = limit
-        self.recycle = recycle
-        self._thread = threading.Thread(target=self._watch, name="tfservo-stuck-watch", daemon=True)
-
-    def start(self) -> StuckCallWatch:
-        self._thread.start()
-        return self
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(min(1.0, self.limit / 4))
-            running = max(p.longest_running() for p in self.placements)
-            if running > self.limit:
-                self.recycle(f"a call has run {running:.0f} s, past the hard limit of {self.limit:g} s "
-                             "(twice the time limit)")
-                return
-
-
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket (port 0 picks a free one)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -159,12 +130,18 @@ def _tls_options(settings: Settings) -> dict[str, Any]:
 
 
 def serve(settings: Settings) -> None:
-    """Load the bundle(s) and serve until SIGINT/SIGTERM (in-flight requests finish first)."""
-    sock = bind_socket(settings.host, settings.port)
-    if settings.workers > 1:
-        Supervisor(serve_process, settings, sock).run()  # each worker runs serve_process
+    """Load the bundle(s) and serve until SIGINT/SIGTERM (in-flight requests finish first): under
+    a supervisor that replaces workers that die or must be recycled, unless --no-supervisor."""
+    if settings.no_supervisor:
+        unsupervised = [flag for flag, given in (("--workers", settings.workers > 1), ("--max-requests", settings.max_requests),
+                                                 ("--max-worker-memory-mb", settings.max_worker_memory_mb)) if given]
+        if unsupervised:
+            raise ServingError(f"{', '.join(unsupervised)} need(s) the supervisor; drop --no-supervisor "
+                               "(TFSERVO_NO_SUPERVISOR) or the flag")
+        serve_process(settings, bind_socket(settings.host, settings.port))
         return
-    serve_process(settings, sock)
+    sock = bind_socket(settings.host, settings.port)
+    Supervisor(serve_process, settings, sock).run()  # each worker runs serve_process
 
 
 def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | None = None) -> None:
@@ -174,8 +151,13 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     port = sock.getsockname()[1]
     metrics, drain = Metrics(), Drain()
     service, app, serving_app = start_worker(settings, port, metrics, drain)
-    if link is not None and (limit := hard_limit(settings)):
-        StuckCallWatch(serving_app, limit, link.recycle).start()
+    memory_limit = worker_memory_limit(settings) if link is not None else 0
+    if memory_limit and (rss := resident_bytes()) > memory_limit:
+        service.close()
+        raise ServingError(
+            f"a worker holds {rss / 2**20:.0f} MB once its models are loaded, more than its memory limit of "
+            f"{memory_limit / 2**20:.0f} MB; raise --max-worker-memory-mb (TFSERVO_MAX_WORKER_MEMORY_MB)"
+        )
     grpc_server = start_grpc(service, settings, metrics, reuse_port=link is not None, draining=lambda: drain.draining,
                              v2=serving_app.hot.v2)
     config_poll = None
@@ -210,6 +192,20 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     )
     if link is not None:
         server.alone_stops = lambda: link.recycled
+        link.on_retire = server.retire
+        metrics.count_replacements(lambda: link.replacements, REASONS)
+        metrics.worker_memory_limit.set(memory_limit)
+        watch = WorkerWatch(
+            (serving_app.hot.calls, serving_app.hot.invocations),
+            stuck_limit=hard_limit(settings),
+            memory_limit=memory_limit,
+            max_requests=settings.max_requests,
+            replace=link.recycle,
+            stop_accepting=server.stop_accepting,
+            on_memory=metrics.worker_memory.set,
+        ).start()
+        metrics.on_answered = watch.answered
+        drain.on_answer = watch.answering
     try:
         server.run(sockets=[sock])
     finally:
@@ -225,7 +221,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
 
 def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
     log.info(
-        "serving %s on %s://%s:%d (models: %s; default: %s; pid %d of %d workers; batching: %s)",
+        "serving %s on %s://%s:%d (models: %s; default: %s; pid %d of %d workers; batching: %s; memory %.0f MB)",
         ", ".join(settings.paths)
         or (f"multi-model root {settings.model_root}" if settings.multi_model else settings.model_config_file or settings.model_base_path),
         "https" if settings.tls_cert else "http",
@@ -236,4 +232,5 @@ def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
         os.getpid(),
         settings.workers,
         "on" if settings.batching else "off",
+        resident_bytes() / 2**20,
     )

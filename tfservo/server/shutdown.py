@@ -13,6 +13,10 @@ Two phases, because an inference.py handler in flight may still call back into t
    exits normally. Closing a socket that holds a connection or a request not yet read sends
    the client a reset: the accept and the linger are what keep clients from seeing one.
 With --workers, phase 2 starts only once every worker has drained (`workers.py`).
+
+A worker being replaced (`retire`) stops differently: its replacement already serves on the
+same socket, so nothing is refused. It takes no new connections, answers whatever its open
+connections still send with `Connection: close`, and stops once they have closed.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class Drain:
 
     def __init__(self) -> None:
         self.draining = False
+        self.retiring = False  # answers close their connections, but nothing is refused
+        self.on_answer: Callable[[], None] | None = None  # called as each answer starts
         self._in_flight = 0  # touched only on the event loop; read by the stopping thread
 
     @property
@@ -91,7 +97,9 @@ class Drain:
         """`send` that adds `Connection: close` to an answer that starts while draining."""
 
         async def send_closing(message: dict) -> None:
-            if self.draining and message["type"] == "http.response.start":
+            if message["type"] == "http.response.start" and self.on_answer is not None:
+                self.on_answer()
+            if (self.draining or self.retiring) and message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
             await send(message)
 
@@ -134,9 +142,10 @@ class GracefulServer(uvicorn.Server):
         # then new connections must keep coming, to them, and only this copy closes.
         self.alone_stops: Callable[[], bool] = lambda: False
         self._stopping: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         if self.config.ssl is not None:
             # uvicorn has no setting for the TLS handshake's time limit (asyncio's default is 60 s),
             # and a connection counts against --max-connections only once its handshake is done:
@@ -177,6 +186,35 @@ class GracefulServer(uvicorn.Server):
             super().handle_exit(sig, frame)  # a second SIGINT forces the exit
         # A repeated SIGTERM changes nothing: with --workers a Ctrl-C reaches a worker both from
         # the terminal and from the supervisor, and systemd signals every process of the unit.
+
+    def stop_accepting(self) -> None:
+        """Take no new connections (others on the shared socket will); answers from now on close
+        their connections. Thread-safe; for a worker being replaced."""
+        if self.drain.retiring or self._loop is None:
+            return
+        self.drain.retiring = True
+        self._loop.call_soon_threadsafe(self._close_listeners)
+
+    def retire(self) -> None:
+        """Stop once the open connections are done, refusing nothing: a replacement serves. Thread-safe."""
+        self.stop_accepting()
+        if self._stopping is None:
+            log.info("replacement ready: this worker stops once its %d open connection(s) are done",
+                     len(self.server_state.connections))
+            self._stopping = threading.Thread(target=self._retire, name="tfservo-retire", daemon=True)
+            self._stopping.start()
+
+    def _close_listeners(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    def _retire(self) -> None:
+        # An idle kept-alive connection closes after --keep-alive-timeout; a busy one after its
+        # answer (Connection: close). Closing them now would race a client's next request.
+        deadline = time.monotonic() + self.grace_seconds
+        while self.server_state.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop()
 
     def _stop(self) -> None:
         if not self.drain.wait_idle(self.grace_seconds):

@@ -1,11 +1,18 @@
-"""`tfservo serve --workers N`: a small supervisor, and each worker's link to it.
+"""`tfservo serve`'s supervisor (one worker by default, `--workers N`), and each worker's link to it.
 
 Every worker is a fresh (spawned) process that runs the single-process serve path on the
 listening socket it inherits, so 1 and N workers stop the same way (`shutdown.py`). The
 supervisor forwards SIGTERM/SIGINT, lets the workers stop listening only once every one of
 them has drained (a handler in one worker may call back into another through the shared
 ports), replaces a worker that dies, and stops the server with a worker's error when one
-fails to start.
+fails to start. The supervisor holds the listening socket, so while a lone worker is
+replaced, new connections wait in its backlog instead of being refused.
+
+A worker that asks to be replaced (recycling.py: memory, request quota, a stuck call) keeps
+serving until its replacement is ready; then the supervisor tells it to retire: it takes no
+new connections, answers what its open connections send with `Connection: close`, and exits
+once they are done. The supervisor counts replacements by reason and tells every worker, so
+each worker's /metrics reports them (a worker that died cannot count itself).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
@@ -34,9 +42,12 @@ __all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
 log = logging.getLogger("tfservo.server")
 
 _SPAWN = multiprocessing.get_context("spawn")  # no fork after TensorFlow has started threads
-# Worker → supervisor: _READY, _DRAINED or (_FAILED, message). Supervisor → worker: _STOP.
-# Worker → supervisor also (_RECYCLE, why): replace me, a call of mine is stuck.
+# Worker → supervisor: _READY, _DRAINED, (_FAILED, message) or (_RECYCLE, reason, why): replace me.
+# Supervisor → worker: _STOP (all drained: close the listeners), _RETIRE (your replacement is
+# ready) or (_COUNTS, {reason: replacements so far}).
 _READY, _DRAINED, _FAILED, _STOP, _RECYCLE = "ready", "drained", "failed", "stop", "recycle"
+_RETIRE, _COUNTS = "retire", "counts"
+_RETIRE_KILL_SECONDS = 120.0  # a retiring worker still alive after this is killed
 
 WorkerTarget = Callable[[Settings, socket.socket, "WorkerLink"], None]
 
@@ -44,11 +55,13 @@ WorkerTarget = Callable[[Settings, socket.socket, "WorkerLink"], None]
 class WorkerLink:
     """A worker's end of its pipe to the supervisor."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, replacements: dict[str, int] | None = None) -> None:
         self._conn = conn
         self._go = threading.Event()
         self.is_ready = False
-        self.recycled = False  # the supervisor is replacing this worker (a stuck call)
+        self.recycled = False  # the supervisor is replacing this worker
+        self.replacements: dict[str, int] = dict(replacements or {})  # the supervisor's counts, by reason
+        self.on_retire: Callable[[], None] = lambda: None  # the replacement is ready: stop serving
 
     def ready(self) -> None:
         """Serving: tell the supervisor, then follow it (its go-ahead to stop, or its death)."""
@@ -56,12 +69,12 @@ class WorkerLink:
         self._conn.send(_READY)
         threading.Thread(target=self._follow, name="tfservo-supervisor-link", daemon=True).start()
 
-    def recycle(self, why: str) -> None:
-        """Ask the supervisor for a replacement; it then stops this worker once drained."""
+    def recycle(self, reason: str, why: str) -> None:
+        """Ask the supervisor for a replacement; once it is ready, on_retire is called."""
         self.recycled = True
         log.warning("worker %d asks to be replaced: %s", os.getpid(), why)
         try:
-            self._conn.send((_RECYCLE, why))
+            self._conn.send((_RECYCLE, reason, why))
         except OSError:
             pass
 
@@ -78,8 +91,11 @@ class WorkerLink:
 
     def _follow(self) -> None:
         try:
-            while self._conn.recv() != _STOP:
-                pass
+            while (message := self._conn.recv()) != _STOP:
+                if message == _RETIRE:
+                    self.on_retire()
+                elif isinstance(message, tuple) and message[0] == _COUNTS:
+                    self.replacements = message[1]
         except (EOFError, OSError):
             # The supervisor died (SIGKILL, OOM): stop gracefully rather than serve as an orphan.
             # Our stderr went through its TF log filter (logs.py) and is a broken pipe now; a
@@ -91,13 +107,15 @@ class WorkerLink:
         self._go.set()
 
 
-def _worker_main(target: WorkerTarget, settings: Settings, sock: socket.socket, conn: Connection) -> None:
+def _worker_main(
+    target: WorkerTarget, settings: Settings, sock: socket.socket, conn: Connection, replacements: dict[str, int],
+) -> None:
     """Entry point of a spawned worker: serve, or report why it could not start."""
     from tfservo.core.logs import quiet_tensorflow, setup_logging
 
     quiet_tensorflow()
     setup_logging(settings.log_level)
-    link = WorkerLink(conn)
+    link = WorkerLink(conn, replacements)
     try:
         target(settings, sock, link)
         if link.recycled:  # a stuck thread would hold the interpreter's exit forever
@@ -124,15 +142,22 @@ class _Worker:
     ready: bool = False
     drained: bool = False
     connected: bool = True
-    recycling: bool = False  # replaced already; stopped once drained
+    recycling: bool = False  # a replacement was started for it
+    retire_by: float | None = None  # told to retire (its replacement is ready); killed if alive past this
 
 
 class Supervisor:
     """Keeps settings.workers processes serving on `sock` until SIGTERM/SIGINT, then stops them."""
 
     def __init__(self, target: WorkerTarget, settings: Settings, sock: socket.socket) -> None:
-        if settings.grpc_port == 0:  # every worker binds the same gRPC port (SO_REUSEPORT)
-            settings = replace(settings, grpc_port=_free_port(settings.host))
+        # Every worker binds the same gRPC port with SO_REUSEPORT, which another server of this
+        # user could share silently: the port must be free now.
+        grpc_host = settings.grpc_host or settings.host
+        if settings.grpc_port == 0:
+            settings = replace(settings, grpc_port=_free_port(grpc_host))
+        elif settings.grpc_port is not None and not _port_free(grpc_host, settings.grpc_port):
+            raise ServingError(f"cannot listen for gRPC on {grpc_host}:{settings.grpc_port} (port in use?); "
+                               "pick another --grpc-port")
         self.target = target
         self.settings = settings
         self.sock = sock
@@ -141,15 +166,17 @@ class Supervisor:
         self.released = False  # the workers got the go-ahead to close their listeners
         self.error: str | None = None  # why a worker failed to start
         self.failures: list[str] = []  # serving workers that did not exit 0
+        self.replacements: dict[str, int] = {}  # workers replaced so far, by reason
 
     def run(self) -> None:
         """Start the workers and supervise them; raises ServingError if one failed to start."""
         own_metrics_dir = None
-        if not os.environ.get(MULTIPROC_ENV):
+        if self.settings.workers > 1 and not os.environ.get(MULTIPROC_ENV):
             own_metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="tfservo-metrics-")
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         host, port = self.sock.getsockname()[:2]
-        log.info("starting %d workers on %s:%d", self.settings.workers, host, port)
+        log.info("starting %d worker%s on %s:%d", self.settings.workers, "s" if self.settings.workers > 1 else "",
+                 host, port)
         try:
             for _ in range(self.settings.workers):
                 self._start()
@@ -157,6 +184,7 @@ class Supervisor:
                 wait([w.conn for w in self.workers if w.connected] + [w.process.sentinel for w in self.workers], 1.0)
                 for worker in list(self.workers):
                     self._poll(worker)
+                    self._kill_if_overdue(worker)
                 if self.stopping and not self.released and all(w.drained for w in self.workers if w.ready):
                     self._release()
         finally:
@@ -173,7 +201,8 @@ class Supervisor:
     def _start(self) -> None:
         parent_conn, child_conn = _SPAWN.Pipe()
         process = _SPAWN.Process(
-            target=_worker_main, args=(self.target, self.settings, self.sock, child_conn), name="tfservo-worker"
+            target=_worker_main, args=(self.target, self.settings, self.sock, child_conn, self.replacements),
+            name="tfservo-worker",
         )
         process.start()
         child_conn.close()  # the worker's end lives in the worker only, so its death reads as EOF here
@@ -187,12 +216,13 @@ class Supervisor:
                 message = worker.conn.recv()
                 if message == _READY:
                     worker.ready = True
+                    self._retire_replaced()
                 elif message == _DRAINED:
                     worker.drained = True
                     if worker.recycling:
                         worker.conn.send(_STOP)
                 elif isinstance(message, tuple) and message[0] == _RECYCLE:
-                    self._recycle(worker, message[1])
+                    self._recycle(worker, message[1], message[2])
                 elif isinstance(message, tuple) and message[0] == _FAILED:
                     self.error = self.error or message[1]
         except (EOFError, OSError):
@@ -200,15 +230,44 @@ class Supervisor:
         if worker.process.exitcode is not None:
             self._exited(worker)
 
-    def _recycle(self, worker: _Worker, why: str) -> None:
-        """Start a replacement for `worker`, then stop it gracefully (its other requests finish)."""
+    def _recycle(self, worker: _Worker, reason: str, why: str) -> None:
+        """Start a replacement for `worker`; it retires once the replacement is ready."""
         if worker.recycling or self.stopping:
             return
         worker.recycling = True
         log.warning("worker %d is replaced: %s", worker.process.pid, why)
+        self._count(reason)
         self._start()
-        if worker.process.pid is not None:
-            os.kill(worker.process.pid, signal.SIGTERM)
+
+    def _retire_replaced(self) -> None:
+        """A worker is ready: those waiting for a replacement retire."""
+        for worker in self.workers:
+            if worker.recycling and worker.retire_by is None:
+                worker.retire_by = time.monotonic() + _RETIRE_KILL_SECONDS
+                self._send(worker, _RETIRE)
+
+    def _kill_if_overdue(self, worker: _Worker) -> None:
+        if worker.retire_by is not None and time.monotonic() > worker.retire_by and worker.process.pid:
+            log.warning("worker %d did not stop within %g s of its replacement; killing it",
+                        worker.process.pid, _RETIRE_KILL_SECONDS)
+            worker.retire_by = float("inf")
+            try:
+                os.kill(worker.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _count(self, reason: str) -> None:
+        """One more replacement for `reason`: every worker's /metrics hears of it."""
+        self.replacements = {**self.replacements, reason: self.replacements.get(reason, 0) + 1}
+        for worker in self.workers:
+            self._send(worker, (_COUNTS, self.replacements))
+
+    @staticmethod
+    def _send(worker: _Worker, message: object) -> None:
+        try:
+            worker.conn.send(message)
+        except OSError:
+            pass
 
     def _exited(self, worker: _Worker) -> None:
         self.workers.remove(worker)
@@ -227,6 +286,7 @@ class Supervisor:
                 self.failures.append(f"worker {pid} {how}")
         else:
             log.warning("worker %d %s; starting a new one", pid, how)
+            self._count("died")
             self._start()
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
@@ -264,6 +324,16 @@ def _describe(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         return f"was killed by {signal.Signals(-exitcode).name}"
     return f"exited with code {exitcode}"
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def _free_port(host: str) -> int:

@@ -1,0 +1,182 @@
+"""The supervisor every `tfservo serve` runs under: a worker that dies (os._exit, SIGSEGV, the
+OOM killer's SIGKILL) is replaced in the default single-worker mode, a worker that leaks memory
+past its limit or reaches --max-requests is replaced without a failed request, and the
+replacements are logged and counted in /metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import SMC, write_code
+from server_process import ServerProcess
+
+HP3 = SMC / "resources" / "models" / "half_plus_three"
+
+HANDLER = """
+    import os, signal, time
+
+    LEAK = []
+
+    def handler(data, context):
+        body = data.read()
+        if body == b"exit":
+            os._exit(1)
+        if body == b"segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if body.startswith(b"sleep"):
+            time.sleep(float(body[5:]))
+        if body == b"leak":
+            LEAK.append(bytearray(os.urandom(1)) * (10 * 2**20))  # 10 MB, every page touched
+        return str(os.getpid()), "text/plain"
+"""
+_PID = re.compile(r"serving .* pid (\d+) of")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("supervised")
+    shutil.copytree(HP3 / "00000124", root / "half_plus_three" / "00000124")
+    write_code(root / "code", HANDLER)
+    return root
+
+
+def invoke(client: httpx.Client, body: bytes) -> httpx.Response:
+    return client.post("/invocations", content=body, headers={"Content-Type": "text/plain"})
+
+
+def worker_pids(server: ServerProcess) -> list[int]:
+    return [int(m[1]) for line in server.lines if (m := _PID.search(line))]
+
+
+def replacements(client: httpx.Client) -> dict[str, float]:
+    text = client.get("/metrics").text
+    return {m[1]: float(m[2]) for m in re.finditer(r'^tfservo_worker_replacements_total\{reason="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def resident_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
+
+
+def test_the_lone_default_worker_is_replaced_when_it_dies(bundle) -> None:
+    # Each request on a new connection: a kept-alive one to a dead worker is dead too.
+    headers = {"Connection": "close"}
+    with ServerProcess([str(bundle)]) as server, httpx.Client(base_url=server.url, timeout=120, headers=headers) as client:
+        first = int(invoke(client, b"pid").text)
+        for how in (b"exit", b"segv", b"kill"):
+            before = worker_pids(server)[-1]
+            if how == b"kill":  # what the OOM killer does
+                os.kill(before, signal.SIGKILL)
+            else:
+                with pytest.raises(httpx.TransportError):  # its own connection dies with it
+                    invoke(client, how)
+            # The next request waits in the supervisor's backlog for the replacement.
+            answer = invoke(client, b"pid")
+            assert answer.status_code == 200 and int(answer.text) != before
+        assert int(answer.text) != first
+        assert replacements(client)["died"] == 3
+        for told in ("exited with code 1", "was killed by SIGSEGV", "was killed by SIGKILL"):
+            assert any(told in line and "starting a new one" in line for line in server.lines), server.output
+        assert server.stop() == 0
+
+
+def test_with_two_workers_a_request_in_flight_on_the_other_worker_is_not_lost(bundle) -> None:
+    with ServerProcess([str(bundle), "--workers", "2"]) as server:
+        deadline = time.monotonic() + 120
+        while len(worker_pids(server)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        clients: list[httpx.Client] = []
+        try:
+            by_pid: dict[int, httpx.Client] = {}
+            while len(by_pid) < 2 and len(clients) < 300:  # kept-alive connections, each held by one worker
+                clients.append(httpx.Client(base_url=server.url, timeout=60))
+                by_pid.setdefault(int(invoke(clients[-1], b"pid").text), clients[-1])
+            assert len(by_pid) == 2, "the kernel gave every connection to one worker"
+            (slow_pid, slow), (doomed_pid, doomed) = by_pid.items()
+            answer: list[httpx.Response] = []
+            in_flight = threading.Thread(target=lambda: answer.append(invoke(slow, b"sleep3")))
+            in_flight.start()
+            time.sleep(0.5)
+            with pytest.raises(httpx.TransportError):
+                invoke(doomed, b"exit")
+            in_flight.join()
+            assert answer[0].status_code == 200 and int(answer[0].text) == slow_pid
+        finally:
+            for client in clients:
+                client.close()
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            deadline = time.monotonic() + 120
+            while replacements(client).get("died") != 1 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert replacements(client)["died"] == 1
+
+
+def test_a_leaking_worker_is_replaced_without_a_failed_request(bundle) -> None:
+    """A handler keeping 10 MB per request; the limit 300 MB above what a worker holds once
+    loaded. Every request is answered, and no worker's resident memory passes the limit by
+    more than one request (sampled every 20 ms)."""
+    with ServerProcess([str(bundle), "--max-worker-memory-mb", "100000"]) as probe:
+        loaded_mb = resident_mb(worker_pids(probe)[-1])
+    limit_mb = round(loaded_mb + 300)
+    with ServerProcess([str(bundle), "--max-worker-memory-mb", str(limit_mb)]) as server, \
+            httpx.Client(base_url=server.url, timeout=120) as client:
+        peak, done = [0.0], threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                for pid in set(worker_pids(server)):
+                    peak[0] = max(peak[0], resident_mb(pid))
+                time.sleep(0.02)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            statuses = [invoke(client, b"leak").status_code for _ in range(70)]  # 700 MB: two replacements
+        finally:
+            done.set()
+            sampler.join()
+        assert statuses == [200] * 70
+        assert replacements(client)["memory"] >= 2
+        assert peak[0] <= limit_mb + 10 + 5, (peak[0], limit_mb)  # one request, and the sampler's slack
+        assert any("passed its limit of" in line and "--max-worker-memory-mb" in line for line in server.lines)
+        assert len(set(worker_pids(server))) >= 3
+
+
+def test_max_requests_recycles_a_worker_with_its_replacement_started_first(bundle) -> None:
+    with ServerProcess([str(bundle), "--max-requests", "20"]) as server, \
+            httpx.Client(base_url=server.url, timeout=120) as client:
+        pids: list[int] = []
+        deadline = time.monotonic() + 120
+        while len(set(pids)) < 2 and time.monotonic() < deadline:  # the first serves until its replacement does
+            answer = invoke(client, b"pid")
+            assert answer.status_code == 200
+            pids.append(int(answer.text))
+            time.sleep(0.1)
+        assert len(set(pids)) == 2 and pids.index(pids[-1]) > 20  # the old one answered on past 20
+        for _ in range(5):
+            assert int(invoke(client, b"pid").text) == pids[-1]
+        assert replacements(client)["requests"] >= 1
+        assert any("it has answered 20 requests (--max-requests)" in line for line in server.lines)
+
+
+def test_no_supervisor_serves_in_the_process_itself(bundle) -> None:
+    with ServerProcess([str(bundle), "--no-supervisor"]) as server, \
+            httpx.Client(base_url=server.url, timeout=60) as client:
+        assert int(invoke(client, b"pid").text) == server.proc.pid
+        assert "tfservo_worker_replacements_total" not in client.get("/metrics").text
+
+
+def test_a_worker_over_its_memory_limit_once_loaded_stops_the_server_with_a_clear_error(bundle) -> None:
+    with pytest.raises(RuntimeError) as caught:
+        ServerProcess([str(bundle), "--max-worker-memory-mb", "50"]).start()
+    assert "more than its memory limit of 50 MB" in str(caught.value)
