@@ -19,6 +19,7 @@ from typing import Any
 
 from tfservo.batch.sources import display_url, is_local, url_to_fs
 from tfservo.batch.storage_retry import retry
+from tfservo.core.processes import process_alive
 
 __all__ = ["SPOOL_BYTES", "ObjectWriter", "OutputStore"]
 
@@ -241,10 +242,5 @@ class _RemoteWriter(ObjectWriter):
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return False  # ours from an earlier engine in this process are stale too
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    return process_alive(pid)
     return True

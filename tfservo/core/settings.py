@@ -231,6 +231,26 @@ class Settings:
         "AllTraffic", "--variant-name", env="TFSERVO_VARIANT_NAME", metavar="NAME",
         help="The production variant this server is, named in X-Amzn-Invoked-Production-Variant "
         "[default: $TFSERVO_VARIANT_NAME or AllTraffic].")
+    # SageMaker Data Capture (the DataCaptureConfig of CreateEndpointConfig)
+    data_capture_config: str | None = setting(
+        None, "--data-capture-config", env="TFSERVO_DATA_CAPTURE_CONFIG", existing_file=True, metavar="FILE",
+        help="Capture sampled invocations as SageMaker Data Capture does: FILE holds the DataCaptureConfig "
+        "JSON of CreateEndpointConfig (DestinationS3Uri: an s3:// prefix or a local folder).")
+    data_capture_routes: str = setting(
+        "invocations", "--data-capture-routes", env="TFSERVO_DATA_CAPTURE_ROUTES", choices=("invocations", "all"),
+        help="Routes captured: SageMaker's invocations, or all inference routes (TF Serving's and V2's "
+        "too) [default: invocations].")
+    data_capture_buffer: str | None = setting(
+        None, "--data-capture-buffer", env="TFSERVO_DATA_CAPTURE_BUFFER", metavar="DIR",
+        help="Local folder where capture files for an s3:// destination wait for their upload "
+        "[default: $TMPDIR/tfservo-capture].")
+    data_capture_file_seconds: float = setting(
+        60.0, "--data-capture-file-seconds", env="TFSERVO_DATA_CAPTURE_FILE_SECONDS", check="positive",
+        metavar="SECONDS", help="Publish (and upload) a capture file after this long [default: 60].")
+    data_capture_max_disk_percent: float = setting(
+        75.0, "--data-capture-max-disk-percent", env="TFSERVO_DATA_CAPTURE_MAX_DISK_PERCENT", check="positive",
+        metavar="PERCENT", help="Pause capture while the disk under its files is this full, as SageMaker does "
+        "[default: 75].")
     # time limits (0: none); gRPC calls use the client's deadline
     request_timeout: float = setting(
         0.0, "--request-timeout", check="non_negative", metavar="SECONDS",

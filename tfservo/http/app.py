@@ -33,6 +33,8 @@ from tfservo.http.routes import HotDispatch, starlette_routes
 from tfservo.http.v2_routes import V2Routes
 
 if TYPE_CHECKING:
+    from tfservo.capture.writer import CaptureWriter
+    from tfservo.http.capture_tap import HttpCapture
     from tfservo.models.multi_model import MultiModelEndpoint
     from tfservo.models.target_models import TargetModels
 
@@ -53,16 +55,21 @@ _TFS_SHAPE = re.compile(
 class ServingApp:
     """The ASGI app of one service: POSTs to hot routes go straight to their handler."""
 
-    def __init__(self, hot: HotRoutes, dispatch: HotDispatch, starlette: Starlette) -> None:
+    def __init__(
+        self, hot: HotRoutes, dispatch: HotDispatch, starlette: Starlette, capture: HttpCapture | None = None,
+    ) -> None:
         self.hot = hot
         self.dispatch = dispatch
         self.starlette = starlette
+        self.capture = capture
         self.routes: list[BaseRoute] = starlette.routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self.dispatch.route(scope)
             if handler is not None:
+                if self.capture is not None:
+                    handler = self.capture.wrap(scope, handler)
                 try:
                     await handler(scope, receive, send)
                 except Exception as exc:
@@ -74,6 +81,8 @@ class ServingApp:
     def close(self) -> None:
         self.hot.calls.close()
         self.hot.invocations.close()
+        if self.capture is not None:
+            self.capture.writer.close()
 
 
 async def _in_thread(fn: Any) -> Any:
@@ -174,6 +183,7 @@ def build_app(
     multi_model: MultiModelEndpoint | None = None,
     targets: TargetModels | None = None,
     on_timeout: Callable[[str, str | None, float], None] | None = None,
+    capture: CaptureWriter | None = None,
 ) -> ServingApp:
     """The ASGI app serving `service`, with the limits, time limits and runtime-API identity of
     its settings (the same for `serve` and for the loopback server in-process callers get).
@@ -239,4 +249,9 @@ def build_app(
         exception_handlers={HTTPException: not_found, Exception: server_error},  # type: ignore[dict-item]
     )
     starlette.router.redirect_slashes = False  # a redirect built from the client's Host header helps no one
-    return ServingApp(hot, HotDispatch(groups, multi_model=mm), starlette)
+    tap = None
+    if capture is not None:
+        from tfservo.http.capture_tap import HttpCapture
+
+        tap = HttpCapture(capture, {"invocation", "inference"} if settings.data_capture_routes == "all" else {"invocation"})
+    return ServingApp(hot, HotDispatch(groups, multi_model=mm), starlette, tap)

@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Mount, Route, compile_path
 from starlette.types import Receive, Scope, Send
 
 __all__ = [
+    "CAPTURE_KEY",
     "METHOD_KEY",
     "ROUTES",
     "ROUTE_KEY",
@@ -32,6 +33,7 @@ __all__ = [
     "starlette_routes",
 ]
 
+CAPTURE_KEY = "tfservo.capture"  # scope key: the route's data-capture kind, if it has one
 ROUTE_KEY = "tfservo.route"  # scope key: the name of the route that answered (metrics, access logs)
 METHOD_KEY = "tfservo.method"  # scope key: the `method` label of that route, where it has one
 
@@ -96,6 +98,7 @@ class RouteSpec:
     mount: bool = False
     doc: Doc | None = None
     label: str | None = None  # the name metrics and logs use, where not the template's
+    capture: str | None = None  # data capture: "invocation" (SageMaker's), "inference" (TF Serving's, V2's)
 
     @property
     def name(self) -> str:
@@ -111,17 +114,17 @@ ROUTES: tuple[RouteSpec, ...] = (
     # SageMaker
     RouteSpec(("GET",), "/ping", "pages.ping", doc=Doc(
         "SageMaker health check: 200 when every model is available", _SM, errors=(503,), ok="empty")),
-    RouteSpec(("POST",), "/invocations", "hot.invoke", hot=True, doc=Doc(
+    RouteSpec(("POST",), "/invocations", "hot.invoke", hot=True, capture="invocation", doc=Doc(
         "SageMaker invocation: the default model (or tfs-model-name) through the bundle's handlers or "
         "content conversions", _SM, errors=(400, 404, 415, 500), body="invocations")),
     RouteSpec(("POST",), "/endpoints/{EndpointName:maybe_empty}/invocations", "hot.runtime_invoke", hot=True,
-              slash=True, doc=Doc("SageMaker runtime API (boto3, the AWS CLI, the SDK)", _SM, errors=(), body="runtime")),
+              slash=True, capture="invocation", doc=Doc("SageMaker runtime API (boto3, the AWS CLI, the SDK)", _SM, errors=(), body="runtime")),
     RouteSpec(("GET",), "/execution-parameters", "pages.execution_parameters",
               doc=Doc("Batch transform's execution parameters", _SM, errors=())),
     RouteSpec(("GET",), "/metrics", "", doc=Doc("Prometheus metrics", _OPS, errors=(), ok="text")),
     # TF Serving REST
     RouteSpec(("GET",), "/v1/models", "pages.list_models", doc=Doc("Every model with its versions and states", _TFS, errors=())),
-    *(RouteSpec(("POST",), f"{prefix}:{{method:tfs_method}}", "hot.tfs_method", hot=True, slash=True,
+    *(RouteSpec(("POST",), f"{prefix}:{{method:tfs_method}}", "hot.tfs_method", hot=True, slash=True, capture="inference",
                 doc=Doc("{method} with {name}", per_model=True, needs="methods", body="tfs") if i == 0 else None)
       for i, prefix in enumerate(_TFS_PREFIXES)),
     *(RouteSpec(("GET",), prefix, "pages.tfs_status", metric_method="status", slash=True,
@@ -148,10 +151,11 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(("GET",), "/v2/models/{name}/versions/{version}", "v2.model_metadata"),
     RouteSpec(("GET",), "/v2/models/{name}/ready", "v2.model_ready", doc=Doc("Whether {name} is ready", per_model=True)),
     RouteSpec(("GET",), "/v2/models/{name}/versions/{version}/ready", "v2.model_ready"),
-    RouteSpec(("POST",), "/v2/models/{name}/infer", "hot.v2_infer", hot=True, metric_method="predict", doc=Doc(
+    RouteSpec(("POST",), "/v2/models/{name}/infer", "hot.v2_infer", hot=True, metric_method="predict",
+              capture="inference", doc=Doc(
         "V2 inference with {name}", per_model=True, needs="signature", body="v2")),
     RouteSpec(("POST",), "/v2/models/{name}/versions/{version}/infer", "hot.v2_infer", hot=True,
-              metric_method="predict", label="/v2/models/{name}/infer"),
+              metric_method="predict", label="/v2/models/{name}/infer", capture="inference"),
     # SageMaker multi-model (--multi-model)
     RouteSpec(("POST",), "/models", "multi_model.load", multi_model=True, doc=Doc(
         "Load a model dir under the model root", _MM, errors=(400, 403, 404, 409, 507), body="load")),
@@ -159,7 +163,8 @@ ROUTES: tuple[RouteSpec, ...] = (
               doc=Doc("Loaded models", _MM, errors=())),
     RouteSpec(("GET",), "/models/{name}", "multi_model.describe", multi_model=True),
     RouteSpec(("DELETE",), "/models/{name}", "multi_model.unload", multi_model=True),
-    RouteSpec(("POST",), "/models/{name}/invoke", "hot.invoke", hot=True, slash=True, multi_model=True),
+    RouteSpec(("POST",), "/models/{name}/invoke", "hot.invoke", hot=True, slash=True, multi_model=True,
+              capture="invocation"),
 )
 
 
@@ -228,6 +233,7 @@ class HotDispatch:
         if hit is not None:
             spec, handler = hit
             scope[ROUTE_KEY] = spec.name
+            scope[CAPTURE_KEY] = spec.capture
             return handler
         for prefix, pattern, spec, handler in self._patterns:
             if path.startswith(prefix):
@@ -237,6 +243,7 @@ class HotDispatch:
                     scope["path_params"] = params
                     method: str | None = params.get("method") or spec.metric_method
                     scope[ROUTE_KEY] = spec.name.replace("{method}", str(method)) if "method" in params else spec.name
+                    scope[CAPTURE_KEY] = spec.capture
                     if method is not None:
                         scope[METHOD_KEY] = method
                     return handler

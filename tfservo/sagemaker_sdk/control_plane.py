@@ -9,7 +9,11 @@ with SageMaker's ValidationException, as the service does.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -56,6 +60,7 @@ class ControlPlane:
         self._endpoints: dict[str, tuple[EndpointServer, dict[str, Any]]] = {}
         self._jobs: dict[str, tuple[TransformRun, dict[str, Any]]] = {}
         self._lock = threading.Lock()
+        self._work = tempfile.mkdtemp(prefix="tfservo-control-plane-")  # files handed to the servers
 
     def _arn(self, kind: str, name: str) -> str:
         return _ARN.format(region=self.region, kind=kind, name=name.lower())
@@ -86,6 +91,7 @@ class ControlPlane:
         self._configs[EndpointConfigName] = {
             "EndpointConfigName": EndpointConfigName, "ProductionVariants": ProductionVariants,
             "EndpointConfigArn": self._arn("endpoint-config", EndpointConfigName), "CreationTime": _now(),
+            **({"DataCaptureConfig": kwargs["DataCaptureConfig"]} if kwargs.get("DataCaptureConfig") else {}),
         }
         return {"EndpointConfigArn": self._arn("endpoint-config", EndpointConfigName)}
 
@@ -112,6 +118,11 @@ class ControlPlane:
         source = _local(_model_data(container))
         args = ["--multi-model", "--model-root", source] if container.get("Mode") == "MultiModel" else [source]
         args += ["--variant-name", variant.get("VariantName", "AllTraffic")]
+        if config.get("DataCaptureConfig"):  # captured as SageMaker would, under {destination}/{endpoint}/{variant}/
+            capture = os.path.join(self._work, f"{EndpointName}-data-capture.json")
+            with open(capture, "w") as f:
+                json.dump(config["DataCaptureConfig"], f)
+            args += ["--data-capture-config", capture, "--endpoint-name", EndpointName]
         with self._lock:
             if EndpointName in self._endpoints and self._endpoints[EndpointName][0].url:
                 raise ClientError(
@@ -251,6 +262,7 @@ class ControlPlane:
             self.delete_endpoint(name)
         for run in runs:
             run.stop()
+        shutil.rmtree(self._work, ignore_errors=True)
 
 
 def _now() -> datetime.datetime:

@@ -142,6 +142,20 @@ class Metrics:
             "tfservo_worker_memory_limit_bytes", "Resident memory past which a worker is replaced "
             "(--max-worker-memory-mb)", multiprocess_mode="livemax", registry=reg,
         )
+        self.capture_lines = Counter(
+            "tfservo_capture_lines", "Invocations written to data capture files", registry=reg,
+        )
+        self.capture_dropped = Counter(
+            "tfservo_capture_dropped", "Sampled invocations not captured, by reason: queue (the writer fell "
+            "behind), disk (capture paused: its disk is too full), error (a write failed)", ["reason"], registry=reg,
+        )
+        self.capture_paused = Gauge(
+            "tfservo_capture_paused", "1 while data capture is paused because its disk is too full",
+            multiprocess_mode="livemax", registry=reg,
+        )
+        self.capture_uploads = Counter(
+            "tfservo_capture_uploads", "Capture files uploaded to S3, by result (ok, failed)", ["result"], registry=reg,
+        )
         self.on_answered: Callable[[], None] | None = None  # the worker's watch counts answers
         self._replacements: _Replacements | None = None
         self._failures_counted: set[int] = set()
@@ -178,6 +192,17 @@ class Metrics:
             self.model_load_failures.labels(model, version).inc()
             if self.tfs is not None:
                 self.tfs.load(sv.path, False, None)
+
+    def capture_event(self, kind: str, count: int) -> None:
+        """The capture writer's on_event: lines written or dropped, pauses, uploads."""
+        if kind == "captured":
+            self.capture_lines.inc(count)
+        elif kind.startswith("dropped_"):
+            self.capture_dropped.labels(kind.removeprefix("dropped_")).inc(count)
+        elif kind in ("paused", "resumed"):
+            self.capture_paused.set(1 if kind == "paused" else 0)
+        elif kind in ("uploaded", "upload_failed"):
+            self.capture_uploads.labels("ok" if kind == "uploaded" else "failed").inc(count)
 
     def pool_queue(self, pool: str, change: int) -> None:
         """CallPlacement.on_queue: a call started (+1) or stopped (-1) waiting for a thread."""

@@ -68,7 +68,20 @@ def start_worker(
             memory_budget_bytes=int(settings.mme_memory_mb * 2**20) if settings.mme_memory_mb > 0 else None,
             archive_limits=settings.archive_limits,
         )
-    app = build_app(service, multi_model=multi_model, targets=targets, on_timeout=metrics.timeout)
+    capture = None
+    if settings.data_capture_config:
+        from tfservo.capture import CaptureWriter, read_capture_config
+
+        capture = CaptureWriter(
+            read_capture_config(settings.data_capture_config),
+            endpoint=settings.endpoint_name or "tfservo",
+            variant=settings.variant_name,
+            spool=settings.data_capture_buffer,
+            file_seconds=settings.data_capture_file_seconds,
+            max_disk_percent=settings.data_capture_max_disk_percent,
+            on_event=metrics.capture_event,
+        )
+    app = build_app(service, multi_model=multi_model, targets=targets, on_timeout=metrics.timeout, capture=capture)
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app
@@ -215,6 +228,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
             config_poll.stop()
         if grpc_server is not None:
             grpc_server.stop(_GRACE_SECONDS).wait(_GRACE_SECONDS + 5)
+        serving_app.close()  # its pools, and the capture writer's last lines
         service.close()
         log.info("stopped")
 

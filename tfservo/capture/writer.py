@@ -1,0 +1,298 @@
+"""Capture lines written off the request path, into files laid out as SageMaker lays them out.
+
+Requests only put an event on a bounded queue (`submit`, never blocking: a full queue or a full
+disk drops the event, counted). One thread turns events into Model Monitor's JSON lines and
+appends them to the open file, flushed to the OS after every batch, so a kill -9 loses at most
+the events still queued (a fraction of a second) and the open file's last partial line. A file
+is written under a hidden temporary name and published — renamed to
+`{endpoint}/{variant}/yyyy/mm/dd/hh/mm-ss-fff-{uuid}.jsonl` — when its hour ends, when it passes
+16 MB, after `file_seconds`, or on close; files for an s3:// destination are published in a
+local spool, uploaded by a second thread, then removed. A new writer publishes what a killed
+one left (its temporary files cut at their last newline), so a published file never holds a
+half line.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import functools
+import logging
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tfservo.capture.config import CaptureConfig
+from tfservo.core.processes import process_alive
+from tfservo.core.retry import Backoff
+
+__all__ = ["CaptureEvent", "CaptureWriter", "capture_line"]
+
+log = logging.getLogger("tfservo.capture")
+
+_MAX_FILE_BYTES = 16 * 2**20
+_TMP_SUFFIX = ".tmp"
+_BATCH_WAIT = 0.2  # seconds the writer waits for more events before flushing a batch
+_DISK_CHECK_EVERY = 1.0
+
+
+@dataclass(frozen=True)
+class CaptureEvent:
+    """One answered invocation, as the request path hands it over (bodies are not copied)."""
+
+    request_body: bytes
+    request_type: str | None
+    response_body: bytes
+    response_type: str | None
+    inference_id: str | None
+    time: float  # seconds since the epoch, when the request arrived
+
+
+def capture_line(config: CaptureConfig, event: CaptureEvent) -> bytes:
+    """The event as one line of Model Monitor's capture format."""
+    data: dict[str, Any] = {}
+    if config.capture_input:
+        data["endpointInput"] = _payload(config, "INPUT", event.request_type, event.request_body)
+    if config.capture_output:
+        data["endpointOutput"] = _payload(config, "OUTPUT", event.response_type, event.response_body)
+    moment = datetime.datetime.fromtimestamp(event.time, datetime.timezone.utc)
+    metadata = {"eventId": str(uuid.uuid4()), "inferenceTime": moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"}
+    if event.inference_id:
+        metadata["inferenceId"] = event.inference_id
+    return orjson.dumps({"captureData": data, "eventMetadata": metadata, "eventVersion": "0"}) + b"\n"
+
+
+def _payload(config: CaptureConfig, mode: str, content_type: str | None, body: bytes) -> dict[str, str]:
+    encoding = config.encoding(content_type)
+    text = None
+    if encoding != "BASE64":
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            encoding = "BASE64"  # declared text, but not UTF-8: kept byte for byte
+    if text is None:
+        text = base64.b64encode(body).decode("ascii")
+    return {"observedContentType": content_type or "", "mode": mode, "data": text, "encoding": encoding}
+
+
+class CaptureWriter:
+    """Writes the capture of one endpoint variant; `submit` from any thread, `close` once."""
+
+    def __init__(
+        self,
+        config: CaptureConfig,
+        *,
+        endpoint: str,
+        variant: str,
+        spool: str | None = None,
+        file_seconds: float = 60.0,
+        max_disk_percent: float = 75.0,
+        max_queued: int = 10_000,
+        on_event: Callable[[str, int], None] = lambda kind, n: None,
+    ) -> None:
+        self.config = config
+        self.remote = config.destination.startswith("s3://")
+        self.file_seconds = file_seconds
+        self.max_disk_percent = max_disk_percent
+        self.on_event = on_event  # ("captured" | "dropped_queue" | "dropped_disk" | "paused" | "uploaded" | ..., n)
+        self.paused = False
+        base = f"{endpoint}/{variant}"
+        if self.remote:
+            self.remote_root = config.destination.rstrip("/") + "/" + base
+            spool_root = spool or os.path.join(tempfile.gettempdir(), "tfservo-capture")
+            self.root = os.path.join(spool_root, config.destination.removeprefix("s3://").strip("/"), base)
+        else:
+            self.remote_root = ""
+            self.root = os.path.join(os.path.abspath(config.destination.removeprefix("file://")), base)
+        os.makedirs(self.root, exist_ok=True)
+        self._queue: queue.Queue[CaptureEvent | None] = queue.Queue(max_queued)
+        self._file: Any = None
+        self._file_path = ""  # the temporary name
+        self._file_hour = ""
+        self._file_opened = 0.0
+        self._file_bytes = 0
+        self._disk_checked = 0.0
+        self._uploads: queue.Queue[str | None] = queue.Queue()
+        self._closed = False
+        self._recover()
+        self._thread = threading.Thread(target=self._run, name="tfservo-capture", daemon=True)
+        self._thread.start()
+        self._uploader: threading.Thread | None = None
+        if self.remote:
+            self._uploader = threading.Thread(target=self._upload_loop, name="tfservo-capture-upload", daemon=True)
+            self._uploader.start()
+            for path in self._published_here():  # published by a previous run, not yet uploaded
+                self._uploads.put(path)
+
+    # -- the request path -------------------------------------------------------------------------
+
+    def submit(self, event: CaptureEvent) -> None:
+        """Queue an event for writing; dropped (and counted) when the queue is full or capture paused."""
+        if self.paused:
+            self.on_event("dropped_disk", 1)
+            return
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self.on_event("dropped_queue", 1)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued, publish the open file and (s3://) upload every published file."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout)
+        if self._uploader is not None:
+            self._uploads.put(None)
+            self._uploader.join(timeout)
+
+    # -- the writer thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=_BATCH_WAIT)
+            except queue.Empty:
+                self._rotate_if_due()
+                continue
+            batch = [first]
+            while len(batch) < 1000:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            events = [e for e in batch if e is not None]
+            if events:
+                self._write(events)
+            if None in batch:
+                self._publish()
+                return
+            self._rotate_if_due()
+
+    def _write(self, events: list[CaptureEvent]) -> None:
+        if not self._disk_allows():
+            self.on_event("dropped_disk", len(events))
+            return
+        try:
+            lines = b"".join(capture_line(self.config, event) for event in events)
+            self._open_for(events[0].time)
+            self._file.write(lines)
+            self._file.flush()
+            self._file_bytes += len(lines)
+            self.on_event("captured", len(events))
+        except OSError as exc:
+            log.warning("data capture: cannot write %s (%s); %d lines lost", self._file_path, exc, len(events))
+            self.on_event("dropped_error", len(events))
+            self._file = None
+
+    def _open_for(self, when: float) -> None:
+        hour = time.strftime("%Y/%m/%d/%H", time.gmtime(when))
+        if self._file is not None and hour != self._file_hour:
+            self._publish()
+        if self._file is None:
+            folder = os.path.join(self.root, hour)
+            os.makedirs(folder, exist_ok=True)
+            now = time.time()
+            name = time.strftime("%M-%S-", time.gmtime(now)) + f"{int(now * 1000) % 1000:03d}-{uuid.uuid4()}.jsonl"
+            self._file_path = os.path.join(folder, f".{name}.{os.getpid()}{_TMP_SUFFIX}")
+            self._file = open(self._file_path, "ab")
+            self._file_hour, self._file_opened, self._file_bytes = hour, time.monotonic(), 0
+
+    def _rotate_if_due(self) -> None:
+        if self._file is None:
+            return
+        hour = time.strftime("%Y/%m/%d/%H", time.gmtime())
+        if (hour != self._file_hour or self._file_bytes >= _MAX_FILE_BYTES
+                or time.monotonic() - self._file_opened >= self.file_seconds):
+            self._publish()
+
+    def _publish(self) -> None:
+        """Close the open file and give it its published name."""
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        published = _published_name(self._file_path)
+        os.replace(self._file_path, published)
+        if self.remote:
+            self._uploads.put(published)
+
+    def _disk_allows(self) -> bool:
+        """False while the disk under the files is fuller than max_disk_percent (SageMaker: 75 %)."""
+        now = time.monotonic()
+        if now - self._disk_checked < _DISK_CHECK_EVERY:
+            return not self.paused
+        self._disk_checked = now
+        usage = shutil.disk_usage(self.root)
+        percent = 100.0 * usage.used / usage.total if usage.total else 0.0
+        if percent >= self.max_disk_percent and not self.paused:
+            self.paused = True
+            log.warning("data capture paused: the disk under %s is %.0f%% full (limit %g%%); serving goes on",
+                        self.root, percent, self.max_disk_percent)
+            self.on_event("paused", 1)
+        elif percent < self.max_disk_percent and self.paused:
+            self.paused = False
+            log.info("data capture resumed: the disk under %s is %.0f%% full", self.root, percent)
+            self.on_event("resumed", 1)
+        return not self.paused
+
+    # -- recovery and upload ----------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Publish the temporary files of writers that are gone, cut at their last full line."""
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                if not (name.startswith(".") and name.endswith(_TMP_SUFFIX)):
+                    continue
+                pid = name[: -len(_TMP_SUFFIX)].rsplit(".", 1)[-1]
+                if pid.isdigit() and process_alive(int(pid)):
+                    continue  # another worker's open file
+                path = os.path.join(folder, name)
+                _cut_at_last_line(path)
+                if os.path.getsize(path):
+                    os.replace(path, _published_name(path))
+                else:
+                    os.remove(path)
+
+    def _published_here(self) -> list[str]:
+        return sorted(
+            os.path.join(folder, name) for folder, _, names in os.walk(self.root)
+            for name in names if not name.startswith(".") and name.endswith(".jsonl")
+        )
+
+    def _upload_loop(self) -> None:
+        import fsspec.core
+
+        fs, _ = fsspec.core.url_to_fs(self.remote_root)
+        retry = Backoff(retries=5, base_delay=1.0, max_delay=30.0)
+        while (path := self._uploads.get()) is not None:
+            key = self.remote_root + "/" + os.path.relpath(path, self.root).replace(os.sep, "/")
+            try:
+                retry.call(functools.partial(fs.put_file, path, key), retriable=lambda exc: isinstance(exc, OSError))
+            except Exception as exc:  # left in the spool; the next writer retries it
+                log.warning("data capture: upload of %s to %s failed (%s); kept in %s", path, key, exc, self.root)
+                self.on_event("upload_failed", 1)
+                continue
+            os.remove(path)
+            self.on_event("uploaded", 1)
+
+
+def _published_name(temporary: str) -> str:
+    folder, name = os.path.split(temporary)
+    return os.path.join(folder, name[1:].rsplit(".", 2)[0])  # ".NAME.jsonl.PID.tmp" → "NAME.jsonl"
+
+
+def _cut_at_last_line(path: str) -> None:
+    with open(path, "rb+") as f:
+        data = f.read()
+        f.truncate(data.rfind(b"\n") + 1)
