@@ -53,7 +53,7 @@ def serve(paths: tuple[str, ...], **flags: Any) -> None:
     settings = _settings(
         resolve_settings, paths=paths, **{name: None if value is False else value for name, value in flags.items()}
     )
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format, settings.access_log)
     try:
         run_server(settings)
     except ServingError as exc:

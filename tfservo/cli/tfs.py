@@ -184,6 +184,7 @@ def run(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"tensorflow_model_server: {exc.message}", file=sys.stderr)
         raise SystemExit(2) from None
+    setup_logging(settings.log_level, settings.log_format, settings.access_log)
     from tfservo.core.errors import ServingError
     from tfservo.server.run import serve
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import re
@@ -9,7 +10,9 @@ import sys
 import threading
 from typing import TYPE_CHECKING, TextIO
 
-__all__ = ["quiet_libraries", "quiet_tensorflow", "setup_logging"]
+import orjson
+
+__all__ = ["JsonFormatter", "quiet_libraries", "quiet_tensorflow", "setup_logging"]
 
 # TF 2.21 writes glog-style lines ("I0000 00:00:… file.cc:12] …", "WARNING: All log messages
 # before absl::InitializeLog()") straight to fd 2 and ignores TF_CPP_MIN_LOG_LEVEL. Beam's
@@ -105,8 +108,40 @@ class _StderrHandler(_StreamHandler):
         pass
 
 
-def setup_logging(level: str = "info") -> None:
-    """Plain one-line logs to stderr, through one handler on the root logger.
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, a record's `fields` (the access
+    log's), the active OpenTelemetry trace and span ids, and the exception if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, object] = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            doc.update(fields)
+        doc.update(_trace_ids())
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+def _trace_ids() -> dict[str, str]:
+    """The current OpenTelemetry span's ids (hex, as W3C traceparent writes them), if one is active."""
+    trace = sys.modules.get("opentelemetry.trace")  # only if something set tracing up
+    if trace is None:
+        return {}
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {}
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+
+def setup_logging(level: str = "info", fmt: str = "text", access: bool = False) -> None:
+    """One-line logs to stderr (`fmt` text or json), through one handler on the root logger;
+    `access`: one line per request on tfservo.access at info.
 
     Other root handlers are taken off but not closed: their streams are not ours (basicConfig's
     force=True would close them, and with them a test runner's or a notebook's stderr).
@@ -115,7 +150,11 @@ def setup_logging(level: str = "info") -> None:
     for handler in root.handlers[:]:
         root.removeHandler(handler)
     handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    # --access-log: request lines at info; without it they are debug lines (--log-level debug)
+    logging.getLogger("tfservo.access").setLevel(logging.INFO if access else logging.NOTSET)
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     quiet_libraries(level)

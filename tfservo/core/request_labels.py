@@ -27,13 +27,18 @@ __all__ = [
 
 @dataclass
 class RequestLabels:
-    """Labels of one request; empty strings until known."""
+    """Labels of one request; empty strings until known. The last four are for the access log
+    only (never metric labels: they are unbounded)."""
 
     route: str = ""
     method: str = ""
     model: str = ""
     version: str = ""
     status: str = ""
+    verb: str = ""  # the HTTP method, or "" for gRPC
+    path: str = ""  # the HTTP path, or the gRPC method
+    bytes_out: int = 0  # the answer's body
+    inference_id: str = ""  # X-Amzn-SageMaker-Inference-Id
 
 
 _current: ContextVar[RequestLabels | None] = ContextVar("tfservo_request_labels", default=None)

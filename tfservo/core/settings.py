@@ -194,6 +194,14 @@ class Settings:
     log_level: str = setting(
         "info", "--log-level", env="TFSERVO_LOG_LEVEL", choices=_LEVELS,
         help="Log level [default: info]; debug logs one line per request.")
+    log_format: str = setting(
+        "text", "--log-format", env="TFSERVO_LOG_FORMAT", choices=("text", "json"),
+        help="Log lines as text, or one JSON object per line (time, level, logger, message; trace and "
+        "span ids while a trace is active) [default: text].")
+    access_log: bool = setting(
+        False, "--access-log", env="TFSERVO_ACCESS_LOG",
+        help="Log one line per request on tfservo.access: method, path, status, model, version, bytes, "
+        "duration, inference id.")
     keep_alive_timeout: float = setting(  # idle keep-alive connections close after this
         5.0, "--keep-alive-timeout", check="positive",
         help="Close an idle keep-alive connection after this many seconds [default: 5].")

@@ -270,11 +270,18 @@ class Metrics:
             )
         if self.on_answered is not None:
             self.on_answered()
-        if access_log.isEnabledFor(logging.DEBUG):
-            access_log.debug(
-                "protocol=%s route=%s method=%s model=%s version=%s status=%s ms=%.2f",
-                protocol, labels.route or "-", labels.method or "-", labels.model or "-",
-                labels.version or "-", labels.status or "-", seconds * 1e3,
+        at = _access_level()
+        if at is not None:
+            fields = {
+                "protocol": protocol, "verb": labels.verb or None, "path": labels.path or labels.route or None,
+                "route": labels.route or None, "method": labels.method or None, "model": labels.model or None,
+                "version": labels.version or None, "status": labels.status or None, "bytes": labels.bytes_out,
+                "ms": round(seconds * 1e3, 2), "inference_id": labels.inference_id or None,
+            }
+            access_log.log(
+                at,
+                " ".join(f"{key}={'-' if value is None else value}" for key, value in fields.items()),
+                extra={"fields": {key: value for key, value in fields.items() if value is not None}},
             )
 
     # -- exposition ------------------------------------------------------------------------------
@@ -322,6 +329,13 @@ _CODE_OF_HTTP = {http_status(code): code.name for code in reversed(Code)}
 _CODE_OF_HTTP.update({200: "OK", 500: "INTERNAL", 400: "INVALID_ARGUMENT"})
 
 
+def _access_level() -> int | None:
+    """The level request lines are logged at (info with --access-log, else debug), or None
+    when they would not show."""
+    at = logging.INFO if access_log.level == logging.INFO else logging.DEBUG
+    return at if access_log.isEnabledFor(at) else None
+
+
 def _code_name(status: str | None) -> str:
     """A request's status as TF Serving's canonical code name (HTTP statuses mapped back)."""
     if not status:
@@ -356,11 +370,17 @@ class _HttpMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        labels = RequestLabels()
+        labels = RequestLabels(verb=scope["method"], path=scope["path"])
+        if _access_level() is not None:
+            for key, value in scope["headers"]:
+                if key == b"x-amzn-sagemaker-inference-id":
+                    labels.inference_id = value.decode("latin-1")
 
         async def send_noting_status(message: Message) -> None:
             if message["type"] == "http.response.start":
                 labels.status = str(message["status"])
+            elif message["type"] == "http.response.body":
+                labels.bytes_out += len(message.get("body", b""))
             await send(message)
 
         path = scope["path"]

@@ -114,7 +114,7 @@ def _worker_main(
     from tfservo.core.logs import quiet_tensorflow, setup_logging
 
     quiet_tensorflow()
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format, settings.access_log)
     link = WorkerLink(conn, replacements)
     try:
         target(settings, sock, link)
