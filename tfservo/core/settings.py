@@ -259,6 +259,17 @@ class Settings:
         75.0, "--data-capture-max-disk-percent", env="TFSERVO_DATA_CAPTURE_MAX_DISK_PERCENT", check="positive",
         metavar="PERCENT", help="Pause capture while the disk under its files is this full, as SageMaker does "
         "[default: 75].")
+    # KServe's inference logger: requests and answers as CloudEvents
+    payload_log_url: str | None = setting(
+        None, "--payload-log-url", env="TFSERVO_PAYLOAD_LOG_URL", metavar="URL",
+        help="Send each inference request and answer to URL as CloudEvents with KServe's logger "
+        "attributes, as KServe's `logger: {url: …}` does (needs tfservo[payload-log]).")
+    payload_log_mode: str = setting(
+        "all", "--payload-log-mode", env="TFSERVO_PAYLOAD_LOG_MODE", choices=("all", "request", "response"),
+        help="What the payload logger sends: requests and answers, or one of them [default: all].")
+    payload_log_namespace: str = setting(
+        "default", "--payload-log-namespace", env="POD_NAMESPACE", metavar="NAMESPACE",
+        help="The namespace attribute of payload log events [default: $POD_NAMESPACE or default].")
     # time limits (0: none); gRPC calls use the client's deadline
     request_timeout: float = setting(
         0.0, "--request-timeout", check="non_negative", metavar="SECONDS",

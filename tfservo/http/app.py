@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -33,8 +33,7 @@ from tfservo.http.routes import HotDispatch, starlette_routes
 from tfservo.http.v2_routes import V2Routes
 
 if TYPE_CHECKING:
-    from tfservo.capture.writer import CaptureWriter
-    from tfservo.http.capture_tap import HttpCapture
+    from tfservo.http.capture_tap import HttpCapture, Tap
     from tfservo.models.multi_model import MultiModelEndpoint
     from tfservo.models.target_models import TargetModels
 
@@ -82,7 +81,7 @@ class ServingApp:
         self.hot.calls.close()
         self.hot.invocations.close()
         if self.capture is not None:
-            self.capture.writer.close()
+            self.capture.close()
 
 
 async def _in_thread(fn: Any) -> Any:
@@ -183,7 +182,7 @@ def build_app(
     multi_model: MultiModelEndpoint | None = None,
     targets: TargetModels | None = None,
     on_timeout: Callable[[str, str | None, float], None] | None = None,
-    capture: CaptureWriter | None = None,
+    taps: Sequence[Tap] = (),
 ) -> ServingApp:
     """The ASGI app serving `service`, with the limits, time limits and runtime-API identity of
     its settings (the same for `serve` and for the loopback server in-process callers get).
@@ -249,9 +248,9 @@ def build_app(
         exception_handlers={HTTPException: not_found, Exception: server_error},  # type: ignore[dict-item]
     )
     starlette.router.redirect_slashes = False  # a redirect built from the client's Host header helps no one
-    tap = None
-    if capture is not None:
+    capture = None
+    if taps:
         from tfservo.http.capture_tap import HttpCapture
 
-        tap = HttpCapture(capture, {"invocation", "inference"} if settings.data_capture_routes == "all" else {"invocation"})
-    return ServingApp(hot, HotDispatch(groups, multi_model=mm), starlette, tap)
+        capture = HttpCapture(taps)
+    return ServingApp(hot, HotDispatch(groups, multi_model=mm), starlette, capture)

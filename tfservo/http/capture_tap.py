@@ -1,43 +1,68 @@
-"""Data capture at the HTTP edge: every hot route the route table marks capturable passes
-through here, so /invocations, the runtime API, /models/{name}/invoke (and, asked for, TF
-Serving's and V2's inference routes) are captured in one place, handlers or not.
+"""Payloads at the HTTP edge: every hot route the route table marks capturable passes through
+here, so /invocations, the runtime API, /models/{name}/invoke (and TF Serving's and V2's
+inference routes) reach Data Capture and the payload logger in one place, handlers or not.
 
-A sampled request's body and answer are kept as they pass (the request's chunks joined once)
-and handed to the capture writer after the answer is sent; the writer formats and writes off
-the request path. Only answered requests (2xx) are captured: an error has no model output.
+A request some sink takes has its body and answer kept as they pass (the request's chunks
+joined once) and handed to those sinks after the answer is sent; they format and send off the
+request path. Data Capture takes sampled invocations answered 2xx (an error has no model
+output); the payload logger, as KServe's, every request of every inference route.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tfservo.capture.writer import CaptureEvent, CaptureWriter
+from tfservo.capture.writer import CaptureEvent
 from tfservo.http.routes import CAPTURE_KEY
 
-__all__ = ["HttpCapture"]
+__all__ = ["HttpCapture", "Sink", "Tap"]
 
 _INFERENCE_ID = b"x-amzn-sagemaker-inference-id"
 
 
-class HttpCapture:
-    """Samples the requests of the route kinds in `kinds` and gives them to `writer`."""
+class Sink(Protocol):
+    """Where tapped payloads go: Data Capture's writer, the payload logger."""
 
-    def __init__(self, writer: CaptureWriter, kinds: Collection[str]) -> None:
-        self.writer = writer
-        self.kinds = frozenset(kinds)
-        self.percentage = writer.config.sampling_percentage if writer.config.enabled else 0.0
+    def submit(self, event: CaptureEvent) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Tap:
+    """One sink, the route kinds it takes, the share of them (percent) and whether errors too."""
+
+    sink: Sink
+    kinds: frozenset[str]
+    percentage: float = 100.0
+    errors_too: bool = False
+
+
+class HttpCapture:
+    """Gives the requests each tap takes to its sink."""
+
+    def __init__(self, taps: Sequence[Tap]) -> None:
+        self.taps = tuple(taps)
 
     def wrap(self, scope: Scope, handler: ASGIApp) -> ASGIApp:
-        """`handler`, tapped when this request's route is captured and it is sampled."""
-        if scope.get(CAPTURE_KEY) not in self.kinds or random.random() * 100 >= self.percentage:
+        """`handler`, tapped when some sink takes this request."""
+        kind = scope.get(CAPTURE_KEY)
+        taking = [t for t in self.taps if kind in t.kinds and (t.percentage >= 100 or random.random() * 100 < t.percentage)]
+        if not taking:
             return handler
-        return lambda scope, receive, send: self._tapped(handler, scope, receive, send)
+        return lambda scope, receive, send: self._tapped(taking, handler, scope, receive, send)
 
-    async def _tapped(self, handler: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    def close(self) -> None:
+        for tap in self.taps:
+            tap.sink.close()
+
+    async def _tapped(self, taps: list[Tap], handler: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = time.time()
         body: list[bytes] = []
         answer: list[bytes] = []
@@ -58,15 +83,19 @@ class HttpCapture:
 
         await handler(scope, receive_kept, send_kept)
         status = start.get("status")
-        if isinstance(status, int) and 200 <= status < 300:
-            self.writer.submit(CaptureEvent(
-                request_body=b"".join(body),
-                request_type=_header(scope.get("headers", ()), b"content-type"),
-                response_body=b"".join(answer),
-                response_type=_header(start.get("headers", ()), b"content-type"),  # type: ignore[arg-type]
-                inference_id=_header(scope.get("headers", ()), _INFERENCE_ID),
-                time=arrived,
-            ))
+        if not isinstance(status, int):
+            return  # no answer went out
+        event = CaptureEvent(
+            request_body=b"".join(body),
+            request_type=_header(scope.get("headers", ()), b"content-type"),
+            response_body=b"".join(answer),
+            response_type=_header(start.get("headers", ()), b"content-type"),  # type: ignore[arg-type]
+            inference_id=_header(scope.get("headers", ()), _INFERENCE_ID),
+            time=arrived,
+        )
+        for tap in taps:
+            if tap.errors_too or 200 <= status < 300:
+                tap.sink.submit(event)
 
 
 def _header(headers: Collection[tuple[bytes, bytes]], name: bytes) -> str | None:

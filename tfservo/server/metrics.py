@@ -156,6 +156,10 @@ class Metrics:
         self.capture_uploads = Counter(
             "tfservo_capture_uploads", "Capture files uploaded to S3, by result (ok, failed)", ["result"], registry=reg,
         )
+        self.payload_events = Counter(
+            "tfservo_payload_log_events", "Payload log events, by result: sent, failed (the receiver "
+            "answered an error or could not be reached), dropped (the queue was full)", ["result"], registry=reg,
+        )
         self.on_answered: Callable[[], None] | None = None  # the worker's watch counts answers
         self._replacements: _Replacements | None = None
         self._failures_counted: set[int] = set()
@@ -194,13 +198,16 @@ class Metrics:
                 self.tfs.load(sv.path, False, None)
 
     def capture_event(self, kind: str, count: int) -> None:
-        """The capture writer's on_event: lines written or dropped, pauses, uploads."""
+        """The capture writer's and payload logger's on_event: lines written or dropped, pauses,
+        uploads, events sent."""
         if kind == "captured":
             self.capture_lines.inc(count)
         elif kind.startswith("dropped_"):
             self.capture_dropped.labels(kind.removeprefix("dropped_")).inc(count)
         elif kind in ("paused", "resumed"):
             self.capture_paused.set(1 if kind == "paused" else 0)
+        elif kind.startswith("payload_"):
+            self.payload_events.labels(kind.removeprefix("payload_")).inc(count)
         elif kind in ("uploaded", "upload_failed"):
             self.capture_uploads.labels("ok" if kind == "uploaded" else "failed").inc(count)
 

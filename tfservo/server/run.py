@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -23,6 +24,7 @@ from tfservo.server.workers import Supervisor, WorkerLink
 if TYPE_CHECKING:
     from tfservo.core.service import ModelService
     from tfservo.http.app import ServingApp
+    from tfservo.http.capture_tap import Tap
 
 __all__ = ["bind_socket", "serve", "serve_process", "start_worker", "uvicorn_config"]
 
@@ -68,24 +70,50 @@ def start_worker(
             memory_budget_bytes=int(settings.mme_memory_mb * 2**20) if settings.mme_memory_mb > 0 else None,
             archive_limits=settings.archive_limits,
         )
-    capture = None
+    app = build_app(service, multi_model=multi_model, targets=targets, on_timeout=metrics.timeout,
+                    taps=payload_taps(settings, service, port, metrics.capture_event))
+    routes = app.routes
+    app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
+    outer: ASGIApp = drain.asgi(app) if drain is not None else app
+    return service, metrics.asgi(outer, service, routes), app
+
+
+def payload_taps(
+    settings: Settings, service: ModelService, port: int, on_event: Callable[[str, int], None],
+) -> list[Tap]:
+    """What this worker sends its requests' payloads to: Data Capture, the payload logger."""
+    from tfservo.http.capture_tap import Tap
+
+    taps = []
     if settings.data_capture_config:
         from tfservo.capture import CaptureWriter, read_capture_config
 
-        capture = CaptureWriter(
-            read_capture_config(settings.data_capture_config),
+        config = read_capture_config(settings.data_capture_config)
+        writer = CaptureWriter(
+            config,
             endpoint=settings.endpoint_name or "tfservo",
             variant=settings.variant_name,
             spool=settings.data_capture_buffer,
             file_seconds=settings.data_capture_file_seconds,
             max_disk_percent=settings.data_capture_max_disk_percent,
-            on_event=metrics.capture_event,
+            on_event=on_event,
         )
-    app = build_app(service, multi_model=multi_model, targets=targets, on_timeout=metrics.timeout, capture=capture)
-    routes = app.routes
-    app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
-    outer: ASGIApp = drain.asgi(app) if drain is not None else app
-    return service, metrics.asgi(outer, service, routes), app
+        kinds = {"invocation", "inference"} if settings.data_capture_routes == "all" else {"invocation"}
+        taps.append(Tap(writer, frozenset(kinds), config.sampling_percentage if config.enabled else 0.0))
+    if settings.payload_log_url:
+        from tfservo.capture.payload_log import PayloadLogger
+
+        logger = PayloadLogger(
+            settings.payload_log_url,
+            mode=settings.payload_log_mode,
+            source=f"http://{settings.host}:{port}/",
+            service=settings.endpoint_name or service.default_model() or "tfservo",
+            namespace=settings.payload_log_namespace,
+            endpoint=settings.variant_name,
+            on_event=on_event,
+        )
+        taps.append(Tap(logger, frozenset({"invocation", "inference"}), errors_too=True))
+    return taps
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

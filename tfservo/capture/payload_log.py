@@ -1,0 +1,118 @@
+"""KServe's inference logger: each request and its answer sent as CloudEvents over HTTP (binary
+mode) with KServe's attributes, so a receiver written for KServe's logger works unchanged.
+
+Events go through a bounded queue to one sender thread; a receiver that is slow or down slows
+no request: past the queue's bound events are dropped and counted, and a failed send is
+counted and not retried.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from tfservo.capture.writer import CaptureEvent
+from tfservo.core.settings import ConfigError
+
+__all__ = ["PayloadLogger"]
+
+log = logging.getLogger("tfservo.capture")
+
+REQUEST_TYPE = "org.kubeflow.serving.inference.request"
+RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
+_MODES = ("all", "request", "response")
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """KServe's extension attributes on every event."""
+
+    source: str
+    service: str
+    namespace: str
+    component: str
+    endpoint: str
+
+
+class PayloadLogger:
+    """Sends each submitted event's request and/or response to `url`; `submit` from any thread."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        mode: str = "all",
+        source: str,
+        service: str,
+        namespace: str = "default",
+        component: str = "predictor",
+        endpoint: str = "",
+        max_queued: int = 1000,
+        timeout: float = 5.0,
+        on_event: Callable[[str, int], None] = lambda kind, n: None,
+    ) -> None:
+        if mode not in _MODES:
+            raise ConfigError(f"--payload-log-mode must be one of {', '.join(_MODES)}, got {mode!r}")
+        try:
+            from cloudevents.http import CloudEvent, to_binary
+        except ImportError:
+            raise ConfigError("--payload-log-url needs the cloudevents package: pip install 'tfservo[payload-log]'") from None
+        self._event_class, self._to_binary = CloudEvent, to_binary
+        self.url = url
+        self.mode = mode
+        self.identity = _Identity(source, service, namespace, component, endpoint)
+        self.on_event = on_event
+        self._queue: queue.Queue[CaptureEvent | None] = queue.Queue(max_queued)
+        self._client = httpx.Client(timeout=timeout)
+        self._failed_once = False
+        self._thread = threading.Thread(target=self._run, name="tfservo-payload-log", daemon=True)
+        self._thread.start()
+
+    def submit(self, event: CaptureEvent) -> None:
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self.on_event("payload_dropped", 1)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send what is queued (within `timeout`), then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        self._client.close()
+
+    def _run(self) -> None:
+        while (event := self._queue.get()) is not None:
+            request_id = event.inference_id or str(uuid.uuid4())
+            if self.mode in ("all", "request"):
+                self._send(REQUEST_TYPE, request_id, event.request_type, event.request_body, event.time)
+            if self.mode in ("all", "response"):
+                self._send(RESPONSE_TYPE, request_id, event.response_type, event.response_body, event.time)
+
+    def _send(self, kind: str, request_id: str, content_type: str | None, body: bytes, when: float) -> None:
+        identity = self.identity
+        attributes = {
+            "type": kind, "source": identity.source, "id": request_id,
+            "time": datetime.datetime.fromtimestamp(when, datetime.timezone.utc).isoformat(),
+            "datacontenttype": content_type or "application/octet-stream",
+            "inferenceservicename": identity.service, "namespace": identity.namespace,
+            "component": identity.component, "endpoint": identity.endpoint,
+        }
+        headers, data = self._to_binary(self._event_class(attributes, body))
+        try:
+            answer = self._client.post(self.url, headers=headers, content=data)
+            answer.raise_for_status()
+        except httpx.HTTPError as exc:
+            self.on_event("payload_failed", 1)
+            if not self._failed_once:  # one line, not one per event
+                self._failed_once = True
+                log.warning("payload log: sending to %s failed (%s); events are dropped while it fails", self.url, exc)
+            return
+        self._failed_once = False
+        self.on_event("payload_sent", 1)
