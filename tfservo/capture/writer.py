@@ -15,6 +15,7 @@ half line.
 from __future__ import annotations
 
 import base64
+import collections
 import datetime
 import functools
 import logging
@@ -114,7 +115,11 @@ class CaptureWriter:
             self.remote_root = ""
             self.root = os.path.join(os.path.abspath(config.destination.removeprefix("file://")), base)
         os.makedirs(self.root, exist_ok=True)
-        self._queue: queue.Queue[CaptureEvent | None] = queue.Queue(max_queued)
+        # A deque the writer drains every _BATCH_WAIT: appending takes no lock and wakes no
+        # thread (a queue.Queue woke the writer, and handed it the GIL, on every request).
+        self._pending: collections.deque[CaptureEvent] = collections.deque()
+        self._max_queued = max_queued
+        self._stop = threading.Event()
         self._file: Any = None
         self._file_path = ""  # the temporary name
         self._file_hour = ""
@@ -140,17 +145,17 @@ class CaptureWriter:
         if self.paused:
             self.on_event("dropped_disk", 1)
             return
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
+        if len(self._pending) >= self._max_queued:
             self.on_event("dropped_queue", 1)
+            return
+        self._pending.append(event)
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, publish the open file and (s3://) upload every published file."""
         if self._closed:
             return
         self._closed = True
-        self._queue.put(None)
+        self._stop.set()
         self._thread.join(timeout)
         if self._uploader is not None:
             self._uploads.put(None)
@@ -160,21 +165,11 @@ class CaptureWriter:
 
     def _run(self) -> None:
         while True:
-            try:
-                first = self._queue.get(timeout=_BATCH_WAIT)
-            except queue.Empty:
-                self._rotate_if_due()
-                continue
-            batch = [first]
-            while len(batch) < 1000:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            events = [e for e in batch if e is not None]
-            if events:
+            stopping = self._stop.wait(_BATCH_WAIT)
+            while self._pending:
+                events = [self._pending.popleft() for _ in range(min(1000, len(self._pending)))]
                 self._write(events)
-            if None in batch:
+            if stopping:
                 self._publish()
                 return
             self._rotate_if_due()
