@@ -32,7 +32,7 @@ CONNECTIONS = 32
 
 
 class _Receiver(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.send_response(202)
         self.send_header("Content-Length", "0")

@@ -52,3 +52,14 @@ def test_every_declared_tf_serving_flag_reaches_its_setting():
     )
     assert (settings.grpc_port, settings.port, settings.request_timeout) == (7000, 7001, 2.5)
     assert settings.file_system_poll_wait_seconds == 3.0 and settings.warmup is False
+
+
+@pytest.mark.parametrize("flag", [{"max_requests": 100}, {"max_worker_memory_mb": 4096.0}])
+def test_multi_model_mode_refuses_recycling_its_one_worker(flag) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve_settings(multi_model=True, env={}, **flag)
+    assert "cannot recycle its worker" in str(caught.value) and "TFSERVO_MME_MEMORY_MB" in str(caught.value)
+    from tfservo.server.recycling import worker_memory_limit
+
+    assert worker_memory_limit(resolve_settings(multi_model=True, env={})) == 0  # no default guard there either
+    assert worker_memory_limit(resolve_settings(paths=["m"], env={})) > 0

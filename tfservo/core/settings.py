@@ -467,6 +467,13 @@ def resolve_settings(
             "multi-model mode needs one worker (models are loaded into one process); "
             "drop --workers / SAGEMAKER_GUNICORN_WORKERS"
         )
+    recycling = [flag for flag, name in (("--max-requests", "max_requests"), ("--max-worker-memory-mb", "max_worker_memory_mb"))
+                 if value[name]]
+    if value["multi_model"] and recycling:
+        raise ConfigError(
+            f"multi-model mode cannot recycle its worker ({', '.join(recycling)}): the models loaded with POST "
+            "/models live in that one process; bound their memory with TFSERVO_MME_MEMORY_MB instead"
+        )
     if value["model_config_file"] and value["model_base_path"]:
         raise ConfigError("give --model_config_file or --model_base_path, not both (as TF Serving requires)")
     if not paths and serve_default_path and not value["multi_model"] and not value["model_config_file"] \

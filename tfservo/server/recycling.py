@@ -35,9 +35,13 @@ def hard_limit(settings: Settings) -> float:
 
 def worker_memory_limit(settings: Settings) -> int:
     """--max-worker-memory-mb in bytes; by default 90% of the container's (or machine's) memory,
-    shared by the workers and one replacement starting beside them."""
+    shared by the workers and one replacement starting beside them. 0 (no guard) in
+    multi-model mode: a replacement would start without the models loaded with POST /models
+    (their memory is bounded by TFSERVO_MME_MEMORY_MB instead)."""
     if settings.max_worker_memory_mb > 0:
         return int(settings.max_worker_memory_mb * _MIB)
+    if settings.multi_model:
+        return 0
     total = memory_limit_bytes() or 8 * 2**30
     return int(total * 0.9) // (settings.workers + 1)
 
