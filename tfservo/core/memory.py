@@ -21,26 +21,22 @@ def available_memory_bytes() -> int | None:
 
         available: int | None = int(psutil.virtual_memory().available)
     except ImportError:
-        available = _meminfo_available()
-    cgroup = _cgroup_headroom()
+        available = _meminfo("MemAvailable")
+    cgroup = _cgroup()
     if cgroup is not None:
-        available = cgroup if available is None else min(available, cgroup)
+        headroom = max(cgroup[0] - cgroup[1], 0)
+        available = headroom if available is None else min(available, headroom)
     return available
 
 
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+def memory_limit_bytes() -> int | None:
+    """The memory this process may use in all: its cgroup's limit if one is set, else the machine's."""
+    cgroup = _cgroup()
+    return cgroup[0] if cgroup is not None else _meminfo("MemTotal")
 
 
-def _cgroup_headroom() -> int | None:
-    """limit − usage of this process's memory cgroup (v2, else v1); None when unlimited."""
+def _cgroup() -> tuple[int, int] | None:
+    """(limit, usage) of this process's memory cgroup (v2, else v1); None when unlimited or unknown."""
     for limit_file, usage_file in _CGROUP_FILES:
         try:
             with open(limit_file) as f:
@@ -49,27 +45,18 @@ def _cgroup_headroom() -> int | None:
                 usage = int(f.read().strip())
         except (OSError, ValueError):
             continue
-        if limit == "max" or not limit.isdigit() or int(limit) >= 2**60:
+        if not limit.isdigit() or int(limit) >= 2**60:  # "max": no limit
             return None
-        return max(int(limit) - usage, 0)
+        return int(limit), usage
     return None
 
 
-def memory_limit_bytes() -> int | None:
-    """The memory this process may use in all: its cgroup's limit if one is set, else the machine's."""
-    for limit_file, _ in _CGROUP_FILES:
-        try:
-            with open(limit_file) as f:
-                limit = f.read().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and int(limit) < 2**60:
-            return int(limit)
-        break
+def _meminfo(field: str) -> int | None:
+    """A /proc/meminfo field in bytes (MemTotal, MemAvailable)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemTotal:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
