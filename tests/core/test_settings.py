@@ -63,3 +63,9 @@ def test_multi_model_mode_refuses_recycling_its_one_worker(flag) -> None:
 
     assert worker_memory_limit(resolve_settings(multi_model=True, env={})) == 0  # no default guard there either
     assert worker_memory_limit(resolve_settings(paths=["m"], env={})) > 0
+
+
+def test_no_supervisor_refuses_what_needs_one() -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve_settings(paths=["m"], no_supervisor=True, max_requests=10, env={})
+    assert "--max-requests need(s) the supervisor" in str(caught.value)

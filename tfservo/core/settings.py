@@ -474,6 +474,11 @@ def resolve_settings(
             f"multi-model mode cannot recycle its worker ({', '.join(recycling)}): the models loaded with POST "
             "/models live in that one process; bound their memory with TFSERVO_MME_MEMORY_MB instead"
         )
+    supervised = [flag for flag, given in (("--workers", value["workers"] > 1), ("--max-requests", value["max_requests"]),
+                                           ("--max-worker-memory-mb", value["max_worker_memory_mb"])) if given]
+    if value["no_supervisor"] and supervised:
+        raise ConfigError(f"{', '.join(supervised)} need(s) the supervisor; drop --no-supervisor "
+                          "(TFSERVO_NO_SUPERVISOR) or the flag")
     if value["model_config_file"] and value["model_base_path"]:
         raise ConfigError("give --model_config_file or --model_base_path, not both (as TF Serving requires)")
     if not paths and serve_default_path and not value["multi_model"] and not value["model_config_file"] \

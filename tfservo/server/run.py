@@ -173,12 +173,7 @@ def _tls_options(settings: Settings) -> dict[str, Any]:
 def serve(settings: Settings) -> None:
     """Load the bundle(s) and serve until SIGINT/SIGTERM (in-flight requests finish first): under
     a supervisor that replaces workers that die or must be recycled, unless --no-supervisor."""
-    if settings.no_supervisor:
-        unsupervised = [flag for flag, given in (("--workers", settings.workers > 1), ("--max-requests", settings.max_requests),
-                                                 ("--max-worker-memory-mb", settings.max_worker_memory_mb)) if given]
-        if unsupervised:
-            raise ServingError(f"{', '.join(unsupervised)} need(s) the supervisor; drop --no-supervisor "
-                               "(TFSERVO_NO_SUPERVISOR) or the flag")
+    if settings.no_supervisor:  # resolve_settings refused the flags that need a supervisor
         serve_process(settings, bind_socket(settings.host, settings.port))
         return
     sock = bind_socket(settings.host, settings.port)
