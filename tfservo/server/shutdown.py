@@ -97,10 +97,11 @@ class Drain:
         """`send` that adds `Connection: close` to an answer that starts while draining."""
 
         async def send_closing(message: dict) -> None:
-            if message["type"] == "http.response.start" and self.on_answer is not None:
-                self.on_answer()
-            if (self.draining or self.retiring) and message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
+            if message["type"] == "http.response.start":
+                if self.on_answer is not None:
+                    self.on_answer()  # may set retiring: this answer is then the connection's last
+                if self.draining or self.retiring:
+                    message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
             await send(message)
 
         return send_closing
@@ -165,8 +166,7 @@ class GracefulServer(uvicorn.Server):
         if not self.alone_stops() and all([refuse_new_connections(sock) for sock in socks]):
             await wait_accepted(socks, _LINGER_SECONDS)
         # uvloop listens on its own copy of the socket: both close.
-        for server in self.servers:
-            server.close()
+        self._close_listeners()
         for sock in socks:
             sock.close()
         deadline = time.monotonic() + _LINGER_SECONDS

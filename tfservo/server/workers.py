@@ -314,10 +314,7 @@ class Supervisor:
         """Every serving worker has drained: none can call back any more, so all may stop."""
         self.released = True
         for worker in self.workers:
-            try:
-                worker.conn.send(_STOP)
-            except OSError:
-                pass
+            self._send(worker, _STOP)
 
 
 def _describe(exitcode: int | None) -> str:
