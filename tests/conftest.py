@@ -27,6 +27,16 @@ def write_code(code_dir: Path, source: str, files: dict[str, str] | None = None)
     return code_dir
 
 
+def handler_bundle(root: Path, source: str) -> Path:
+    """A bundle in `root`: the SageMaker container's half_plus_three (version 124) and a
+    code/inference.py from `source`."""
+    import shutil
+
+    shutil.copytree(SMC / "resources" / "models" / "half_plus_three" / "00000124", root / "half_plus_three" / "00000124")
+    write_code(root / "code", source)
+    return root
+
+
 def write_wheel(folder: Path, name: str, version: str, modules: dict[str, str]) -> Path:
     """A pure-Python wheel built by hand (no network, no build backend): `modules` maps paths
     such as "PIL/__init__.py" to their source. pip installs it from a requirements.txt line."""

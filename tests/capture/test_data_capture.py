@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -17,11 +16,10 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
-from conftest import SMC, write_code
+from conftest import handler_bundle
 from s3_server import s3_bucket, s3_client, s3_endpoint  # noqa: F401
 from server_process import ServerProcess
 
-HP3 = SMC / "resources" / "models" / "half_plus_three"
 IMAGE = bytes(range(256)) * 4  # not UTF-8: captured as BASE64
 
 HANDLER = """
@@ -50,10 +48,7 @@ def capture_config(path: Path, destination: str, percent: float = 100, **extra) 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    root = tmp_path_factory.mktemp("capture-bundle")
-    shutil.copytree(HP3 / "00000124", root / "half_plus_three" / "00000124")
-    write_code(root / "code", HANDLER)
-    return root
+    return handler_bundle(tmp_path_factory.mktemp("capture-bundle"), HANDLER)
 
 
 def published_lines(root: Path) -> list[dict]:

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import threading
 import time
 
 import httpx
 import pytest
-from conftest import SMC, write_code
+from conftest import handler_bundle
 from server_process import ServerProcess
-
-HP3 = SMC / "resources" / "models" / "half_plus_three"
 
 HANDLER = """
     import os, signal, time
@@ -41,10 +38,7 @@ _PID = re.compile(r"serving .* pid (\d+) of")
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    root = tmp_path_factory.mktemp("supervised")
-    shutil.copytree(HP3 / "00000124", root / "half_plus_three" / "00000124")
-    write_code(root / "code", HANDLER)
-    return root
+    return handler_bundle(tmp_path_factory.mktemp("supervised"), HANDLER)
 
 
 def invoke(client: httpx.Client, body: bytes) -> httpx.Response:
