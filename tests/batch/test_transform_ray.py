@@ -136,3 +136,25 @@ def test_s3_in_and_out_with_the_workers_environment_from_env_flags(cluster, tmp_
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket, Prefix="jobs/out/")["Contents"])
     assert keys == ["jobs/out/deep/q2.csv.out", "jobs/out/q1.csv.out"]
     assert client.get_object(Bucket=s3_bucket, Key="jobs/out/q1.csv.out")["Body"].read() == b"a,3.5\nb,4.0\n"
+
+
+def test_data_capture_on_ray_matches_the_local_engines(cluster, hp3, tmp_path):
+    """The same capture lines (event ids and times aside), one file per object, from Ray's workers."""
+    source = insurance_input(tmp_path / "in")
+    capture = {"local": tmp_path / "capture-local", "ray": tmp_path / "capture-ray"}
+    flags = {**INSURANCE, "max_payload_mb": 0.0005, "generate_inference_id": True}
+    run_transform(TransformJob(str(HALF_PLUS_THREE), str(source), str(tmp_path / "local"), **flags,
+                               data_capture=str(capture["local"])), service=hp3, progress="none")
+    run_ray_transform(TransformJob(str(HALF_PLUS_THREE), str(source), str(tmp_path / "ray"), **flags,
+                                   data_capture=str(capture["ray"])), RaySettings(), progress="none")
+
+    def lines(root: Path) -> dict[str, list]:
+        found = {}
+        for path in sorted(root.rglob("*.jsonl")):
+            docs = [json.loads(line) for line in path.read_text().splitlines()]
+            found[path.name] = [(d["captureData"], d["eventMetadata"]["inferenceId"]) for d in docs]
+        return found
+
+    local, on_ray = lines(capture["local"]), lines(capture["ray"])
+    assert on_ray == local and len(local) == 3  # the object that failed has none
+    assert len(local["quotes.csv.jsonl"]) >= 2  # its requests from both workers, in order

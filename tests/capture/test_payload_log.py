@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 from cloudevents.http import from_http
 from conftest import TFS
+from http_receiver import start_receiver
 from server_process import ServerProcess
 
 MODEL = TFS / "saved_model_half_plus_two_cpu"
@@ -28,20 +27,12 @@ def data(event) -> object:
 def receiver():
     received: list[tuple[dict[str, str], bytes]] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            received.append((dict(self.headers.items()), body))
-            self.send_response(202)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    def take(path: str, headers: dict[str, str], body: bytes) -> int:
+        received.append((headers, body))
+        return 202
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/", received
+    server, url = start_receiver(take)
+    yield url, received
     server.shutdown()
 
 

@@ -11,6 +11,7 @@ dead-lettered.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import orjson
@@ -22,13 +23,15 @@ from tfservo.batch.assemble import (
     split_response,
     whole_response,
 )
+from tfservo.batch.capture import request_capture
 from tfservo.batch.job import TransformJob
 from tfservo.batch.joiner import DataProcessing, FilterError
 from tfservo.batch.records import Item, RecordBatch, excerpt, payload, where
 from tfservo.batch.state import DeadLetter, RecordFailure
 from tfservo.codecs.media_types import record_kind
 from tfservo.codecs.rows import answer_rows
-from tfservo.core.invocation import Invoker
+from tfservo.core import tracing
+from tfservo.core.invocation import InvocationResult, Invoker
 
 __all__ = ["BatchCaller", "BatchResult"]
 
@@ -43,6 +46,7 @@ class BatchResult:
     records: int = 0
     dead: list[DeadLetter] = field(default_factory=list)
     failure: RecordFailure | None = None  # --on-record-error fail: the first record that failed
+    capture: list[bytes] = field(default_factory=list)  # --data-capture: a line per answered request
 
 
 class _RecordFailed(Exception):
@@ -54,8 +58,11 @@ class _RecordFailed(Exception):
 class BatchCaller:
     """Sends batches of one object's records to `invoker` and turns answers into output pieces."""
 
-    def __init__(self, invoker: Invoker, job: TransformJob, processing: DataProcessing, content_type: str) -> None:
+    def __init__(
+        self, invoker: Invoker, job: TransformJob, processing: DataProcessing, content_type: str, rel: str = "",
+    ) -> None:
         self.invoker = invoker
+        self.rel = rel  # the object's name in INPUT (capture's inference ids)
         self.job = job
         self.processing = processing
         self.content_type = content_type
@@ -64,12 +71,15 @@ class BatchCaller:
         self.placeholder = job.placeholder.encode()
 
     def run(self, batch: RecordBatch) -> BatchResult:
-        """Transform one batch; never raises for bad records or model errors."""
-        if self.per_record and not batch.errors and self.job.split_type != "None":
-            fast = self._fast(batch)
-            if fast is not None:
-                return fast
-        return self.run_items(batch.items())
+        """Transform one batch (a span under the current trace); never raises for bad records or
+        model errors."""
+        with tracing.span("request", {"tfservo.transform.object": self.rel, "tfservo.transform.records": len(batch),
+                                      "tfservo.transform.first_record": batch.first}):
+            if self.per_record and not batch.errors and self.job.split_type != "None":
+                fast = self._fast(batch)
+                if fast is not None:
+                    return fast
+            return self.run_items(batch.items())
 
     def _fast(self, batch: RecordBatch) -> BatchResult | None:
         """The batch's output from a plain-number answer in a few list operations; None when a
@@ -78,6 +88,7 @@ class BatchCaller:
         if not sent:
             return None
         body = batch.body()
+        sent_at = time.time()
         try:
             result = self.invoker.call(body, self.content_type, self.job.accept, self.job.custom_attributes)
         except Exception:
@@ -100,15 +111,17 @@ class BatchCaller:
             for i, line in zip(sent, lines):
                 pieces[i] = line + end
             out = b"".join(pieces)
-        return BatchResult([out], len(batch))
+        done = BatchResult([out], len(batch))
+        self._capture(done, body, result, sent_at, batch.first + sent[0])
+        return done
 
     def run_items(self, batch: list[Item]) -> BatchResult:
         """Transform one batch a record at a time where need be; never raises for bad records."""
         sent = [item for item in batch if item.payload is not None]
         answers: dict[int, RecordOutput | bytes | str] = {}
-        if sent:
-            answers = self._call(sent)
         result = BatchResult()
+        if sent:
+            answers = self._call(sent, result)
         for item in batch:
             if item.error is not None:
                 answer: RecordOutput | bytes | str | None = item.error
@@ -147,10 +160,11 @@ class BatchCaller:
         result.records += 1
         return True
 
-    def _call(self, sent: list[Item]) -> dict[int, RecordOutput | bytes | str]:
-        """Per sent item: its output (RecordOutput per record, bytes per request) or an error."""
+    def _call(self, sent: list[Item], into: BatchResult) -> dict[int, RecordOutput | bytes | str]:
+        """Per sent item: its output (RecordOutput per record, bytes per request) or an error;
+        each answered request's capture line goes `into` the batch's result."""
         try:
-            return self._try(sent)
+            return self._try(sent, into)
         except _RecordFailed as exc:
             if len(sent) == 1:
                 return {id(sent[0]): exc.message}
@@ -158,15 +172,16 @@ class BatchCaller:
         answers: dict[int, RecordOutput | bytes | str] = {}
         for item in sent:
             try:
-                answers.update(self._try([item]))
+                answers.update(self._try([item], into))
             except _RecordFailed as exc:
                 answers[id(item)] = exc.message
                 if self.job.on_record_error == "fail":
                     break
         return answers
 
-    def _try(self, sent: list[Item]) -> dict[int, RecordOutput | bytes | str]:
+    def _try(self, sent: list[Item], into: BatchResult) -> dict[int, RecordOutput | bytes | str]:
         body = payload(sent, self.job.split_type)
+        sent_at = time.time()
         try:
             result = self.invoker.invoke(body, self.content_type, self.job.accept, self.job.custom_attributes)
         except Exception as exc:  # a bug below us must fail records, not the run
@@ -175,6 +190,7 @@ class BatchCaller:
         if not result.ok:
             text = result.error.message if result.error is not None else _error_text(result.body)
             raise _RecordFailed(f"the model answered {result.status}: {text}")
+        self._capture(into, body, result, sent_at, sent[0].record.index)
         whole = self.job.split_type == "None"  # the record is the object: its output is the whole answer
         rows = answer_rows(result.answer) if self.per_record and not whole and result.answer is not None else None
         kind = record_kind(result.content_type)
@@ -197,6 +213,13 @@ class BatchCaller:
         except SplitError as exc:
             raise _RecordFailed(f"{exc} (content type {result.content_type})") from None
         return {id(item): output for item, output in zip(sent, outputs)}
+
+
+    def _capture(self, into: BatchResult, body: bytes, result: InvocationResult, sent_at: float, first: int) -> None:
+        if self.job.data_capture is not None:
+            into.capture.append(request_capture(
+                self.job, body, self.content_type, result.body, result.content_type, sent_at, first, self.rel
+            ))
 
 
 def _error_text(body: bytes) -> str:

@@ -67,6 +67,9 @@ class TransformJob:
     placeholder: str = ""
     overwrite: bool = False
     state_dir: str | None = None  # None: beside OUTPUT (see state_url)
+    data_capture: str | None = None  # BatchDataCaptureConfig's DestinationS3Uri: a folder or s3:// prefix
+    generate_inference_id: bool = False  # ... and its GenerateInferenceId
+    trace_parent: str | None = None  # the job span's W3C traceparent, for workers' request spans
 
     @property
     def max_payload_bytes(self) -> int:
@@ -150,6 +153,8 @@ class TransformJob:
         return job
 
     def _check(self) -> None:
+        if self.generate_inference_id and not self.data_capture:
+            raise JobError("--generate-inference-id names the requests in the capture: add --data-capture DEST")
         if not self.max_payload_mb > 0:
             raise JobError(f"--max-payload {self.max_payload_mb:g} must be more than 0 MB (e.g. 6 or 0.5)")
         if self.max_concurrent_transforms < 0:

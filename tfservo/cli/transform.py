@@ -65,6 +65,13 @@ class _AnyCase(click.Choice):
 @click.option("--state-dir", default=None, metavar="URL",
               help="Where the job's description (for resume), failure report and dead letters go, so that "
               "OUTPUT holds only .out files [default: <OUTPUT>.tfservo-state, beside OUTPUT].")
+@click.option("--data-capture", default=None, metavar="DEST",
+              help="Data Capture (SageMaker's BatchDataCaptureConfig DestinationS3Uri): each request and its answer "
+              "as a line of Model Monitor's format, one file per object under DEST/yyyy/mm/dd/hh/, published with "
+              "its .out; DEST is a folder or an s3:// prefix.")
+@click.option("--generate-inference-id", is_flag=True, default=False,
+              help="With --data-capture (BatchDataCaptureConfig's GenerateInferenceId): each captured request's "
+              "inferenceId is OBJECT:RECORD, naming the object and its first record.")
 @click.option("--overwrite", is_flag=True, default=False,
               help="Redo every object; by default objects whose .out exists are skipped (resume).")
 @click.option("--progress", type=click.Choice(["auto", "bar", "log", "none"]), default="auto", show_default=True,

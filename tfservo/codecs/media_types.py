@@ -17,6 +17,7 @@ __all__ = [
     "CONVERTIBLE_TYPES",
     "CSV",
     "JSON",
+    "CSV_TYPES",
     "JSONLINES",
     "JSONS",
     "JSON_LINES_TYPES",
@@ -79,6 +80,7 @@ _BY_EXTENSION = {ext: spec.name for spec in REGISTRY for ext in spec.extensions}
 CONVERTIBLE_TYPES = tuple(name for name, spec in _BEHAVIOUR.items() if spec.converts)
 JSON_LINES_TYPES = tuple(name for name, spec in _BEHAVIOUR.items() if spec.record == "json" and spec.per_line)
 JSON_TYPES = tuple(name for name, spec in _BEHAVIOUR.items() if spec.record == "json")
+CSV_TYPES = tuple(name for name, spec in _BEHAVIOUR.items() if spec.record == "csv")
 
 
 def essence(content_type: str | None) -> str:

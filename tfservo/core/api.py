@@ -22,6 +22,7 @@ from tfservo.codecs.results import (
     classification_results,
     regression_results,
 )
+from tfservo.core import tracing
 from tfservo.core.dataplane import (
     METHODS,
     Answer,
@@ -140,15 +141,24 @@ class TFServingAPI:
         """Decode a TF Serving REST body and run it: one version lookup, held for the call."""
         if method not in METHODS:
             raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
-        doc = _request_doc(body)  # first: a malformed body never resolves a version
-        with self.manager.acquire(name, version, label) as sv:
-            return self.run(sv, self.decode_rest(method, doc, sv))
+        with tracing.span("decode", {"tfservo.method": method}):
+            doc = _request_doc(body)  # first: a malformed body never resolves a version
+            handle = self.manager.acquire(name, version, label)
+            try:
+                call = self.decode_rest(method, doc, handle.servable)
+            except BaseException:
+                handle.release()
+                raise
+        with handle as sv:
+            return self.run(sv, call)
 
     def rest(
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
     ) -> bytes:
         """Run a TF Serving REST request (`:predict`, `:classify`, `:regress`) → its JSON answer."""
-        return json_codec.encode_answer(self.infer(method, name, version, label, body))
+        answer = self.infer(method, name, version, label, body)
+        with tracing.span("encode", {"tfservo.content_type": "application/json"}):
+            return json_codec.encode_answer(answer)
 
     def submit_predict(
         self,
@@ -164,18 +174,19 @@ class TFServingAPI:
         False, with nothing queued, when the call must go through `rest` instead (no batching,
         or more rows than one batch holds). Request errors raise here, as in `rest`.
         """
-        doc = _request_doc(body)
-        handle = self.manager.acquire(name, version, label)
-        sv = handle.servable
-        try:
-            if sv.runner is None:
+        with tracing.span("decode", {"tfservo.method": "predict"}):
+            doc = _request_doc(body)
+            handle = self.manager.acquire(name, version, label)
+            sv = handle.servable
+            try:
+                if sv.runner is None:
+                    handle.release()
+                    return False
+                call = self.decode_rest("predict", doc, sv)
+                assert isinstance(call, PredictCall)
+            except BaseException:
                 handle.release()
-                return False
-            call = self.decode_rest("predict", doc, sv)
-            assert isinstance(call, PredictCall)
-        except BaseException:
-            handle.release()
-            raise
+                raise
 
         def encode(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
             handle.release()

@@ -19,6 +19,7 @@ import requests
 from tfservo.codecs import content_types
 from tfservo.codecs.json_arrays import NumericTensor
 from tfservo.codecs.media_types import CONVERTIBLE_TYPES, JSON, lookup
+from tfservo.core import tracing
 from tfservo.core.api import TFServingAPI
 from tfservo.core.custom_attributes import CustomAttributes, parse_custom_attributes
 from tfservo.core.dataplane import Answer, answer_rows_slice
@@ -67,7 +68,8 @@ class InvocationResult:
         """The answer in the negotiated content type (ServingError if it cannot be written)."""
         if self._body is None:
             assert self.answer is not None
-            self._body = content_types.encode_answer(self.answer, self.content_type, one_line=self.one_line)
+            with tracing.span("encode", {"tfservo.content_type": self.content_type}):
+                self._body = content_types.encode_answer(self.answer, self.content_type, one_line=self.one_line)
         return self._body
 
     def encoded(self) -> InvocationResult:
@@ -235,7 +237,8 @@ class Invoker:
             if self.api.manager.has_model(name):  # the handler reaches it over HTTP, if at all
                 note_model(name)
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
-        tfs_request = content_types.to_tfs_request(body, content_type or "")
+        with tracing.span("decode", {"tfservo.content_type": content_type or ""}):
+            tfs_request = content_types.to_tfs_request(body, content_type or "")
         accept_types = content_types.parse_accept(accept)
         answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
         answer = self.api.infer(method, name, version, None, tfs_request)
@@ -305,5 +308,5 @@ class Invoker:
 
                 # No 4 MB cap on answers: a handler may fetch outputs as large as REST would send.
                 options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-                self._channel = (uri, grpc.insecure_channel(uri, options=options))
+                self._channel = (uri, tracing.traced_channel(grpc.insecure_channel(uri, options=options)))
             return self._channel[1]

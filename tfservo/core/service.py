@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from tfservo.core import tracing
 from tfservo.core.api import TFServingAPI
 from tfservo.core.errors import BundleError, ServingError
 from tfservo.core.invocation import Invoker
@@ -238,6 +239,7 @@ class ModelService:
         ]
 
     def close(self) -> None:
+        tracing.flush()
         self.lifecycle.stop()
         self.manager.close()
         for name in list(self.invoker.handlers):
@@ -256,6 +258,7 @@ def build_service(
 ) -> ModelService:
     """The running service for `settings`: every bundle in settings.paths and the model
     config file loaded, labels and the default model checked, file-system polling started."""
+    tracing.configure()  # every process that runs a model: serve's workers, transforms, pipelines
     service = ModelService(settings, on_event=on_event, on_batch=on_batch, on_run=on_run)
     try:
         for path in settings.paths:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfservo.core import tracing
 from tfservo.core.errors import InvalidArgument
 from tfservo.models.batching.options import BatchingOptions
 from tfservo.models.bundle import ArchiveLimits
@@ -479,6 +480,10 @@ def resolve_settings(
     if value["no_supervisor"] and supervised:
         raise ConfigError(f"{', '.join(supervised)} need(s) the supervisor; drop --no-supervisor "
                           "(TFSERVO_NO_SUPERVISOR) or the flag")
+    try:
+        tracing.wanted(env)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if value["model_config_file"] and value["model_base_path"]:
         raise ConfigError("give --model_config_file or --model_base_path, not both (as TF Serving requires)")
     if not paths and serve_default_path and not value["multi_model"] and not value["model_config_file"] \

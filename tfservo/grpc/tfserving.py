@@ -32,7 +32,7 @@ from tensorflow_serving.apis import (
 
 from tfservo.codecs.results import classification_result_proto, regression_result_proto
 from tfservo.codecs.tensor_proto import MAX_FILL_BYTES, to_ndarray, write_tensor_proto
-from tfservo.core import deadlines
+from tfservo.core import deadlines, tracing
 from tfservo.core.api import TFServingAPI
 from tfservo.core.dataplane import Answer, Classification, ExamplesCall, Regression
 from tfservo.core.errors import Code, InvalidArgument, ServingError, Unavailable, Unimplemented
@@ -344,6 +344,7 @@ class GrpcServer:
     ) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc"),
+            interceptors=tracing.grpc_server_interceptors(),  # continues callers' traces, when tracing is on
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", -1),

@@ -32,6 +32,7 @@ import urllib3
 from requests.structures import CaseInsensitiveDict
 
 from tfservo.codecs.media_types import JSON
+from tfservo.core import tracing
 from tfservo.core.errors import BundleError, HandlerError
 from tfservo.handlers.shadowing import check_shadowed_imports, satisfied_here
 
@@ -119,7 +120,8 @@ class Handlers:
 
     def _run(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         try:
-            return function(*args)
+            with tracing.span(name, {"code.function.name": name, "code.file.path": self.path}):
+                return function(*args)
         except BaseException as exc:
             log.error("%s in %s raised %s", name, self.path, type(exc).__name__, exc_info=True)
             error = HandlerError(str(exc) or type(exc).__name__)

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
+from tfservo.core import tracing
 from tfservo.core.dataplane import METHODS, parse_version
 from tfservo.core.errors import ServingError
 from tfservo.core.service import ModelService
@@ -30,6 +31,7 @@ from tfservo.http.docs_page import DocsPage
 from tfservo.http.hot_routes import HotRoutes
 from tfservo.http.responses import error_response, internal_error, json_response
 from tfservo.http.routes import HotDispatch, starlette_routes
+from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
 
 if TYPE_CHECKING:
@@ -64,6 +66,12 @@ class ServingApp:
         self.routes: list[BaseRoute] = starlette.routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if tracing.enabled() and scope["type"] == "http":
+            await traced(self._answer, scope, receive, send)
+        else:
+            await self._answer(scope, receive, send)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = self.dispatch.route(scope)
             if handler is not None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tfservo.core import tracing
 from tfservo.core.errors import Code, InvalidArgument, ModelLoadError, NotFound, ServingError, Unavailable
 from tfservo.core.request_labels import note_model, note_version
 from tfservo.models.signatures import Runner, SignatureDef
@@ -95,6 +96,16 @@ class ServableVersion:
         output_keys: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run a signature through this version's runner (the batcher when batching is on)."""
+        if tracing.enabled():
+            attributes = {"tfservo.model.name": self.model_name, "tfservo.model.version": self.version,
+                          "tfservo.model.signature": signature_name, "tfservo.batched": self.runner is not None}
+            with tracing.span("model", attributes):
+                return self._run(signature_name, inputs, output_keys)
+        return self._run(signature_name, inputs, output_keys)
+
+    def _run(
+        self, signature_name: str, inputs: dict[str, np.ndarray], output_keys: Sequence[str] | None
+    ) -> dict[str, np.ndarray]:
         if self.runner is not None:
             return self.runner(signature_name, inputs, output_keys)
         if self.on_run is None:

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from tfservo.batch.calls import BatchCaller, BatchResult
+from tfservo.batch.capture import capture_writer
 from tfservo.batch.engines.driver import DriverRun, publish, start_driver_run
 from tfservo.batch.engines.local import failure_from, object_format, request_batches
 from tfservo.batch.job import TransformJob
@@ -35,6 +36,7 @@ from tfservo.batch.state import (
     TransformSummary,
 )
 from tfservo.batch.worker.once import load_once, release_loaded
+from tfservo.core import tracing
 from tfservo.core.logs import quiet_libraries
 
 __all__ = [
@@ -93,16 +95,18 @@ class Answer:
     records: int
     dead: list[DeadLetter]
     failure: RecordFailure | None
+    capture: bytes = b""  # --data-capture: its capture lines
 
     def wire(self) -> tuple:
         dead = [(d.where, d.index, d.data, d.error) for d in self.dead]
         failure = None if self.failure is None else (self.failure.where, self.failure.error, self.failure.record)
-        return ("a", self.seq, self.body, self.records, dead, failure)
+        return ("a", self.seq, self.body, self.records, dead, failure, self.capture)
 
     @staticmethod
     def unwire(wire: tuple) -> Answer:
-        _, seq, body, records, dead, failure = wire
-        return Answer(seq, body, records, [DeadLetter(*d) for d in dead], None if failure is None else RecordFailure(*failure))
+        _, seq, body, records, dead, failure, capture = wire
+        return Answer(seq, body, records, [DeadLetter(*d) for d in dead],
+                      None if failure is None else RecordFailure(*failure), capture)
 
 
 @dataclass(frozen=True)
@@ -186,15 +190,16 @@ def worker_id() -> str:
 def call_request(invoker: Any, job: TransformJob, rel: str, part: Request) -> Answer:
     """One request of object `rel` through the worker's /invocations path, as its Answer; a bug
     of ours fails the object (logged), never the job."""
-    caller = BatchCaller(invoker, job, _processing(job, part.record_format), part.content_type)
+    caller = BatchCaller(invoker, job, _processing(job, part.record_format), part.content_type, rel)
     try:
-        result = caller.run(part.batch)
+        with tracing.activate(tracing.from_traceparent(job.trace_parent)):
+            result = caller.run(part.batch)
     except Exception as exc:
         log.exception("transforming %s failed", rel)
         result = BatchResult(failure=RecordFailure(
             where(part.batch.record(0), job.split_type), f"internal error: {type(exc).__name__}: {exc}"
         ))
-    return Answer(part.seq, b"".join(result.pieces), result.records, result.dead, result.failure)
+    return Answer(part.seq, b"".join(result.pieces), result.records, result.dead, result.failure, b"".join(result.capture))
 
 
 def write_object(
@@ -219,14 +224,17 @@ def write_object(
     failure = failure or tail.read_failure
     if failure is not None:
         return ObjectOutcome(obj, "failed", records, failure)
-    writer = None
+    writer = capture = None
     try:
         writer = store.writer(obj.out_name)
+        capture = capture_writer(job, obj)
         for answer in ordered:
             writer.write(answer.body)
+            if capture is not None:
+                capture.write(answer.capture)
     except Exception as exc:
-        return publish(store, state, obj, writer, records, dead, stale_dead_letters, error=exc)
-    return publish(store, state, obj, writer, records, dead, stale_dead_letters)
+        return publish(store, state, obj, writer, records, dead, stale_dead_letters, error=exc, capture=capture)
+    return publish(store, state, obj, writer, records, dead, stale_dead_letters, capture=capture)
 
 
 def write_wired(job: TransformJob, tail: Tail, answers: Iterable[tuple], stale_dead_letters: set[str]) -> bytes:

@@ -8,9 +8,11 @@ steps of engines.distributed between them on their workers.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tfservo.batch.job import TransformJob
 from tfservo.batch.progress import Progress
@@ -28,6 +30,7 @@ from tfservo.batch.state import (
     open_output,
     write_report,
 )
+from tfservo.core import tracing
 
 __all__ = ["DriverRun", "publish", "start_driver_run"]
 
@@ -43,6 +46,12 @@ class DriverRun:
     stale_dead_letters: set[str]
     summary: TransformSummary
     started: float = field(default_factory=time.monotonic)
+    span: Any = None  # the job's trace span (tracing on), ended by finish
+
+    @property
+    def trace(self) -> tracing.Parent:
+        """The job span's context: objects' and requests' spans go under it."""
+        return tracing.context_of(self.span)
 
     def progress(self, mode: str, interval: float) -> Progress:
         """The run's progress display (by bytes when every object's size is known)."""
@@ -64,6 +73,11 @@ class DriverRun:
         self.summary.workers = sorted(set(workers))
         self.summary.seconds = time.monotonic() - self.started
         self.summary.report = write_report(self.state, self.job, self.summary)
+        if self.span is not None:
+            self.span.set_attributes({"tfservo.transform.objects_done": self.summary.done,
+                                      "tfservo.transform.objects_failed": len(self.summary.failed)})
+            tracing.end(self.span, None if self.summary.ok else f"{len(self.summary.failed)} objects failed")
+            tracing.flush()
         return self.summary
 
 
@@ -82,7 +96,7 @@ def start_driver_run(
     from tfservo.core.settings import archive_limits_from_env, environment
     from tfservo.models.bundle import open_bundle
 
-    started = time.monotonic()
+    started, started_ns = time.monotonic(), tracing.now_ns()
     job = job.validated()
     if objects is None:
         objects = list_job_inputs(job)
@@ -93,18 +107,25 @@ def start_driver_run(
     existing, todo, done = open_output(store, state, job, objects, versions)
     summary = TransformSummary(objects=len(objects), skipped=len(done))
     stale = {dead_letter_name(o) for o in todo} & existing
-    return DriverRun(job, store, state, todo, stale, summary, started)
+    tracing.configure()
+    span = tracing.start("transform", attributes={
+        "tfservo.transform.model": job.model, "tfservo.transform.input": job.input, "tfservo.transform.output": job.output,
+        "tfservo.transform.objects": len(objects), "tfservo.transform.objects_todo": len(todo),
+    }, start_ns=started_ns)
+    job = dataclasses.replace(job, trace_parent=tracing.traceparent(tracing.context_of(span)))
+    return DriverRun(job, store, state, todo, stale, summary, started, span)
 
 
 
 def publish(
     store: OutputStore, state: OutputStore, obj: InputObject, writer: ObjectWriter | None, records: int,
     dead: list[DeadLetter], stale_dead_letters: set[str], *, failure: RecordFailure | None = None,
-    error: BaseException | None = None,
+    error: BaseException | None = None, capture: ObjectWriter | None = None,
 ) -> ObjectOutcome:
     """An object's end, for every engine: with no failure, its dead letters in the state location
-    (an earlier run's removed) and its .out committed; else (a record's failure, or `error`
-    writing it) the partial output aborted. Nothing half-written is ever published."""
+    (an earlier run's removed), its capture file (--data-capture) and then its .out committed;
+    else (a record's failure, or `error` writing it) the partial output and capture aborted.
+    Nothing half-written is ever published."""
     if failure is None and error is None:
         try:
             assert writer is not None
@@ -113,15 +134,18 @@ def publish(
                 state.put(name, b"".join(d.to_json(obj) for d in dead))
             elif name in stale_dead_letters:
                 state.remove(name)
+            if capture is not None:  # first: an object whose .out exists has its capture
+                capture.commit()
             writer.commit()
             return ObjectOutcome(obj, "done", records, None, len(dead))
         except Exception as exc:
             error = exc
-    if writer is not None:
-        try:
-            writer.abort()
-        except Exception:
-            pass
+    for partial in (writer, capture):
+        if partial is not None:
+            try:
+                partial.abort()
+            except Exception:
+                pass
     if error is not None:
         failure = RecordFailure("the object", f"could not write {store.display(obj.out_name)}: {type(error).__name__}: {error}")
     return ObjectOutcome(obj, "failed", records, failure)

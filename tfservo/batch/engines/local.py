@@ -13,8 +13,10 @@ import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from tfservo.batch.calls import BatchCaller, BatchResult
+from tfservo.batch.capture import capture_writer
 from tfservo.batch.engines.driver import publish, start_driver_run
 from tfservo.batch.job import JobError, TransformJob, record_format
 from tfservo.batch.joiner import DataProcessing
@@ -44,6 +46,7 @@ from tfservo.batch.state import (
     TransformSummary,
 )
 from tfservo.codecs.media_types import JSON, X_IMAGE
+from tfservo.core import tracing
 from tfservo.core.errors import ServingError
 from tfservo.core.invocation import Invoker
 
@@ -87,6 +90,7 @@ class TransformEngine:
         driver's start and end every engine shares, with this machine's threads in between."""
         run = start_driver_run(self.job, objects, self.versions, read_versions=False)
         self.state, self.stale_dead_letters = run.state, run.stale_dead_letters
+        self.trace = run.trace
         progress = run.progress(self.progress_mode, self.progress_interval)
         try:
             outcomes = self._run(run.todo, run.store, progress)
@@ -153,6 +157,8 @@ class _ObjectRun:
         self.records = 0
         self.writer: ObjectWriter | None = None
         self.holds_slot = False
+        self.capture: ObjectWriter | None = None  # --data-capture: the object's capture file
+        self.span: Any = None  # the object's trace span (tracing on)
         self.finished = threading.Event()
         self.outcome = ObjectOutcome(obj, "failed")
 
@@ -165,14 +171,16 @@ class _ObjectRun:
                 return
             engine.object_slots.acquire()
             self.holds_slot = True
+            self.span = tracing.start("object", engine.trace, {"tfservo.transform.object": obj.rel})
             content_type, fmt = object_format(job, obj)
             processing = engine.processing(fmt)
-            caller = BatchCaller(engine.invoker, job, processing, content_type)
+            caller = BatchCaller(engine.invoker, job, processing, content_type, obj.rel)
             try:
                 self.writer = engine.store.writer(obj.out_name)
+                self.capture = capture_writer(job, obj)
             except OSError as exc:
                 raise _WriteError(
-                    f"cannot write {engine.store.display(obj.out_name)}: {type(exc).__name__}: {exc}"
+                    f"cannot write {engine.store.display(obj.out_name)} or its capture: {type(exc).__name__}: {exc}"
                 ) from None
             self._submit_batches(caller, processing)
         except Exception as exc:
@@ -213,7 +221,8 @@ class _ObjectRun:
 
     def _call(self, seq: int, caller: BatchCaller, batch: RecordBatch) -> None:
         try:
-            result = caller.run(batch)
+            with tracing.activate(tracing.context_of(self.span)):
+                result = caller.run(batch)
         except Exception as exc:  # a bug of ours: fail the object, keep the run going
             log.exception("transforming %s failed", self.obj.url)
             result = BatchResult(failure=RecordFailure(
@@ -234,6 +243,9 @@ class _ObjectRun:
                 assert self.writer is not None
                 for piece in done.pieces:
                     self.writer.write(piece)
+                if self.capture is not None:
+                    for line in done.capture:
+                        self.capture.write(line)
                 self.dead.extend(done.dead)
                 self.records += done.records
                 self.engine.progress.add(records=done.records)
@@ -264,11 +276,15 @@ class _ObjectRun:
                 self.failure = RecordFailure("the object", "interrupted before it was read to the end")
             self.outcome = publish(
                 store, engine.state, obj, self.writer, self.records, self.dead, engine.stale_dead_letters,
-                failure=self.failure,
+                failure=self.failure, capture=self.capture,
             )
         except Exception as exc:  # a bug of ours: the object fails, its partial output goes
-            self.outcome = publish(store, engine.state, obj, self.writer, self.records, [], set(), error=exc)
+            self.outcome = publish(store, engine.state, obj, self.writer, self.records, [], set(), error=exc,
+                                   capture=self.capture)
         finally:
+            failure = self.outcome.failure
+            tracing.end(self.span, None if self.outcome.status != "failed" else
+                        f"{failure.where}: {failure.error}" if failure is not None else "failed")
             if self.holds_slot:
                 engine.object_slots.release()
             engine.progress.add(objects=1, failed=int(self.outcome.status == "failed"))

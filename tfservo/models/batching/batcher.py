@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tfservo.core import deadlines
+from tfservo.core import deadlines, tracing
 from tfservo.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tfservo.models.batching.options import BatchingOptions
 from tfservo.models.signatures import Runner
@@ -51,11 +51,13 @@ Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
 class _Task:
     """One caller's rows (a chunk of them when the call was split), and where its result goes."""
 
-    __slots__ = ("inputs", "size", "done", "outputs", "error", "callback", "deadline")
+    __slots__ = ("inputs", "size", "done", "outputs", "error", "callback", "deadline", "trace", "queued_ns")
 
     def __init__(self, inputs: dict[str, np.ndarray], size: int, callback: Callback | None = None) -> None:
         self.inputs = inputs
         self.size = size
+        self.trace = tracing.parent()  # the caller's trace (None when tracing is off)
+        self.queued_ns = tracing.now_ns() if self.trace is not None else 0
         self.deadline = deadlines.current()  # past it the caller has given up: the rows are dropped
         self.done = threading.Event()
         self.outputs: dict[str, np.ndarray] | None = None
@@ -362,6 +364,17 @@ class Batcher:
             "for its batch; allow more time, or send less load"
         )
 
+    def _trace(self, tasks: list[_Task], signature: str, size: int, padded: int, started_ns: int) -> None:
+        """Each traced caller's wait in the queue and the batched run it shared, as its spans."""
+        ended_ns = tracing.now_ns()
+        for t in tasks:
+            if t.trace is not None:
+                attributes = {"tfservo.batcher": self._name, "tfservo.model.signature": signature,
+                              "tfservo.batch.size": size, "tfservo.batch.padded_size": padded,
+                              "tfservo.batch.callers": len(tasks), "tfservo.batch.rows": t.size}
+                tracing.record("batch.queue", t.trace, t.queued_ns, started_ns, attributes)
+                tracing.record("batch.run", t.trace, started_ns, ended_ns, attributes)
+
     def _process(self, batch: _Batch) -> None:
         """Run one closed batch and hand every task its rows (or the batch's error); rows of
         callers who gave up (done, or past their deadline) are left out."""
@@ -387,9 +400,10 @@ class Batcher:
                 }
             q = batch.queue
             keys_arg = list(q.output_keys) if q.output_keys is not None else None
-            t0 = time.perf_counter()
+            t0, started_ns = time.perf_counter(), tracing.now_ns()
             outputs = self._runner(q.signature, inputs, keys_arg)
             seconds = time.perf_counter() - t0
+            self._trace(tasks, q.signature, size, padded, started_ns)
             outputs = {k: np.asarray(v) for k, v in outputs.items()}
             for k, v in outputs.items():
                 if v.ndim == 0 or v.shape[0] != padded:

@@ -1,0 +1,214 @@
+"""OpenTelemetry traces from a real `tfservo serve`, received over OTLP by a receiver the test
+runs: one trace from a client's traceparent through the handler's own REST call to the model
+run, over HTTP and over gRPC; nothing is exported when the OTEL_* variables are unset."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from conftest import SMC, TFS, grpc_predict_request, handler_bundle
+from otlp_receiver import Receiver, start_grpc, start_http
+from server_process import ServerProcess
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+SERVER, CLIENT, INTERNAL = 2, 3, 1  # OTLP's span kinds
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{CALLER}-01"
+
+# The handler posts to the model over REST itself, as many SageMaker handlers do.
+HANDLER = """
+    import json
+    import requests
+
+    def handler(data, context):
+        doc = json.loads(data.read())
+        answer = requests.post(context.rest_uri, json={"instances": doc["instances"]}, timeout=30)
+        return answer.text, "application/json"
+"""
+
+HANDLERS = """
+    import json
+
+    def input_handler(data, context):
+        return json.dumps({"instances": json.loads(data.read())["values"]})
+
+    def output_handler(response, context):
+        return response.content, "application/json"
+"""
+
+
+def otel_env(endpoint: str, protocol: str = "grpc") -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_SERVICE_NAME": "tfservo-under-test", "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    receiver = Receiver()
+    server, endpoint = start_grpc(receiver)
+    yield receiver, endpoint
+    server.stop(None)
+
+
+def in_trace(spans, trace_id):
+    return [s for s in spans if s.trace_id == trace_id]
+
+
+def test_one_trace_from_the_callers_traceparent_through_the_handlers_rest_call(receiver, tmp_path) -> None:
+    received, endpoint = receiver
+    bundle = handler_bundle(tmp_path, HANDLER)
+    with ServerProcess([str(bundle)], env=otel_env(endpoint)) as server:
+        answer = httpx.post(f"{server.url}/invocations", json={"instances": [1.0, 2.0]},
+                            headers={"traceparent": TRACEPARENT}, timeout=30)
+        assert answer.status_code == 200 and answer.json() == {"predictions": [3.5, 4.0]}
+        spans = received.wait_for(lambda spans: len({s.name for s in in_trace(spans, TRACE_ID)} & {
+            "POST /invocations", "handler", "POST", "POST /v1/models/{name}:predict", "model"}) == 5)
+    trace = in_trace(spans, TRACE_ID)
+    by_id = {s.span_id: s for s in trace}
+    entry = next(s for s in trace if s.name == "POST /invocations")
+    assert entry.parent_id == CALLER and entry.kind == SERVER and entry.service == "tfservo-under-test"
+    assert entry.attributes["http.route"] == "/invocations" and entry.attributes["http.response.status_code"] == 200
+    handler = next(s for s in trace if s.name == "handler")
+    assert by_id[handler.parent_id].name == "POST /invocations"
+    client = next(s for s in trace if s.kind == CLIENT)
+    assert client.parent_id == handler.span_id  # the handler's own requests.post
+    inner = next(s for s in trace if s.name == "POST /v1/models/{name}:predict")
+    assert inner.parent_id == client.span_id and inner.kind == SERVER
+    model = next(s for s in trace if s.name == "model")
+    chain = [model]
+    while chain[-1].parent_id in by_id:
+        chain.append(by_id[chain[-1].parent_id])
+    assert [s.name for s in chain][-5:] == [
+        [s.name for s in chain][-5], "POST /v1/models/{name}:predict", "POST", "handler", "POST /invocations"]
+    assert model.attributes["tfservo.model.name"] == "half_plus_three" and model.attributes["tfservo.model.version"] == 124
+    assert {"decode", "encode"} <= {by_id[s].name for s in by_id if by_id[s].parent_id == inner.span_id}
+
+
+def test_input_and_output_handler_spans_and_batching_over_otlp_http(tmp_path) -> None:
+    received = Receiver()
+    http_server, endpoint = start_http(received)
+    try:
+        bundle = handler_bundle(tmp_path, HANDLERS)
+        with ServerProcess([str(bundle), "--enable-batching"], env=otel_env(endpoint, "http/protobuf")) as server:
+            answer = httpx.post(f"{server.url}/invocations", json={"values": [1.0]},
+                                headers={"traceparent": TRACEPARENT}, timeout=30)
+            assert answer.json() == {"predictions": [3.5]}
+            spans = received.wait_for(lambda spans: {"input_handler", "output_handler", "batch.run"} <= {
+                s.name for s in in_trace(spans, TRACE_ID)})
+    finally:
+        http_server.shutdown()
+    trace = in_trace(spans, TRACE_ID)
+    by_name = {s.name: s for s in trace}
+    entry = by_name["POST /invocations"]
+    assert by_name["input_handler"].parent_id == entry.span_id == by_name["output_handler"].parent_id
+    assert by_name["input_handler"].end_ns <= by_name["model"].start_ns <= by_name["output_handler"].start_ns
+    queued, run = by_name["batch.queue"], by_name["batch.run"]
+    assert queued.parent_id == run.parent_id == by_name["model"].span_id
+    assert queued.end_ns == run.start_ns and run.attributes["tfservo.batch.size"] == 1
+
+
+def test_grpc_predict_continues_the_callers_trace(receiver) -> None:
+    received, endpoint = receiver
+    model = TFS / "saved_model_half_plus_two_cpu"
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    with ServerProcess([str(model)], env=otel_env(endpoint)) as server, \
+            grpc.insecure_channel(server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        request = grpc_predict_request("saved_model_half_plus_two_cpu", np.array([1.0], np.float32))
+        stub.Predict(request, metadata=[("traceparent", f"00-{trace_id}-{CALLER}-01")], timeout=30)
+        spans = received.wait_for(lambda spans: {"model"} <= {s.name for s in in_trace(spans, trace_id)})
+    trace = in_trace(spans, trace_id)
+    entry = next(s for s in trace if s.kind == SERVER)
+    assert entry.parent_id == CALLER and entry.name == "/tensorflow.serving.PredictionService/Predict"
+    assert entry.attributes["rpc.system"] == "grpc"
+    assert next(s for s in trace if s.name == "model").parent_id == entry.span_id
+
+
+def test_unset_otel_variables_export_nothing(receiver) -> None:
+    received, endpoint = receiver
+    before = len(received.spans)
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_TRACES_EXPORTER": ""}
+    with ServerProcess([str(SMC / "resources" / "models" / "half_plus_three")], env=env) as server:
+        httpx.post(f"{server.url}/invocations", json={"instances": [1.0]}, headers={"traceparent": TRACEPARENT})
+        assert "tracing on" not in server.output
+    assert len(received.spans) == before
+
+
+def test_an_unknown_exporter_is_refused_at_start() -> None:
+    server = ServerProcess([str(TFS / "saved_model_half_plus_two_cpu")], env={"OTEL_TRACES_EXPORTER": "zipkin"},
+                           timeout=60)
+    with pytest.raises(RuntimeError, match="OTEL_TRACES_EXPORTER='zipkin'"):
+        server.start()
+
+
+# The handler calls the model over gRPC on the channel tfservo gives it, and logs a line.
+GRPC_HANDLER = """
+    import json
+    import logging
+
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    def handler(data, context):
+        logging.getLogger("my.handler").warning("calling the model over gRPC")
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = context.model_name
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array(json.loads(data.read())["instances"], np.float32)))
+        answer = prediction_service_pb2_grpc.PredictionServiceStub(context.channel).Predict(request, timeout=30)
+        return json.dumps({"predictions": tf.make_ndarray(answer.outputs["y"]).tolist()}), "application/json"
+"""
+
+
+def test_a_handlers_grpc_call_on_context_channel_and_its_json_log_line_join_the_trace(receiver, tmp_path) -> None:
+    received, endpoint = receiver
+    trace_id = "5bf92f3577b34da6a3ce929d0e0e4737"
+    bundle = handler_bundle(tmp_path, GRPC_HANDLER)
+    with ServerProcess([str(bundle), "--log-format", "json"], env=otel_env(endpoint)) as server:
+        answer = httpx.post(f"{server.url}/invocations", json={"instances": [1.0]},
+                            headers={"traceparent": f"00-{trace_id}-{CALLER}-01"}, timeout=30)
+        assert answer.json() == {"predictions": [3.5]}
+        spans = received.wait_for(lambda spans: sum(
+            s.kind == SERVER for s in in_trace(spans, trace_id)) == 2 and "model" in {s.name for s in in_trace(spans, trace_id)})
+        output = server.output
+    trace = in_trace(spans, trace_id)
+    handler = next(s for s in trace if s.name == "handler")
+    client = next(s for s in trace if s.kind == CLIENT)
+    inner = next(s for s in trace if s.name == "/tensorflow.serving.PredictionService/Predict" and s.kind == SERVER)
+    assert client.parent_id == handler.span_id and inner.parent_id == client.span_id
+    logged = [json.loads(line) for line in output.splitlines() if "calling the model over gRPC" in line]
+    assert logged and logged[0]["trace_id"] == trace_id and logged[0]["span_id"] == handler.span_id
+
+
+def test_a_transform_traces_its_job_objects_and_requests(receiver, tmp_path) -> None:
+    received, endpoint = receiver
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.csv").write_text("".join(f"{i}.0\n" for i in range(10)))
+    (tmp_path / "in" / "b.csv").write_text("1.0\n")
+    command = [str(Path(sys.executable).with_name("tfservo")), "transform", str(SMC / "resources" / "models" / "half_plus_three"),
+               str(tmp_path / "in"), str(tmp_path / "out"), "--content-type", "text/csv", "--split-type", "Line",
+               "--assemble-with", "Line", "--max-payload", "0.00002", "--progress", "none"]
+    done = subprocess.run(command, env={**os.environ, **otel_env(endpoint)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    spans = received.wait_for(lambda spans: any(s.name == "transform" for s in spans))
+    job = next(s for s in spans if s.name == "transform")
+    trace = in_trace(spans, job.trace_id)
+    objects = {s.attributes["tfservo.transform.object"]: s for s in trace if s.name == "object"}
+    assert sorted(objects) == ["a.csv", "b.csv"] and all(o.parent_id == job.span_id for o in objects.values())
+    requests = [s for s in trace if s.name == "request"]
+    assert sorted((r.attributes["tfservo.transform.object"], r.parent_id) for r in requests) == sorted([
+        ("a.csv", objects["a.csv"].span_id), ("a.csv", objects["a.csv"].span_id), ("b.csv", objects["b.csv"].span_id)])
+    models = [s for s in trace if s.name == "model"]
+    assert len(models) == 3 and {m.parent_id for m in models} <= {r.span_id for r in requests}
+    assert job.attributes["tfservo.transform.objects_done"] == 2

@@ -1,0 +1,279 @@
+"""OpenTelemetry traces, configured by the standard OTEL_* variables: off, and free, unless set.
+
+`configure` (called by the service factory, so in every process that runs a model) turns
+tracing on when `OTEL_TRACES_EXPORTER` names an exporter or an OTLP endpoint variable is set,
+and `OTEL_SDK_DISABLED` is not true. The SDK itself reads the rest: the endpoint, protocol,
+headers and timeouts of the OTLP exporter, `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`,
+`OTEL_TRACES_SAMPLER` and its argument, the batch processor's `OTEL_BSP_*`.
+
+Everything else in tfservo opens spans through this module's functions, which return a shared
+no-op when tracing is off: one global check per call. This is the one module that reads OTEL_*.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+__all__ = [
+    "Parent",
+    "activate",
+    "configure",
+    "context_of",
+    "end",
+    "from_traceparent",
+    "enabled",
+    "error_status",
+    "flush",
+    "grpc_server_interceptors",
+    "header_carrier",
+    "now_ns",
+    "parent",
+    "record",
+    "server_span",
+    "span",
+    "start",
+    "traced_channel",
+    "traceparent",
+    "wanted",
+]
+
+log = logging.getLogger("tfservo.tracing")
+
+_TRACER: Any = None  # the SDK's Tracer once tracing is on; None: every function here is a no-op
+_PROVIDER: Any = None
+_LOCK = threading.Lock()
+_CONFIGURED = False
+_NULL: AbstractContextManager[None] = nullcontext()
+_ON = ("otlp", "console")
+
+Parent = Any  # an OpenTelemetry Context captured by `parent()`, or None when tracing is off
+
+
+def enabled() -> bool:
+    return _TRACER is not None
+
+
+def wanted(environ: Mapping[str, str]) -> list[str]:
+    """The exporters the environment asks for ([]: tracing off)."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return []
+    named = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if named:
+        exporters = [e.strip() for e in named.split(",") if e.strip() and e.strip() != "none"]
+        unknown = [e for e in exporters if e not in _ON]
+        if unknown:
+            raise ValueError(
+                f"OTEL_TRACES_EXPORTER={named!r}: tfservo exports traces with {', '.join(_ON)} or none, "
+                f"not {', '.join(unknown)}; use otlp and point OTEL_EXPORTER_OTLP_ENDPOINT at a collector"
+            )
+        return exporters
+    if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return ["otlp"]
+    return []
+
+
+def configure(environ: Mapping[str, str] | None = None) -> bool:
+    """Turn tracing on in this process if the environment asks for it (once; later calls only
+    answer whether it is on)."""
+    global _TRACER, _PROVIDER, _CONFIGURED
+    with _LOCK:
+        if _CONFIGURED:
+            return _TRACER is not None
+        _CONFIGURED = True
+        env = os.environ if environ is None else environ
+        exporters = wanted(env)
+        if not exporters:
+            return False
+        from opentelemetry import trace
+        from opentelemetry.instrumentation.requests import RequestsInstrumentor
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        resource = Resource.create()
+        if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({SERVICE_NAME: "tfservo"}))
+        provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
+        for name in exporters:
+            provider.add_span_processor(BatchSpanProcessor(_exporter(name, env)))
+        trace.set_tracer_provider(provider)
+        # A handler's own requests.post(context.rest_uri, ...) carries the invocation's traceparent.
+        RequestsInstrumentor().instrument(tracer_provider=provider)
+        _PROVIDER = provider
+        _TRACER = provider.get_tracer("tfservo")
+        log.info("tracing on: %s exporter(s), service %s", ",".join(exporters), resource.attributes[SERVICE_NAME])
+        return True
+
+
+def _exporter(name: str, environ: Mapping[str, str]) -> Any:
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    ).strip()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter()
+    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: use grpc or http/protobuf")
+
+
+def flush(timeout_seconds: float = 5.0) -> None:
+    """Export the spans still queued (before a process ends or a job reports done)."""
+    if _PROVIDER is not None:
+        _PROVIDER.force_flush(int(timeout_seconds * 1000))
+
+
+def span(name: str, attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[Any]:
+    """A child span of the current one for the duration of a `with` block (a no-op when off)."""
+    if _TRACER is None:
+        return _NULL
+    current: AbstractContextManager[Any] = _TRACER.start_as_current_span(name, attributes=attributes)
+    return current
+
+
+@contextmanager
+def server_span(
+    name: str, carrier: Mapping[str, str], attributes: Mapping[str, Any]
+) -> Iterator[Any]:
+    """A SERVER span continuing the caller's trace from its W3C `traceparent` in `carrier`."""
+    from opentelemetry import propagate
+    from opentelemetry.trace import SpanKind
+
+    with _TRACER.start_as_current_span(
+        name, context=propagate.extract(carrier), kind=SpanKind.SERVER, attributes=attributes
+    ) as current:
+        yield current
+
+
+def error_status(description: str) -> Any:
+    """The ERROR status a span is set to when its request failed on the server's side."""
+    from opentelemetry.trace import Status, StatusCode
+
+    return Status(StatusCode.ERROR, description)
+
+
+def parent() -> Parent:
+    """The current context, to parent spans recorded later on another thread (None when off)."""
+    if _TRACER is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
+def record(name: str, within: Parent, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> None:
+    """A span already over (the batch queue's wait, a batched model run), under `within`."""
+    if _TRACER is None or within is None:
+        return
+    _TRACER.start_span(name, context=within, attributes=attributes, start_time=start_ns).end(end_time=end_ns)
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def start(
+    name: str, within: Parent = None, attributes: Mapping[str, Any] | None = None, start_ns: int | None = None,
+) -> Any:
+    """A span begun now (or at `start_ns`) and ended by `end`, perhaps on another thread, under
+    `within` (None: the current context); not made current. None when tracing is off."""
+    if _TRACER is None:
+        return None
+    return _TRACER.start_span(name, context=within, attributes=attributes, start_time=start_ns)
+
+
+def end(span: Any, error: str | None = None) -> None:
+    """End a span from `start` (ERROR status with `error`, if given)."""
+    if span is None:
+        return
+    if error is not None:
+        span.set_status(error_status(error))
+    span.end()
+
+
+def context_of(span: Any) -> Parent:
+    """The context whose current span is `span`, to parent others under it (None when off)."""
+    if span is None:
+        return None
+    from opentelemetry import trace
+
+    return trace.set_span_in_context(span)
+
+
+@contextmanager
+def activate(within: Parent) -> Iterator[None]:
+    """Make `within` the current context for a `with` block (nothing when it is None)."""
+    if within is None:
+        yield
+        return
+    from opentelemetry import context
+
+    token = context.attach(within)
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def traceparent(within: Parent) -> str | None:
+    """`within` as a W3C traceparent (for another process), or None."""
+    if within is None:
+        return None
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=within)
+    return carrier.get("traceparent")
+
+
+def from_traceparent(value: str | None) -> Parent:
+    """The context a traceparent from another process continues (None when off or not given)."""
+    if _TRACER is None or not value:
+        return None
+    from opentelemetry import propagate
+
+    return propagate.extract({"traceparent": value})
+
+
+def grpc_server_interceptors() -> list[Any]:
+    """The gRPC server interceptor that continues callers' traces ([] when tracing is off)."""
+    if _TRACER is None:
+        return []
+    from opentelemetry.instrumentation import grpc as instrumentation
+
+    make: Any = instrumentation.server_interceptor  # the library has no type hints
+    return [make(tracer_provider=_PROVIDER)]
+
+
+def traced_channel(channel: Any) -> Any:
+    """`channel` sending the current trace's traceparent with each call (as is when off)."""
+    if _TRACER is None:
+        return channel
+    from opentelemetry.instrumentation import grpc as instrumentation
+    from opentelemetry.instrumentation.grpc import grpcext
+
+    make: Any = instrumentation.client_interceptor  # the library has no type hints
+    intercept: Any = grpcext.intercept_channel
+    return intercept(channel, make(tracer_provider=_PROVIDER))
+
+
+def header_carrier(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """ASGI headers as the text map the propagator reads (only the trace headers are kept)."""
+    return {
+        key.decode("latin-1"): value.decode("latin-1")
+        for key, value in headers
+        if key in (b"traceparent", b"tracestate", b"baggage")
+    }
