@@ -5,6 +5,7 @@ worker's peak memory. Writes bench/results/soak.json; docs/reliability.md quotes
 
     .venv/bin/python bench/soak.py                  # 100 s per route (about 300k requests each on 2 cores)
     .venv/bin/python bench/soak.py --seconds 20     # a short run
+    .venv/bin/python bench/soak.py --capture --seconds 600   # Data Capture at 100 % for 10 minutes
 """
 
 from __future__ import annotations
@@ -116,6 +117,41 @@ def soak(seconds: float, clients: int, log_dir: Path, work: Path) -> list[dict]:
     return rows
 
 
+def capture_soak(seconds: float, clients: int, log_dir: Path, work: Path) -> dict:
+    """Data Capture at 100 % to a local folder (files published every 10 s) under load for
+    `seconds`: the server tree's memory over time, and every answered request captured."""
+    body = work / "soak.json"
+    body.write_text('{"instances": [1.0, 2.0, 5.0]}')
+    config = work / "capture.json"
+    config.write_text(json.dumps({
+        "EnableCapture": True, "InitialSamplingPercentage": 100, "DestinationS3Uri": str(work / "captured"),
+        "CaptureOptions": [{"CaptureMode": "Input"}, {"CaptureMode": "Output"}],
+        "CaptureContentTypeHeader": {"JsonContentTypes": ["application/json"]},
+    }))
+    port = free_port()
+    server = Server(
+        name="tfservo capture soak", family="tfservo",
+        command=[str(TFSERVO), "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0",
+                 "--log-level", "warning", "--data-capture-config", str(config), "--data-capture-file-seconds", "10"],
+        ready_path="/ping", endpoints={}, port=port,
+    )
+    server.start(log_dir)
+    try:
+        assert server.proc is not None
+        with MemoryTrace(server.proc.pid, interval=2.0) as trace:
+            result = run_wrk(server.base_url + "/invocations", str(body), connections=clients, seconds=seconds,
+                             server_pid=server.proc.pid)
+    finally:
+        server.stop()
+    files = sorted((work / "captured").rglob("*.jsonl"))
+    lines = sum(1 for path in files for _ in open(path, "rb"))
+    row = {"route": "/invocations", "clients": clients, "seconds": seconds, **result, "memory": trace.summary(),
+           "captured_lines": lines, "capture_files": len(files)}
+    print(f"capture soak: {result['requests']} requests, {lines} lines in {len(files)} files; "
+          f"memory {trace.summary()}", flush=True)
+    return row
+
+
 def large_body(log_dir: Path) -> list[dict]:
     """One 99 MB numeric body, three times per route: the median time and the worker's peak."""
     body = b'{"instances": [' + b"0.123456789," * 9_000_000 + b"1]}"
@@ -156,9 +192,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=100.0, help="load time per route")
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "soak.json"))
+    parser.add_argument("--out", default=None, help="[default: bench/results/soak.json, or capture_soak.json]")
+    parser.add_argument("--capture", action="store_true",
+                        help="instead: Data Capture at 100 %% under load for --seconds (issue 24: 600), memory traced")
     args = parser.parse_args()
     os.environ.setdefault("TFSERVO_TF_LOGS", "0")
+    if args.capture:
+        out = args.out or str(ROOT / "bench" / "results" / "capture_soak.json")
+        with tempfile.TemporaryDirectory(prefix="tfservo-soak-") as tmp:
+            row = capture_soak(args.seconds, args.clients, Path(tmp) / "logs", Path(tmp))
+        doc = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{os.cpu_count()} cores",
+               "capture_soak": row}
+        Path(out).write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"soak: wrote {out}")
+        sys.exit(1 if row["errors"] else 0)
+    args.out = args.out or str(ROOT / "bench" / "results" / "soak.json")
     with tempfile.TemporaryDirectory(prefix="tfservo-soak-") as tmp:
         work = Path(tmp)
         result = {

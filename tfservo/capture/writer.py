@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import collections
-import datetime
 import functools
 import logging
 import os
@@ -65,11 +64,30 @@ def capture_line(config: CaptureConfig, event: CaptureEvent) -> bytes:
         data["endpointInput"] = _payload(config, "INPUT", event.request_type, event.request_body)
     if config.capture_output:
         data["endpointOutput"] = _payload(config, "OUTPUT", event.response_type, event.response_body)
-    moment = datetime.datetime.fromtimestamp(event.time, datetime.timezone.utc)
-    metadata = {"eventId": str(uuid.uuid4()), "inferenceTime": moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"}
+    metadata = {"eventId": _event_id(), "inferenceTime": _iso_time(event.time)}
     if event.inference_id:
         metadata["inferenceId"] = event.inference_id
     return orjson.dumps({"captureData": data, "eventMetadata": metadata, "eventVersion": "0"}) + b"\n"
+
+
+def _event_id() -> str:
+    """A random (version 4) UUID, written out in a third of uuid.uuid4()'s time: one per line."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+@functools.lru_cache(maxsize=4)
+def _iso_second(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+def _iso_time(when: float) -> str:
+    """`when` as SageMaker writes inferenceTime: UTC to the millisecond, with a Z."""
+    second = int(when)
+    return f"{_iso_second(second)}.{min(999, int((when - second) * 1000)):03d}Z"
 
 
 def _payload(config: CaptureConfig, mode: str, content_type: str | None, body: bytes) -> dict[str, str]:

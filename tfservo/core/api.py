@@ -35,7 +35,7 @@ from tfservo.core.dataplane import (
 )
 from tfservo.core.errors import InvalidArgument
 from tfservo.models.model_status import model_status
-from tfservo.models.servables import ModelManager, ServableVersion
+from tfservo.models.servables import ModelManager, ServableHandle, ServableVersion
 from tfservo.models.signatures import (
     DEFAULT_SIGNATURE,
     SignatureDef,
@@ -139,18 +139,25 @@ class TFServingAPI:
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
     ) -> Answer:
         """Decode a TF Serving REST body and run it: one version lookup, held for the call."""
-        if method not in METHODS:
-            raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
         with tracing.span("decode", {"tfservo.method": method}):
-            doc = _request_doc(body)  # first: a malformed body never resolves a version
-            handle = self.manager.acquire(name, version, label)
-            try:
-                call = self.decode_rest(method, doc, handle.servable)
-            except BaseException:
-                handle.release()
-                raise
+            handle, call = self.prepare(method, name, version, label, body)
         with handle as sv:
             return self.run(sv, call)
+
+    def prepare(
+        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
+    ) -> tuple[ServableHandle, Call]:
+        """A REST body decoded for the version it resolves to, and that version held (the
+        caller runs the call and releases the handle)."""
+        if method not in METHODS:
+            raise InvalidArgument(f"Unknown method {method!r}; use one of {', '.join(METHODS)}")
+        doc = _request_doc(body)  # first: a malformed body never resolves a version
+        handle = self.manager.acquire(name, version, label)
+        try:
+            return handle, self.decode_rest(method, doc, handle.servable)
+        except BaseException:
+            handle.release()
+            raise
 
     def rest(
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]

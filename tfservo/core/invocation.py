@@ -237,11 +237,13 @@ class Invoker:
             if self.api.manager.has_model(name):  # the handler reaches it over HTTP, if at all
                 note_model(name)
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
-        with tracing.span("decode", {"tfservo.content_type": content_type or ""}):
+        with tracing.span("decode", {"tfservo.content_type": content_type or "", "tfservo.method": method}):
             tfs_request = content_types.to_tfs_request(body, content_type or "")
-        accept_types = content_types.parse_accept(accept)
-        answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
-        answer = self.api.infer(method, name, version, None, tfs_request)
+            accept_types = content_types.parse_accept(accept)
+            answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
+            handle, call = self.api.prepare(method, name, version, None, tfs_request)
+        with handle as sv:
+            answer = self.api.run(sv, call)
         return InvocationResult(200, None, answer_type, answer, one_line=content_types.one_line_json(accept_types))
 
     def _with_handlers(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -47,6 +48,7 @@ log = logging.getLogger("tfservo.tracing")
 
 _TRACER: Any = None  # the SDK's Tracer once tracing is on; None: every function here is a no-op
 _PROVIDER: Any = None
+_PHASES: _PhaseRecorder | None = None
 _LOCK = threading.Lock()
 _CONFIGURED = False
 _NULL: AbstractContextManager[None] = nullcontext()
@@ -81,7 +83,7 @@ def wanted(environ: Mapping[str, str]) -> list[str]:
 def configure(environ: Mapping[str, str] | None = None) -> bool:
     """Turn tracing on in this process if the environment asks for it (once; later calls only
     answer whether it is on)."""
-    global _TRACER, _PROVIDER, _CONFIGURED
+    global _TRACER, _PROVIDER, _CONFIGURED, _PHASES
     with _LOCK:
         if _CONFIGURED:
             return _TRACER is not None
@@ -90,6 +92,16 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         exporters = wanted(env)
         if not exporters:
             return False
+        try:
+            import opentelemetry.instrumentation.requests
+            import opentelemetry.sdk  # noqa: F401
+        except ImportError as exc:
+            from tfservo.core.settings import ConfigError
+
+            raise ConfigError(
+                f"the OTEL_* variables turn tracing on, but {exc.name} is not installed: "
+                "pip install 'tfservo[otel]', or unset them"
+            ) from None
         from opentelemetry import trace
         from opentelemetry.instrumentation.requests import RequestsInstrumentor
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -100,13 +112,15 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: "tfservo"}))
         provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
-        for name in exporters:
-            provider.add_span_processor(BatchSpanProcessor(_exporter(name, env)))
+        processors = [BatchSpanProcessor(_exporter(name, env)) for name in exporters]
+        for processor in processors:
+            provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)
         # A handler's own requests.post(context.rest_uri, ...) carries the invocation's traceparent.
         RequestsInstrumentor().instrument(tracer_provider=provider)
         _PROVIDER = provider
         _TRACER = provider.get_tracer("tfservo")
+        _PHASES = _PhaseRecorder(resource, processors)
         log.info("tracing on: %s exporter(s), service %s", ",".join(exporters), resource.attributes[SERVICE_NAME])
         return True
 
@@ -137,11 +151,74 @@ def flush(timeout_seconds: float = 5.0) -> None:
 
 
 def span(name: str, attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[Any]:
-    """A child span of the current one for the duration of a `with` block (a no-op when off)."""
-    if _TRACER is None:
+    """A child span of the current one for the duration of a `with` block (a no-op when off,
+    or when the current trace is not sampled)."""
+    if _PHASES is None:
         return _NULL
-    current: AbstractContextManager[Any] = _TRACER.start_as_current_span(name, attributes=attributes)
-    return current
+    return _Phase(_PHASES, name, attributes)
+
+
+class _PhaseRecorder:
+    """Records the spans of a request's phases (decode, model, encode, handlers, batching) at a
+    quarter of the SDK's per-span cost: each is made current as a non-recording span with its
+    own id (so spans opened inside it, the instrumented `requests` calls, have it as parent) and
+    handed to the span processors as a finished ReadableSpan when it ends. It is always a child
+    of a span the SDK made, so the sampler has already decided: a phase follows its parent's
+    sampled flag, as the default parent-based sampler would."""
+
+    def __init__(self, resource: Any, processors: list[Any]) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        self.resource = resource
+        self.processors = processors
+        self.scope = InstrumentationScope("tfservo")
+        self.context, self.trace, self.readable = context, trace, ReadableSpan  # bound once: a phase is hot
+        self.unset = trace.Status(trace.StatusCode.UNSET)
+
+    def finish(self, name: str, context: Any, parent: Any, attributes: Mapping[str, Any] | None,
+               start_ns: int, end_ns: int, error: str | None = None) -> None:
+        status = self.unset if error is None else self.trace.Status(self.trace.StatusCode.ERROR, error)
+        done = self.readable(name, context, parent, self.resource, attributes, status=status,
+                             start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope)
+        for processor in self.processors:
+            processor.on_end(done)
+
+    def child_of(self, parent: Any) -> Any:
+        """A new span context in `parent`'s trace (None when there is no sampled parent)."""
+        if not parent.is_valid or not parent.trace_flags.sampled:
+            return None
+        return self.trace.SpanContext(
+            parent.trace_id, random.getrandbits(64) or 1, False, parent.trace_flags, parent.trace_state
+        )
+
+
+class _Phase:
+    """One phase's span for a `with` block (see _PhaseRecorder)."""
+
+    __slots__ = ("recorder", "name", "attributes", "context", "parent", "token", "start_ns")
+
+    def __init__(self, recorder: _PhaseRecorder, name: str, attributes: Mapping[str, Any] | None) -> None:
+        self.recorder, self.name, self.attributes = recorder, name, attributes
+        self.token: Any = None
+
+    def __enter__(self) -> None:
+        recorder = self.recorder
+        trace = recorder.trace
+        self.parent = trace.get_current_span().get_span_context()
+        self.context = recorder.child_of(self.parent)
+        if self.context is not None:
+            self.token = recorder.context.attach(trace.set_span_in_context(trace.NonRecordingSpan(self.context)))
+            self.start_ns = time.time_ns()
+
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        if self.token is None:
+            return
+        end_ns = time.time_ns()
+        self.recorder.context.detach(self.token)
+        failed = f"{type(error).__name__}: {error}" if error is not None else None
+        self.recorder.finish(self.name, self.context, self.parent, self.attributes, self.start_ns, end_ns, failed)
 
 
 @contextmanager
@@ -176,9 +253,12 @@ def parent() -> Parent:
 
 def record(name: str, within: Parent, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> None:
     """A span already over (the batch queue's wait, a batched model run), under `within`."""
-    if _TRACER is None or within is None:
+    if _PHASES is None or within is None:
         return
-    _TRACER.start_span(name, context=within, attributes=attributes, start_time=start_ns).end(end_time=end_ns)
+    parent = _PHASES.trace.get_current_span(within).get_span_context()
+    child = _PHASES.child_of(parent)
+    if child is not None:
+        _PHASES.finish(name, child, parent, attributes, start_ns, end_ns)
 
 
 def now_ns() -> int:
