@@ -8,11 +8,14 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, TextIO
 
 import orjson
 
-__all__ = ["JsonFormatter", "quiet_libraries", "quiet_tensorflow", "setup_logging"]
+__all__ = [
+    "JsonFormatter", "quiet_libraries", "quiet_native_env", "quiet_tensorflow", "quiet_tensorflow_env", "setup_logging",
+]
 
 # TF 2.21 writes glog-style lines ("I0000 00:00:… file.cc:12] …", "WARNING: All log messages
 # before absl::InitializeLog()") straight to fd 2 and ignores TF_CPP_MIN_LOG_LEVEL. Beam's
@@ -25,12 +28,36 @@ _TF_NOISE = re.compile(
 _filter_started = False
 
 
+# What keeps TF's and gRPC's C++ start-up lines off; read by those libraries when they load.
+_QUIET_NATIVE = (("TF_CPP_MIN_LOG_LEVEL", "2"), ("GRPC_VERBOSITY", "ERROR"))
+
+
+def _library_logs_wanted(env: Mapping[str, str] | None = None) -> bool:
+    """TFSERVO_TF_LOGS=1: the user wants TensorFlow's and Beam's own lines."""
+    return (os.environ if env is None else env).get("TFSERVO_TF_LOGS") == "1"
+
+
+def quiet_native_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to `env` (a child process's, or this one's) so that TF and gRPC
+    start quietly: those it leaves unset, none when TFSERVO_TF_LOGS=1."""
+    if _library_logs_wanted(env):
+        return {}
+    return {name: value for name, value in _QUIET_NATIVE if name not in env}
+
+
+def quiet_tensorflow_env() -> bool:
+    """Set those variables in this process, before TensorFlow loads; True when tfservo chose
+    TF's log level (so TF's Python loggers are quieted too), False when the user did."""
+    added = quiet_native_env(os.environ)
+    os.environ.update(added)
+    return "TF_CPP_MIN_LOG_LEVEL" in added
+
+
 def quiet_tensorflow() -> None:
     """Silence TF's C++ and absl chatter on stderr; TFSERVO_TF_LOGS=1 keeps it."""
-    if os.environ.get("TFSERVO_TF_LOGS") == "1":
+    if _library_logs_wanted():
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    quiet_tensorflow_env()
     _filter_native_stderr()
 
 
@@ -48,7 +75,7 @@ def _not_library_noise(record: logging.LogRecord) -> bool:
 def quiet_libraries(level: str = "info") -> None:
     """TensorFlow's and Beam's noise off in this process (C++ lines on fd 2 included), unless
     TFSERVO_TF_LOGS=1 or the log level is debug; their errors still show."""
-    if os.environ.get("TFSERVO_TF_LOGS") == "1" or level.lower() == "debug":
+    if _library_logs_wanted() or level.lower() == "debug":
         return
     quiet_tensorflow()
     for name in _NOISY_LOGGERS:

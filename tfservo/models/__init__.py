@@ -3,12 +3,12 @@ lifecycle, model config, warmup, bundles and multi-model loading, batching. No H
 
 `load_saved_model` and `LoadedModel` are imported lazily, so importing the package (or
 `signatures`) does not pull in TensorFlow. TensorFlow's C++ logs are quieted to errors unless
-the user set TF_CPP_MIN_LOG_LEVEL themselves.
+the user set TF_CPP_MIN_LOG_LEVEL themselves (or TFSERVO_TF_LOGS=1).
 """
 
-import os
 from typing import Any
 
+from tfservo.core.logs import quiet_tensorflow_env
 from tfservo.models.signatures import (
     CLASSIFY_METHOD,
     DEFAULT_SIGNATURE,
@@ -18,8 +18,7 @@ from tfservo.models.signatures import (
     TensorSpec,
 )
 
-QUIET_TENSORFLOW = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+QUIET_TENSORFLOW = quiet_tensorflow_env()  # before anything imports TensorFlow
 
 __all__ = [
     "CLASSIFY_METHOD",

@@ -17,6 +17,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
+from tfservo.core.logs import quiet_native_env
+
 __all__ = ["EndpointServer", "TransformRun"]
 
 log = logging.getLogger("tfservo.sagemaker_sdk")
@@ -162,4 +164,4 @@ class TransformRun:
 
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment with `extra` over it, TensorFlow's start-up noise off."""
-    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), **extra}
+    return {**os.environ, **quiet_native_env(os.environ), **extra}
