@@ -240,6 +240,11 @@ class Settings:
         "AllTraffic", "--variant-name", env="TFSERVO_VARIANT_NAME", metavar="NAME",
         help="The production variant this server is, named in X-Amzn-Invoked-Production-Variant "
         "[default: $TFSERVO_VARIANT_NAME or AllTraffic].")
+    sigv4_credentials: str | None = setting(
+        None, "--sigv4-credentials", env="TFSERVO_SIGV4_CREDENTIALS", existing_file=True, metavar="FILE",
+        help="SageMaker runtime API: accept only requests signed (AWS SigV4, service sagemaker) with a key in FILE, "
+        "an AWS shared-credentials file ([profile] with aws_access_key_id and aws_secret_access_key), re-read "
+        "when it changes [default: $TFSERVO_SIGV4_CREDENTIALS, else unsigned requests are served].")
     # SageMaker Data Capture (the DataCaptureConfig of CreateEndpointConfig)
     data_capture_config: str | None = setting(
         None, "--data-capture-config", env="TFSERVO_DATA_CAPTURE_CONFIG", existing_file=True, metavar="FILE",

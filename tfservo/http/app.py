@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
+from tfservo.auth.sigv4 import SigV4Verifier
 from tfservo.core import tracing
 from tfservo.core.dataplane import METHODS, parse_version
 from tfservo.core.errors import ServingError
@@ -225,6 +226,7 @@ def build_app(
         request_timeout=settings.request_timeout,
         invocation_timeout=settings.invocation_timeout,
         on_timeout=on_timeout,
+        sigv4=SigV4Verifier(settings.sigv4_credentials) if settings.sigv4_credentials else None,
     )
 
     async def not_found(request: Request, exc: HTTPException) -> Response:

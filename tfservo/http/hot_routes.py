@@ -32,6 +32,7 @@ from tfservo.http.routes import ROUTE_KEY
 from tfservo.http.runtime_api import (
     DEFAULT_VARIANT,
     RuntimeError_,
+    RuntimeRequest,
     RuntimeValidationError,
     check_request,
     model_error,
@@ -39,6 +40,7 @@ from tfservo.http.runtime_api import (
 )
 
 if TYPE_CHECKING:
+    from tfservo.auth.sigv4 import SigV4Verifier
     from tfservo.core.v2_dataplane import V2DataPlane
     from tfservo.models.target_models import TargetModels
 
@@ -54,6 +56,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("tfservo.http")
+audit_log = logging.getLogger("tfservo.audit")
 
 T = TypeVar("T")
 
@@ -139,6 +142,24 @@ def request_header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def verify_signature(verifier: SigV4Verifier, scope: Scope, body: bytes) -> None:
+    """The request's SigV4 signature checked against the verifier's keys (SignatureRefused if it
+    fails, after one audit line naming the peer, the key id and why; never the signature)."""
+    from tfservo.auth.sigv4 import SignatureRefused
+
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+    raw_path = scope.get("raw_path") or scope["path"].encode()
+    try:
+        key = verifier.verify(scope["method"], raw_path.decode("latin-1"), scope.get("query_string", b"").decode("latin-1"),
+                              headers, body)
+    except SignatureRefused as exc:
+        client = scope.get("client") or ("-", 0)
+        audit_log.warning("refused sigv4 peer=%s key=%s path=%s error=%s: %s", client[0], exc.key or "-",
+                          scope["path"], exc.error_type, exc.message)
+        raise
+    audit_log.debug("sigv4 key=%s (%s) path=%s", key.access_key, key.name, scope["path"])
+
+
 def _settle(future: asyncio.Future[bytes | None], result: bytes | None, error: BaseException | None) -> None:
     if future.done():
         return
@@ -168,6 +189,7 @@ class HotRoutes:
         request_timeout: float = 0.0,
         invocation_timeout: float = 0.0,
         on_timeout: Callable[[str, str | None, float], None] | None = None,
+        sigv4: SigV4Verifier | None = None,
     ) -> None:
         self.service = service
         self.budget = budget or DecodeBudget(2**62)
@@ -184,6 +206,7 @@ class HotRoutes:
         self.invocation_timeout = invocation_timeout  # invocations, handlers included (0: none)
         self.on_timeout = on_timeout  # (route, model, limit): the metrics' count and log line
         self.v2 = v2  # the Open Inference Protocol's data plane (build_app makes the one the server has)
+        self.sigv4 = sigv4  # --sigv4-credentials: the runtime API takes only requests signed with its keys
 
     async def tfs_method(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/models/{name}[/versions/{v}|/labels/{l}]:{predict|classify|regress}."""
@@ -287,7 +310,10 @@ class HotRoutes:
         CLI, the SDK). Errors come in the shapes botocore raises as ModelError/ValidationError."""
         endpoint = scope["path_params"]["EndpointName"]
         variant = ((b"x-amzn-invoked-production-variant", self.variant.encode()),)
-        try:
+
+        def checked(body: bytes) -> RuntimeRequest:
+            if self.sigv4 is not None:  # AWS authenticates before it looks at anything else
+                verify_signature(self.sigv4, scope, body)
             request = check_request(
                 endpoint,
                 served_endpoint=self.endpoint_name,
@@ -302,12 +328,20 @@ class HotRoutes:
                     f"Endpoint {endpoint} is not a multi-model endpoint: X-Amzn-SageMaker-Target-Model "
                     "needs tfservo serve --multi-model"
                 )
-        except ServingError as exc:
-            await self._send_runtime_error(send, runtime_error(exc))
-            return
+            return request
+
+        if self.sigv4 is None:  # unsigned: the request is checked before its body is read
+            try:
+                early: RuntimeRequest | None = checked(b"")
+            except ServingError as exc:
+                await self._send_runtime_error(send, runtime_error(exc))
+                return
+        else:
+            early = None
 
         async def answer(body: bytes) -> None:
             try:
+                request = early or checked(body)
                 result = await self._invoke(scope, body, None, request.target_model)
             except ServingError as exc:
                 await self._send_runtime_error(send, runtime_error(exc))

@@ -40,7 +40,8 @@ __all__ = ["Session"]
 log = logging.getLogger("tfservo.sagemaker_sdk")
 
 _DEFAULT_REGION = "us-east-1"
-_LOCAL_KEYS = {"aws_access_key_id": "tfservo", "aws_secret_access_key": "tfservo"}  # tfservo ignores signatures
+# Keys for a session that has none (local S3); a server checks signatures only with --sigv4-credentials.
+_LOCAL_KEYS = {"aws_access_key_id": "tfservo", "aws_secret_access_key": "tfservo"}
 
 
 class Session(LocalSession):
@@ -181,7 +182,8 @@ class RuntimeClient:
                     endpoint_url=url,
                     region_name=self.session.boto_region_name,
                     config=Config(retries={"max_attempts": 1}, read_timeout=3600),
-                    **_LOCAL_KEYS,
+                    # the session's own keys, so a server with --sigv4-credentials knows them
+                    **({} if self.session.boto_session.get_credentials() is not None else _LOCAL_KEYS),
                 )
             return self._clients[url]
 
