@@ -14,13 +14,11 @@ import configparser
 import datetime
 import hmac
 import logging
-import os
 import re
-import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tfservo.auth.watched import WatchedFile
 from tfservo.core.errors import InvalidArgument, PermissionDenied
 
 __all__ = ["SIGNED_SERVICE", "Credentials", "SigV4Verifier", "SignatureRefused", "read_credentials"]
@@ -29,7 +27,6 @@ log = logging.getLogger("tfservo.audit")
 
 SIGNED_SERVICE = "sagemaker"  # the service botocore signs sagemaker-runtime calls for
 _SKEW = datetime.timedelta(minutes=5)
-_RECHECK_SECONDS = 1.0  # how often the credentials file's modification time is looked at
 _AUTHORIZATION = re.compile(
     r"AWS4-HMAC-SHA256\s+Credential=(?P<credential>[^,\s]+),\s*SignedHeaders=(?P<signed>[^,\s]+),"
     r"\s*Signature=(?P<signature>[0-9a-f]{64})\s*"
@@ -86,31 +83,14 @@ class SigV4Verifier:
     """Checks requests against the keys in one credentials file."""
 
     def __init__(self, path: str, clock: type[datetime.datetime] = datetime.datetime) -> None:
-        self.path = path
         self._clock = clock
-        self._lock = threading.Lock()
-        self._keys = read_credentials(path)
-        self._mtime = _mtime(path)
-        self._checked = time.monotonic()
+        self.file = WatchedFile(path, read_credentials, "sigv4 credentials")
         log.info("sigv4: the SageMaker runtime API takes only requests signed with the %d key(s) in %s",
-                 len(self._keys), path)
+                 len(self.file.current()), path)
 
     def keys(self) -> dict[str, Credentials]:
-        """The current keys: the file is read again when it has changed (a bad new version is
-        logged and the previous keys stay)."""
-        now = time.monotonic()
-        if now - self._checked >= _RECHECK_SECONDS:
-            with self._lock:
-                self._checked = now
-                mtime = _mtime(self.path)
-                if mtime != self._mtime:
-                    self._mtime = mtime
-                    try:
-                        self._keys = read_credentials(self.path)
-                        log.info("sigv4: credentials reloaded from %s (%d keys)", self.path, len(self._keys))
-                    except InvalidArgument as exc:
-                        log.error("sigv4: keeping the previous keys: %s", exc.message)
-        return self._keys
+        """The current keys (the file is read again when it has changed)."""
+        return self.file.current()
 
     def verify(self, method: str, raw_path: str, query: str, headers: Iterable[tuple[str, str]], body: bytes) -> Credentials:
         """The key that signed this request, or SignatureRefused as AWS words it."""
@@ -199,9 +179,3 @@ def _signature(
     canonical = signer.canonical_request(request)
     return str(signer.signature(signer.string_to_sign(request, canonical), request))
 
-
-def _mtime(path: str) -> float:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return 0.0

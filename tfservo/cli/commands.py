@@ -162,6 +162,10 @@ from tfservo.cli.evaluate import evaluate  # noqa: E402
 
 main.add_command(evaluate)
 
+from tfservo.cli.keys import keys  # noqa: E402
+
+main.add_command(keys)
+
 
 def run() -> None:
     """The `tfservo` console script: TensorFlow's noise off before anything imports it, then the CLI."""

@@ -63,10 +63,23 @@ def _meminfo(field: str) -> int | None:
     return None
 
 
+_OWN_STATM: tuple[int, int] | None = None  # (pid, an open fd of its /proc/PID/statm)
+
+
 def resident_bytes(pid: int | None = None) -> int:
-    """Resident set size of process `pid` (this one by default); 0 where unknown."""
+    """Resident set size of process `pid` (this one by default); 0 where unknown.
+
+    This process's is read from a descriptor kept open (one pread, ~1.5 µs, against ~13 µs to
+    open and read the file), since the worker watch reads it as answers go out; the descriptor
+    is this pid's, so a forked child opens its own."""
+    global _OWN_STATM
     try:
-        with open(f"/proc/{pid or 'self'}/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
+        if pid is not None and pid != os.getpid():
+            with open(f"/proc/{pid}/statm") as f:
+                return int(f.read().split()[1]) * _PAGE
+        me = os.getpid()
+        if _OWN_STATM is None or _OWN_STATM[0] != me:
+            _OWN_STATM = (me, os.open(f"/proc/{me}/statm", os.O_RDONLY | os.O_CLOEXEC))
+        return int(os.pread(_OWN_STATM[1], 128, 0).split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
