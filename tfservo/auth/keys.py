@@ -19,6 +19,7 @@ import orjson
 
 from tfservo.auth.watched import WatchedFile
 from tfservo.core.errors import Code, InvalidArgument, PermissionDenied, ServingError
+from tfservo.core.json_files import read_json_file
 
 __all__ = [
     "SCOPES",
@@ -72,13 +73,7 @@ def hash_key(key: str) -> str:
 
 def read_keys(path: str) -> tuple[ApiKey, ...]:
     """The keys of a key file (InvalidArgument naming the file and entry when it cannot be used)."""
-    try:
-        with open(path, "rb") as f:
-            doc = orjson.loads(f.read())
-    except OSError as exc:
-        raise InvalidArgument(f"--api-keys {path}: cannot read it ({exc.strerror})") from None
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"--api-keys {path}: not JSON ({exc})") from None
+    doc = read_json_file(path, "--api-keys")
     entries = doc.get("keys") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         raise InvalidArgument(f'--api-keys {path}: expected {{"keys": [{{"name": …, "sha256": …, "scopes": […]}}]}}')

@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from tfservo.core.json_files import read_json_file
 from tfservo.core.settings import ConfigError
 
 __all__ = ["CaptureConfig", "capture_config_from_dict", "read_capture_config"]
@@ -40,13 +39,7 @@ class CaptureConfig:
 
 def read_capture_config(path: str) -> CaptureConfig:
     """The DataCaptureConfig in the JSON file at `path` (ConfigError naming the file and key)."""
-    try:
-        with open(path, "rb") as f:
-            doc = orjson.loads(f.read())
-    except OSError as exc:
-        raise ConfigError(f"--data-capture-config {path}: cannot read it ({exc.strerror})") from None
-    except orjson.JSONDecodeError as exc:
-        raise ConfigError(f"--data-capture-config {path}: not JSON ({exc})") from None
+    doc = read_json_file(path, "--data-capture-config")
     if isinstance(doc, dict) and isinstance(doc.get("DataCaptureConfig"), dict):
         doc = doc["DataCaptureConfig"]  # a whole CreateEndpointConfig request
     return capture_config_from_dict(doc, path)
