@@ -30,13 +30,15 @@ def load_core() -> int:
 
 
 def run_wrk(url: str, body: str, *, connections: int, seconds: float, server_pid: int,
-            content_type: str = "application/json", timeout_s: int = 60) -> dict:
+            content_type: str = "application/json", timeout_s: int = 60, authorization: str | None = None) -> dict:
     """One fixed-duration closed-loop run: `connections` clients each POSTing `body` back to back."""
     command = [
         "taskset", "-c", str(load_core()), wrk_binary(), "-t1", f"-c{connections}", f"-d{seconds:g}s",
         f"--timeout={timeout_s}s", "-s", str(LUA), url,
     ]
     env = {**os.environ, "BENCH_BODY": body, "BENCH_CONTENT_TYPE": content_type}
+    if authorization:
+        env["BENCH_AUTHORIZATION"] = authorization
     before = CpuSample.take(server_pid)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = proc.stdout.read() if proc.stdout else ""

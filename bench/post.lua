@@ -5,6 +5,9 @@ wrk.method = "POST"
 wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = os.getenv("BENCH_CONTENT_TYPE") or "application/json"
+if os.getenv("BENCH_AUTHORIZATION") then
+  wrk.headers["Authorization"] = os.getenv("BENCH_AUTHORIZATION")
+end
 
 done = function(summary, latency, requests)
   local e = summary.errors

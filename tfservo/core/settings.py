@@ -245,6 +245,11 @@ class Settings:
         help="SageMaker runtime API: accept only requests signed (AWS SigV4, service sagemaker) with a key in FILE, "
         "an AWS shared-credentials file ([profile] with aws_access_key_id and aws_secret_access_key), re-read "
         "when it changes [default: $TFSERVO_SIGV4_CREDENTIALS, else unsigned requests are served].")
+    api_keys: str | None = setting(
+        None, "--api-keys", env="TFSERVO_API_KEYS", existing_file=True, metavar="FILE",
+        help="Require an API key (Authorization: Bearer KEY, over HTTP and gRPC metadata) with the route's scope "
+        "on every door but health probes and the runtime API; FILE holds the keys' hashes (tfservo keys new), "
+        "re-read when it changes [default: $TFSERVO_API_KEYS, else no keys].")
     # SageMaker Data Capture (the DataCaptureConfig of CreateEndpointConfig)
     data_capture_config: str | None = setting(
         None, "--data-capture-config", env="TFSERVO_DATA_CAPTURE_CONFIG", existing_file=True, metavar="FILE",

@@ -50,6 +50,7 @@ def start_grpc(
         draining=draining,
         socket_path=settings.grpc_socket_path,
         options=server_options(settings),
+        interceptors=_key_check(settings, metrics),
     )
     from tfservo.grpc.v2 import v2_handler
 
@@ -59,10 +60,21 @@ def start_grpc(
 
         server.add_service(profiler_handler())
     server.start()
-    service.grpc_port = server.port
+    if service.grpc_port is None:  # else handlers already have one of their own (a loopback server)
+        service.grpc_port = server.port
     log.log(log_level, "gRPC%s on %s:%d%s", " (TLS)" if settings.ssl_config_file else "", host, server.port,
             f" and unix:{settings.grpc_socket_path}" if settings.grpc_socket_path else "")
     return server
+
+
+def _key_check(settings: Settings, metrics: Metrics | None) -> list[grpc.ServerInterceptor]:
+    """The API-key interceptor under --api-keys, else none."""
+    if not settings.api_keys:
+        return []
+    from tfservo.auth.keys import KeyRing
+    from tfservo.grpc.auth import KeyInterceptor
+
+    return [KeyInterceptor(KeyRing(settings.api_keys), metrics.auth_refused if metrics is not None else lambda reason: None)]
 
 
 def server_credentials(path: str) -> grpc.ServerCredentials:

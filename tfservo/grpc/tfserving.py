@@ -341,10 +341,12 @@ class GrpcServer:
         draining: Callable[[], bool] = lambda: False,
         socket_path: str | None = None,
         options: Sequence[tuple[str, int | str]] = (),
+        interceptors: Sequence[grpc.ServerInterceptor] = (),
     ) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc"),
-            interceptors=tracing.grpc_server_interceptors(),  # continues callers' traces, when tracing is on
+            # callers' traces continued (tracing on), then the callers' keys checked (--api-keys)
+            interceptors=[*tracing.grpc_server_interceptors(), *interceptors],
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", -1),

@@ -29,6 +29,7 @@ __all__ = [
     "ROUTE_KEY",
     "Doc",
     "HotDispatch",
+    "RouteScopes",
     "RouteSpec",
     "starlette_routes",
 ]
@@ -99,6 +100,9 @@ class RouteSpec:
     doc: Doc | None = None
     label: str | None = None  # the name metrics and logs use, where not the template's
     capture: str | None = None  # data capture: "invocation" (SageMaker's), "inference" (TF Serving's, V2's)
+    # --api-keys: the scope a key needs here (auth.keys.SCOPES); None: open (health probes, and the
+    # runtime API, which SigV4 guards instead)
+    scope: str | None = "read"
 
     @property
     def name(self) -> str:
@@ -112,19 +116,20 @@ _TFS_PREFIXES = ("/v1/models/{name:segment}", "/v1/models/{name:segment}/version
 
 ROUTES: tuple[RouteSpec, ...] = (
     # SageMaker
-    RouteSpec(("GET",), "/ping", "pages.ping", doc=Doc(
+    RouteSpec(("GET",), "/ping", "pages.ping", scope=None, doc=Doc(
         "SageMaker health check: 200 when every model is available", _SM, errors=(503,), ok="empty")),
-    RouteSpec(("POST",), "/invocations", "hot.invoke", hot=True, capture="invocation", doc=Doc(
+    RouteSpec(("POST",), "/invocations", "hot.invoke", hot=True, capture="invocation", scope="invoke", doc=Doc(
         "SageMaker invocation: the default model (or tfs-model-name) through the bundle's handlers or "
         "content conversions", _SM, errors=(400, 404, 415, 500), body="invocations")),
     RouteSpec(("POST",), "/endpoints/{EndpointName:maybe_empty}/invocations", "hot.runtime_invoke", hot=True,
-              slash=True, capture="invocation", doc=Doc("SageMaker runtime API (boto3, the AWS CLI, the SDK)", _SM, errors=(), body="runtime")),
+              slash=True, capture="invocation", scope=None, doc=Doc("SageMaker runtime API (boto3, the AWS CLI, the SDK)", _SM, errors=(), body="runtime")),
     RouteSpec(("GET",), "/execution-parameters", "pages.execution_parameters",
               doc=Doc("Batch transform's execution parameters", _SM, errors=())),
-    RouteSpec(("GET",), "/metrics", "", doc=Doc("Prometheus metrics", _OPS, errors=(), ok="text")),
+    RouteSpec(("GET",), "/metrics", "", scope="metrics", doc=Doc("Prometheus metrics", _OPS, errors=(), ok="text")),
     # TF Serving REST
     RouteSpec(("GET",), "/v1/models", "pages.list_models", doc=Doc("Every model with its versions and states", _TFS, errors=())),
     *(RouteSpec(("POST",), f"{prefix}:{{method:tfs_method}}", "hot.tfs_method", hot=True, slash=True, capture="inference",
+                scope="invoke",
                 doc=Doc("{method} with {name}", per_model=True, needs="methods", body="tfs") if i == 0 else None)
       for i, prefix in enumerate(_TFS_PREFIXES)),
     *(RouteSpec(("GET",), prefix, "pages.tfs_status", metric_method="status", slash=True,
@@ -142,29 +147,29 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(("GET",), "/docs/assets", "docs.assets", mount=True),
     # Open Inference Protocol (V2)
     RouteSpec(("POST",), "/v2/repository/index", "v2.repository_index"),
-    RouteSpec(("POST",), "/v2/repository/models/{name}/load", "v2.repository_load"),
-    RouteSpec(("POST",), "/v2/repository/models/{name}/unload", "v2.repository_unload"),
+    RouteSpec(("POST",), "/v2/repository/models/{name}/load", "v2.repository_load", scope="manage"),
+    RouteSpec(("POST",), "/v2/repository/models/{name}/unload", "v2.repository_unload", scope="manage"),
     RouteSpec(("GET",), "/v2", "v2.server_metadata", doc=Doc("V2 server metadata", _V2, errors=())),
-    RouteSpec(("GET",), "/v2/health/live", "v2.live", doc=Doc("V2 liveness", _V2, errors=())),
-    RouteSpec(("GET",), "/v2/health/ready", "v2.ready", doc=Doc("V2 readiness", _V2, errors=(503,))),
+    RouteSpec(("GET",), "/v2/health/live", "v2.live", scope=None, doc=Doc("V2 liveness", _V2, errors=())),
+    RouteSpec(("GET",), "/v2/health/ready", "v2.ready", scope=None, doc=Doc("V2 readiness", _V2, errors=(503,))),
     RouteSpec(("GET",), "/v2/models/{name}", "v2.model_metadata", doc=Doc("V2 metadata of {name}", per_model=True)),
     RouteSpec(("GET",), "/v2/models/{name}/versions/{version}", "v2.model_metadata"),
     RouteSpec(("GET",), "/v2/models/{name}/ready", "v2.model_ready", doc=Doc("Whether {name} is ready", per_model=True)),
     RouteSpec(("GET",), "/v2/models/{name}/versions/{version}/ready", "v2.model_ready"),
     RouteSpec(("POST",), "/v2/models/{name}/infer", "hot.v2_infer", hot=True, metric_method="predict",
-              capture="inference", doc=Doc(
+              capture="inference", scope="invoke", doc=Doc(
         "V2 inference with {name}", per_model=True, needs="signature", body="v2")),
     RouteSpec(("POST",), "/v2/models/{name}/versions/{version}/infer", "hot.v2_infer", hot=True,
-              metric_method="predict", label="/v2/models/{name}/infer", capture="inference"),
+              metric_method="predict", label="/v2/models/{name}/infer", capture="inference", scope="invoke"),
     # SageMaker multi-model (--multi-model)
-    RouteSpec(("POST",), "/models", "multi_model.load", multi_model=True, doc=Doc(
+    RouteSpec(("POST",), "/models", "multi_model.load", multi_model=True, scope="manage", doc=Doc(
         "Load a model dir under the model root", _MM, errors=(400, 403, 404, 409, 507), body="load")),
     RouteSpec(("GET",), "/models", "multi_model.list_models", multi_model=True,
               doc=Doc("Loaded models", _MM, errors=())),
     RouteSpec(("GET",), "/models/{name}", "multi_model.describe", multi_model=True),
-    RouteSpec(("DELETE",), "/models/{name}", "multi_model.unload", multi_model=True),
+    RouteSpec(("DELETE",), "/models/{name}", "multi_model.unload", multi_model=True, scope="manage"),
     RouteSpec(("POST",), "/models/{name}/invoke", "hot.invoke", hot=True, slash=True, multi_model=True,
-              capture="invocation"),
+              capture="invocation", scope="invoke"),
 )
 
 
@@ -253,3 +258,41 @@ class HotDispatch:
 def metric_methods() -> dict[str, str]:
     """Route name → the `method` label of the requests it answers, where the table says."""
     return {spec.name: spec.metric_method for spec in ROUTES if spec.metric_method}
+
+
+class RouteScopes:
+    """The scope each request needs under --api-keys, from the table: the route whose path and
+    method match (else the first whose path does: a wrong method still names its route), "read"
+    for paths no route has; with the path parameters (the model a key may be limited to)."""
+
+    _MAX_CACHED = 4096  # (method, path) pairs remembered; paths repeat (models, routes)
+
+    def __init__(self, *, multi_model: bool) -> None:
+        self._routes: list[tuple[re.Pattern[str], tuple[str, ...], str | None]] = []
+        for spec in ROUTES:
+            if spec.multi_model and not multi_model:
+                continue
+            paths = (spec.path + "/{path:path}",) if spec.mount else (spec.path, spec.path + "/") if spec.slash else (spec.path,)
+            for path in paths:
+                pattern, _, _ = compile_path(path)
+                self._routes.append((pattern, spec.methods, spec.scope))
+        self._cache: dict[tuple[str, str], tuple[str | None, dict[str, str]]] = {}
+
+    def match(self, method: str, path: str) -> tuple[str | None, dict[str, str]]:
+        """(scope needed, None when open; path parameters) of a request."""
+        found = self._cache.get((method, path))
+        if found is None:
+            by_path: tuple[str | None, dict[str, str]] | None = None
+            for pattern, methods, needed in self._routes:
+                hit = pattern.match(path)
+                if hit is None:
+                    continue
+                if method in methods or (method == "HEAD" and "GET" in methods):
+                    found = (needed, hit.groupdict())
+                    break
+                by_path = by_path or (needed, hit.groupdict())
+            found = found or by_path or ("read", {})
+            if len(self._cache) >= self._MAX_CACHED:
+                self._cache.clear()
+            self._cache[(method, path)] = found
+        return found

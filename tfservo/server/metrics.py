@@ -134,6 +134,10 @@ class Metrics:
             "tfservo_timeouts", "Requests answered 504 because their time limit passed, by route and model",
             ["route", "model"], registry=reg,
         )
+        self.auth_refusals = Counter(
+            "tfservo_auth_refused", "Requests refused for their API key (--api-keys), by reason "
+            "(unauthenticated: none or unknown; forbidden: not its scope or model)", ["reason"], registry=reg,
+        )
         self.worker_memory = Gauge(
             "tfservo_worker_resident_bytes", "Resident memory of the worker process",
             multiprocess_mode="liveall", registry=reg,
@@ -210,6 +214,9 @@ class Metrics:
             self.payload_events.labels(kind.removeprefix("payload_")).inc(count)
         elif kind in ("uploaded", "upload_failed"):
             self.capture_uploads.labels("ok" if kind == "uploaded" else "failed").inc(count)
+
+    def auth_refused(self, reason: str) -> None:
+        self.auth_refusals.labels(reason).inc()
 
     def pool_queue(self, pool: str, change: int) -> None:
         """CallPlacement.on_queue: a call started (+1) or stopped (-1) waiting for a thread."""

@@ -59,6 +59,12 @@ def start_worker(
     gc.freeze()
     local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     service.rest_base = f"http://{local_host}:{port}"
+    if settings.api_keys and service.invoker.has_handlers():
+        from tfservo.server.loopback import LoopbackServer
+
+        # Handlers call context.rest_uri / context.channel without a key, as in the container:
+        # they get a server of their own on 127.0.0.1 (this worker's, not the keyed port).
+        LoopbackServer(service).start()
     multi_model = targets = None
     if settings.multi_model:
         from tfservo.models.multi_model import MultiModelEndpoint
@@ -75,7 +81,15 @@ def start_worker(
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app
-    return service, metrics.asgi(outer, service, routes), app
+    served = metrics.asgi(outer, service, routes)
+    if settings.api_keys:
+        from tfservo.auth.keys import KeyRing
+        from tfservo.http.auth_edge import KeyCheck
+        from tfservo.http.routes import RouteScopes
+
+        served = KeyCheck(served, KeyRing(settings.api_keys), RouteScopes(multi_model=settings.multi_model),
+                          service.default_model, metrics.auth_refused)
+    return service, served, app
 
 
 def payload_taps(

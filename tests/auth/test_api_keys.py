@@ -1,0 +1,135 @@
+"""API keys on a real `tfservo serve` (--api-keys): REST with httpx and tritonclient, gRPC with
+TF Serving's stubs and tritonclient — no key, a key without the scope, a key limited to another
+model, a rotated key — each refused in its protocol's shape; health probes stay open; a
+handler's own calls to context.rest_uri still work; audit lines, and no key in any of them."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from conftest import SMC, grpc_predict_request, handler_bundle
+from server_process import ServerProcess
+from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tfservo.auth.keys import add_key
+
+MODEL = SMC / "resources" / "models" / "half_plus_three"
+M = "half_plus_three"
+BODY = {"instances": [1.0, 2.0]}
+
+# The handler calls the model over REST itself, with no key (as the container's handlers do).
+HANDLER = """
+    import requests
+
+    def handler(data, context):
+        answer = requests.post(context.rest_uri, data=data.read(), timeout=30)
+        return answer.text, "application/json"
+"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("keys")
+    path = str(root / "keys.json")
+    keys = {
+        "invoker": add_key(path, "invoker", ["invoke"]),
+        "reader": add_key(path, "reader", ["read"]),
+        "other-model": add_key(path, "other-model", ["invoke", "read"], models=["another_model"]),
+        "scraper": add_key(path, "scraper", ["metrics"]),
+    }
+    bundle = handler_bundle(root / "bundle", HANDLER)
+    with ServerProcess([str(bundle), "--api-keys", path]) as server:
+        yield server, keys, path
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_rest_doors_need_a_key_with_their_scope(served):
+    server, keys, _ = served
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        bare = client.post("/invocations", json=BODY)
+        assert bare.status_code == 401 and bare.headers["www-authenticate"] == 'Bearer realm="tfservo"'
+        assert "Authorization: Bearer" in bare.json()["error"]
+        assert client.post("/invocations", json=BODY, headers=auth("tfsk_wrong")).status_code == 401
+        assert client.post("/invocations", json=BODY, headers=auth(keys["reader"])).status_code == 403
+        ok = client.post("/invocations", json=BODY, headers=auth(keys["invoker"]))
+        assert ok.status_code == 200 and ok.json() == {"predictions": [3.5, 4.0]}  # through the handler's own call
+        limited = client.post(f"/v1/models/{M}:predict", json=BODY, headers=auth(keys["other-model"]))
+        assert limited.status_code == 403 and "may not call model 'half_plus_three'" in limited.json()["error"]
+        assert client.post(f"/v1/models/{M}:predict", json=BODY, headers=auth(keys["invoker"])).status_code == 200
+        assert client.get(f"/v1/models/{M}", headers=auth(keys["invoker"])).status_code == 403  # no read scope
+        assert client.get(f"/v1/models/{M}", headers=auth(keys["reader"])).status_code == 200
+        assert client.get("/openapi.json").status_code == 401
+        assert client.get("/metrics", headers=auth(keys["reader"])).status_code == 403
+        scraped = client.get("/metrics", headers=auth(keys["scraper"]))
+        assert scraped.status_code == 200 and 'tfservo_auth_refused_total{reason="unauthenticated"}' in scraped.text
+        assert client.get("/ping").status_code == 200 and client.get("/v2/health/ready").status_code == 200
+        for hostile in ("Bearer " + "x" * 20000, "Basic Zm9vOmJhcg==", "Bearer", "Bearer \u00e9\u00e9".encode()):
+            answer = client.post("/invocations", json=BODY, headers={"Authorization": hostile})
+            assert answer.status_code == 401, hostile[:20]
+
+
+def test_tritonclient_passes_the_header_over_rest_and_grpc(served):
+    server, keys, _ = served
+    x = np.array([1.0, 2.0], np.float32)
+    rest = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    tensor = triton_http.InferInput("x", [2], "FP32")
+    tensor.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException):
+        rest.infer(M, [tensor])
+    answer = rest.infer(M, [tensor], headers=auth(keys["invoker"]))
+    assert answer.as_numpy("y").tolist() == [3.5, 4.0]
+    with triton_grpc.InferenceServerClient(server.grpc_target) as client:
+        tensor = triton_grpc.InferInput("x", [2], "FP32")
+        tensor.set_data_from_numpy(x)
+        with pytest.raises(InferenceServerException, match="UNAUTHENTICATED|API key"):
+            client.infer(M, [tensor])
+        bearer = {"authorization": f"Bearer {keys['invoker']}"}  # gRPC metadata keys are lower case
+        assert client.infer(M, [tensor], headers=bearer).as_numpy("y").tolist() == [3.5, 4.0]
+        assert client.is_server_live()  # open for probes
+
+
+def test_tf_serving_stubs_pass_the_key_as_metadata(served):
+    server, keys, _ = served
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        request = grpc_predict_request(M, np.array([1.0, 2.0], np.float32))
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Predict(request, timeout=30)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        answer = stub.Predict(request, timeout=30, metadata=[("authorization", f"Bearer {keys['invoker']}")])
+        assert list(answer.outputs["y"].float_val) == [3.5, 4.0]
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Predict(request, timeout=30, metadata=[("authorization", f"Bearer {keys['other-model']}")])
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        metadata = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        metadata.model_spec.name = M
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.GetModelMetadata(metadata, timeout=30, metadata=[("authorization", f"Bearer {keys['invoker']}")])
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED  # metadata needs the read scope
+        stub.GetModelMetadata(metadata, timeout=30, metadata=[("authorization", f"Bearer {keys['reader']}")])
+
+
+def test_a_rotated_key_is_refused_and_its_successor_taken_without_a_restart(served):
+    server, keys, path = served
+    new = add_key(path, "invoker-2", ["invoke"])
+    os.utime(path, (time.time() + 5, time.time() + 5))
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        deadline = time.monotonic() + 10
+        while client.post(f"/v1/models/{M}:predict", json=BODY, headers=auth(new)).status_code != 200:
+            assert time.monotonic() < deadline, "the new key was never taken"
+            time.sleep(0.3)
+    output = server.output
+    assert "refused unauthenticated" in output and "refused forbidden" in output and "key=other-model" in output
+    for key in [*keys.values(), new]:
+        assert key not in output
