@@ -230,6 +230,7 @@ class Settings:
         help="Request bodies read and decoded at once, per worker, in MB; past it a request gets "
         "503 with Retry-After [default: an eighth of the memory available at start, shared by the workers].")
     execution_parameters: Mapping[str, object] = field(default_factory=dict)  # (env)
+    in_sagemaker: bool = False  # (env: SAGEMAKER_BIND_TO_PORT) the platform in front authenticates callers
     # SageMaker's runtime API (/endpoints/NAME/invocations): the endpoint this server is (None:
     # answer to any name) and its production variant
     endpoint_name: str | None = setting(
@@ -514,6 +515,7 @@ def resolve_settings(
             bool(flags.get("batching_eager")),
         ),
         execution_parameters=execution_parameters_from_env(env),
+        in_sagemaker="SAGEMAKER_BIND_TO_PORT" in env,
         archive_limits=archive_limits_from_env(env),
         **value,
     )

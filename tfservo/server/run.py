@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from starlette.types import ASGIApp
 
+from tfservo.auth.doors import log_access
 from tfservo.core.errors import ServingError
 from tfservo.core.memory import resident_bytes
 from tfservo.core.settings import Settings
@@ -271,6 +272,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
 
 
 def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
+    log_access(settings)  # before the "serving" line that says the worker is ready
     log.info(
         "serving %s on %s://%s:%d (models: %s; default: %s; pid %d of %d workers; batching: %s; memory %.0f MB)",
         ", ".join(settings.paths)
