@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tfservo.auth.throttle import FailureThrottle
 from tfservo.auth.watched import WatchedFile
 from tfservo.core.errors import InvalidArgument, PermissionDenied
 
@@ -85,6 +86,7 @@ class SigV4Verifier:
     def __init__(self, path: str, clock: type[datetime.datetime] = datetime.datetime) -> None:
         self._clock = clock
         self.file = WatchedFile(path, read_credentials, "sigv4 credentials")
+        self.throttle = FailureThrottle()  # peers that keep failing to sign wait
         log.info("sigv4: the SageMaker runtime API takes only requests signed with the %d key(s) in %s",
                  len(self.file.current()), path)
 

@@ -6,12 +6,13 @@ models is checked against the model the request names."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from tfservo.auth.keys import ApiKey, KeyRing, NotAllowed, Unauthenticated, bearer
+from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated, bearer
 from tfservo.core.errors import ServingError
 
 __all__ = ["METHOD_SCOPES", "KeyInterceptor"]
@@ -36,7 +37,7 @@ METHOD_SCOPES: dict[str, str | None] = {
 
 
 class KeyInterceptor(grpc.ServerInterceptor):
-    """Checks each call's key before its method runs."""
+    """Checks each call's key, in the call itself (where its peer is known), before its method runs."""
 
     def __init__(self, ring: KeyRing, on_refused: Callable[[str], None] = lambda reason: None) -> None:
         self.ring = ring
@@ -49,46 +50,53 @@ class KeyInterceptor(grpc.ServerInterceptor):
         if needed is None or handler is None or handler.unary_unary is None:
             return handler
         presented = next((value for key, value in details.invocation_metadata or () if key == "authorization"), None)
-        try:
-            key = self.ring.authenticate(bearer(presented if isinstance(presented, str) else None))
-        except Unauthenticated as exc:
-            return self._refusal(exc, method, needed, "-")
-        try:
-            self.ring.authorize(key, needed, None)
-        except NotAllowed as exc:
-            return self._refusal(exc, method, needed, key.name)
-        if key.models is None or needed != "invoke":
-            return handler
-        return self._model_checked(handler, key, method)
-
-    def _model_checked(self, handler: Any, key: ApiKey, method: str) -> Any:
-        """`handler`, refusing requests for a model the key may not call."""
+        token = bearer(presented if isinstance(presented, str) else None)
         inner = handler.unary_unary
 
         def behavior(request: Any, context: grpc.ServicerContext) -> Any:
-            spec = getattr(request, "model_spec", None)
-            model = getattr(spec, "name", None) or getattr(request, "model_name", None)
-            try:
-                self.ring.authorize(key, "invoke", model or None)
-            except NotAllowed as exc:
-                self._audit(exc, method, "invoke", key.name, context.peer())
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
+            self._check(token, needed, method, request, context)
             return inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(
             behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
 
-    def _refusal(self, exc: ServingError, method: str, needed: str, key: str) -> Any:
-        code = grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, Unauthenticated) else grpc.StatusCode.PERMISSION_DENIED
+    def _check(self, token: str | None, needed: str, method: str, request: Any, context: grpc.ServicerContext) -> None:
+        """Abort the call unless its key may: throttled peers first, then the key, its scope and model."""
+        peer = _address(context.peer())
+        wait = self.ring.throttle.held(peer)
+        if wait:
+            audit.warning("refused throttled peer=%s grpc %s: %.0f s to wait", peer, method, wait)
+            self.on_refused("throttled")
+            context.set_trailing_metadata((("retry-after", str(math.ceil(wait))),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"too many failed authentications from {peer}: retry in {math.ceil(wait)} s")
+        try:
+            key = self.ring.authenticate(token)
+        except Unauthenticated as exc:
+            self.ring.throttle.failed(peer)
+            self._refuse(context, exc, grpc.StatusCode.UNAUTHENTICATED, method, needed, "-", peer)
+        self.ring.throttle.succeeded(peer)
+        spec = getattr(request, "model_spec", None)
+        model = (getattr(spec, "name", None) or getattr(request, "model_name", None) or None) if needed == "invoke" else None
+        try:
+            self.ring.authorize(key, needed, model)
+        except NotAllowed as exc:
+            self._refuse(context, exc, grpc.StatusCode.PERMISSION_DENIED, method, needed, key.name, peer)
 
-        def refuse(request: Any, context: grpc.ServicerContext) -> Any:
-            self._audit(exc, method, needed, key, context.peer())
-            context.abort(code, exc.message)
-
-        return grpc.unary_unary_rpc_method_handler(refuse)
-
-    def _audit(self, exc: ServingError, method: str, needed: str, key: str, peer: str) -> None:
-        reason = "unauthenticated" if isinstance(exc, Unauthenticated) else "forbidden"
+    def _refuse(self, context: grpc.ServicerContext, exc: ServingError, code: grpc.StatusCode, method: str,
+                needed: str, key: str, peer: str) -> None:
+        reason = "unauthenticated" if code == grpc.StatusCode.UNAUTHENTICATED else "forbidden"
         audit.warning("refused %s peer=%s key=%s grpc %s scope=%s: %s", reason, peer, key, method, needed, exc.message)
         self.on_refused(reason)
+        context.abort(code, exc.message)
+
+
+def _address(peer: str) -> str:
+    """A gRPC peer ("ipv4:1.2.3.4:5678", "ipv6:[::1]:5678", "unix:...") as its address alone."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return peer

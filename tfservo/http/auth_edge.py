@@ -8,6 +8,7 @@ error shape alike — with one audit line each; the key never appears in either.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import orjson
@@ -34,7 +35,7 @@ class KeyCheck:
         self.ring = ring
         self.scopes = scopes
         self.default_model = default_model
-        self.on_refused = on_refused  # ("unauthenticated" | "forbidden"): the metric
+        self.on_refused = on_refused  # ("unauthenticated" | "forbidden" | "throttled"): the metric
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,11 +50,18 @@ class KeyCheck:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
         model = params.get("name") or (self._invoked_model(scope) if needed == "invoke" else None)
+        peer = (scope.get("client") or ("-", 0))[0]
+        wait = self.ring.throttle.held(peer)
+        if wait:
+            await self._slow_down(scope, send, peer, wait)
+            return
         try:
             key = self.ring.authenticate(bearer(authorization))
         except Unauthenticated as exc:
+            self.ring.throttle.failed(peer)
             await self._refuse(scope, send, exc, "-", needed, model)
             return
+        self.ring.throttle.succeeded(peer)
         try:
             self.ring.authorize(key, needed, model)
         except NotAllowed as exc:
@@ -78,6 +86,16 @@ class KeyCheck:
         if unauthenticated:
             headers.append((b"www-authenticate", b'Bearer realm="tfservo"'))
         await send({"type": "http.response.start", "status": 401 if unauthenticated else 403, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _slow_down(self, scope: Scope, send: Send, peer: str, wait: float) -> None:
+        """429 with Retry-After for a peer that keeps failing: its key is not even looked at."""
+        audit.warning("refused throttled peer=%s %s %s: %.0f s to wait", peer, scope["method"], scope["path"], wait)
+        self.on_refused("throttled")
+        body = orjson.dumps({"error": f"too many failed authentications from {peer}: retry in {math.ceil(wait)} s"})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"retry-after", str(math.ceil(wait)).encode())]
+        await send({"type": "http.response.start", "status": 429, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     def _invoked_model(self, scope: Scope) -> str | None:

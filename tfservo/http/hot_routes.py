@@ -147,16 +147,25 @@ def verify_signature(verifier: SigV4Verifier, scope: Scope, body: bytes) -> None
     fails, after one audit line naming the peer, the key id and why; never the signature)."""
     from tfservo.auth.sigv4 import SignatureRefused
 
+    peer = (scope.get("client") or ("-", 0))[0]
+    wait = verifier.throttle.held(peer)
+    if wait:
+        audit_log.warning("refused throttled peer=%s path=%s: %.0f s to wait", peer, scope["path"], wait)
+        refused = SignatureRefused("ThrottlingException", f"too many failed signatures from {peer}: retry in "
+                                   f"{math.ceil(wait)} s", 429)
+        refused.retry_after = wait
+        raise refused
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
     raw_path = scope.get("raw_path") or scope["path"].encode()
     try:
         key = verifier.verify(scope["method"], raw_path.decode("latin-1"), scope.get("query_string", b"").decode("latin-1"),
                               headers, body)
     except SignatureRefused as exc:
-        client = scope.get("client") or ("-", 0)
-        audit_log.warning("refused sigv4 peer=%s key=%s path=%s error=%s: %s", client[0], exc.key or "-",
+        verifier.throttle.failed(peer)
+        audit_log.warning("refused sigv4 peer=%s key=%s path=%s error=%s: %s", peer, exc.key or "-",
                           scope["path"], exc.error_type, exc.message)
         raise
+    verifier.throttle.succeeded(peer)
     audit_log.debug("sigv4 key=%s (%s) path=%s", key.access_key, key.name, scope["path"])
 
 
