@@ -49,7 +49,7 @@ def mme():
 
 
 def test_start_errors_are_clear(tmp_path):
-    done = run_cli(["serve", "--multi-model", "--model-root", str(tmp_path / "none"), "--port", "0"])
+    done = run_cli(["serve", "--multi-model", "--model-root", str(tmp_path / "none"), "--port", "0", "--grpc-port", "0"])
     assert done.returncode != 0
     assert f"multi-model root {tmp_path / 'none'} is not a directory" in done.stderr.decode()
     with pytest.raises(ConfigError, match="multi-model mode starts with no models, but PATH"):
