@@ -1,5 +1,5 @@
-"""API keys on a real `tfservo serve` (--api-keys): REST with httpx and tritonclient, gRPC with
-TF Serving's stubs and tritonclient — no key, a key without the scope, a key limited to another
+"""API keys on a real `tfservo serve` (--api-keys): REST with httpx, tritonclient and KServe's
+client, gRPC with TF Serving's stubs, tritonclient and KServe's client — no key, a key without the scope, a key limited to another
 model, a rotated key — each refused in its protocol's shape; health probes stay open; a
 handler's own calls to context.rest_uri still work; audit lines, and no key in any of them."""
 
@@ -16,7 +16,12 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from conftest import SMC, grpc_predict_request, handler_bundle
 from server_process import ServerProcess
-from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    model_management_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2_grpc,
+)
 from tritonclient.utils import InferenceServerException
 
 from tfservo.auth.keys import add_key
@@ -44,6 +49,7 @@ def served(tmp_path_factory):
         "reader": add_key(path, "reader", ["read"]),
         "other-model": add_key(path, "other-model", ["invoke", "read"], models=["another_model"]),
         "scraper": add_key(path, "scraper", ["metrics"]),
+        "manager": add_key(path, "manager", ["manage"]),
     }
     bundle = handler_bundle(root / "bundle", HANDLER)
     with ServerProcess([str(bundle), "--api-keys", path]) as server:
@@ -99,6 +105,63 @@ def test_tritonclient_passes_the_header_over_rest_and_grpc(served):
         assert client.is_server_live()  # open for probes
 
 
+# In its own process: kserve's generated V2 protos and tritonclient's clash in one interpreter.
+KSERVE_CLIENT = """
+import asyncio, json, sys
+import numpy as np
+from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
+
+url, grpc_target, model, key = sys.argv[1:5]
+
+def request():
+    tensor = InferInput("x", [2], "FP32")
+    tensor.set_data_from_numpy(np.array([1.0, 2.0], np.float32), binary_data=False)
+    return InferRequest(model, [tensor])
+
+async def main():
+    out = {}
+    rest = InferenceRESTClient(RESTConfig(protocol="v2", retries=0, timeout=60))
+    try:
+        try:
+            await rest.infer(url, request(), model_name=model)
+            out["rest-bare"] = "answered"
+        except Exception as exc:
+            out["rest-bare"] = str(exc)
+        answer = await rest.infer(url, request(), model_name=model, headers={"Authorization": f"Bearer {key}"})
+        out["rest"] = answer.outputs[0].data
+    finally:
+        await rest.close()
+    client = InferenceGRPCClient(grpc_target, retries=0, timeout=60)
+    try:
+        try:
+            await client.infer(request())
+            out["grpc-bare"] = "answered"
+        except Exception as exc:
+            out["grpc-bare"] = str(exc)
+        answer = await client.infer(request(), headers=[("authorization", f"Bearer {key}")])
+        out["grpc"] = [float(v) for v in answer.outputs[0].as_numpy().tolist()]
+    finally:
+        await client.close()
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+def test_the_kserve_client_passes_the_header_over_rest_and_grpc(served):
+    import json
+    import subprocess
+    import sys
+
+    server, keys, _ = served
+    done = subprocess.run([sys.executable, "-c", KSERVE_CLIENT, server.url, server.grpc_target, M, keys["invoker"]],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "401" in got["rest-bare"] and "UNAUTHENTICATED" in got["grpc-bare"]
+    assert got["rest"] == got["grpc"] == [3.5, 4.0]
+
+
 def test_tf_serving_stubs_pass_the_key_as_metadata(served):
     server, keys, _ = served
     with grpc.insecure_channel(server.grpc_target) as channel:
@@ -118,6 +181,29 @@ def test_tf_serving_stubs_pass_the_key_as_metadata(served):
             stub.GetModelMetadata(metadata, timeout=30, metadata=[("authorization", f"Bearer {keys['invoker']}")])
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED  # metadata needs the read scope
         stub.GetModelMetadata(metadata, timeout=30, metadata=[("authorization", f"Bearer {keys['reader']}")])
+
+
+def test_management_needs_the_manage_scope_and_names_the_key_in_its_audit_line(served):
+    server, keys, _ = served
+    config = model_management_pb2.ReloadConfigRequest()
+    entry = config.config.model_config_list.config.add()
+    entry.name, entry.base_path = M, str(MODEL)  # a served name: refused, so the server is unchanged
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.HandleReloadConfigRequest(config, timeout=30, metadata=[("authorization", f"Bearer {keys['invoker']}")])
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.HandleReloadConfigRequest(config, timeout=30, metadata=[("authorization", f"Bearer {keys['manager']}")])
+        assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        answer = client.post(f"/v2/repository/models/{M}/load", headers=auth(keys["manager"]))
+        assert answer.status_code == 400  # one bundle served: no repository to load from
+    output = server.output
+    assert ("manage peer=127.0.0.1 who=manager grpc /tensorflow.serving.ModelService/HandleReloadConfigRequest "
+            f"model={M} outcome=ALREADY_EXISTS") in output
+    assert f"manage peer=127.0.0.1 who=manager http POST /v2/repository/models/{{name}}/load model={M} outcome=400" in output
+    assert "who=invoker grpc" not in output  # refused before the method: a refusal line instead
 
 
 def test_a_rotated_key_is_refused_and_its_successor_taken_without_a_restart(served):

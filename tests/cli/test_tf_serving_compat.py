@@ -21,6 +21,7 @@ import pytest
 from certificates import certificates
 from conftest import TFS, grpc_predict_request, tfs_grpc, write_code
 from server_process import ServerProcess
+from tensorflow_serving.apis import model_management_pb2
 
 from tfservo.cli.tfs import parse_tfs_args, settings_from_tfs_args
 from tfservo.core.settings import ConfigError
@@ -121,9 +122,13 @@ def test_tf_serving_clients_talk_to_it(tfs):
         listing = http.get("/v1/models").json()
         assert listing["models"][0]["name"] == "half_plus_two"
         assert listing["models"][0]["model_version_status"][0]["state"] == "AVAILABLE"
-    with tfs_grpc(tfs.grpc_target) as (predict, _):
+    with tfs_grpc(tfs.grpc_target) as (predict, models):
         answer = predict.Predict(grpc_predict_request("half_plus_two", np.array([4.0], np.float32)), timeout=30)
         assert list(answer.outputs["y"].float_val) == [4.0]
+        # on every interface with no --api_keys, TF Serving's reload is off until --management=on
+        with pytest.raises(grpc.RpcError) as caught:
+            models.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED and "--management on" in caught.value.details()
 
 
 def test_grpc_on_a_unix_socket_answers_every_service(tfs):
@@ -221,9 +226,13 @@ def test_its_lone_worker_killed_is_replaced_and_both_ports_answer_again(tfs):
     while "starting a new one" not in tfs.output and time.monotonic() < deadline:
         time.sleep(0.1)
     assert f"worker {worker} was killed by SIGKILL; starting a new one" in tfs.output
-    with tfs_grpc(tfs.grpc_target) as (predict, _):
+    with tfs_grpc(tfs.grpc_target) as (predict, models):
         answer = predict.Predict(grpc_predict_request("half_plus_two", np.array([4.0], np.float32)), timeout=30)
         assert list(answer.outputs["y"].float_val) == [4.0]
+        # on every interface with no --api_keys, TF Serving's reload is off until --management=on
+        with pytest.raises(grpc.RpcError) as caught:
+            models.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED and "--management on" in caught.value.details()
 
 
 # -- time limits ------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ naming the flag or variable; the CLI turns it into a message and an exit status.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,6 +41,7 @@ __all__ = [
     "environment",
     "log_level_from_env",
     "execution_parameters_from_env",
+    "is_loopback",
     "options",
     "parse_version_labels",
     "resolve_batching",
@@ -243,14 +245,25 @@ class Settings:
         "[default: $TFSERVO_VARIANT_NAME or AllTraffic].")
     sigv4_credentials: str | None = setting(
         None, "--sigv4-credentials", env="TFSERVO_SIGV4_CREDENTIALS", existing_file=True, metavar="FILE",
+        tfs=TfsFlag("sigv4_credentials", ""),
         help="SageMaker runtime API: accept only requests signed (AWS SigV4, service sagemaker) with a key in FILE, "
         "an AWS shared-credentials file ([profile] with aws_access_key_id and aws_secret_access_key), re-read "
         "when it changes [default: $TFSERVO_SIGV4_CREDENTIALS, else unsigned requests are served].")
     api_keys: str | None = setting(
-        None, "--api-keys", env="TFSERVO_API_KEYS", existing_file=True, metavar="FILE",
+        None, "--api-keys", env="TFSERVO_API_KEYS", existing_file=True, metavar="FILE", tfs=TfsFlag("api_keys", ""),
         help="Require an API key (Authorization: Bearer KEY, over HTTP and gRPC metadata) with the route's scope "
         "on every door but health probes and the runtime API; FILE holds the keys' hashes (tfservo keys new), "
         "re-read when it changes [default: $TFSERVO_API_KEYS, else no keys].")
+    management: str = setting(
+        "auto", "--management", env="TFSERVO_MANAGEMENT", choices=("auto", "on", "off"),
+        tfs=TfsFlag("management", ""),
+        help="The model-management APIs (POST/DELETE /models, V2's repository load/unload, TF Serving's "
+        "HandleReloadConfigRequest). auto: on when listening on loopback only, with --api-keys (scope manage) "
+        "or in SageMaker's multi-model container (SAGEMAKER_MULTI_MODEL=true), else off; on; off "
+        "[default: $TFSERVO_MANAGEMENT or auto].")
+    # SAGEMAKER_MULTI_MODEL=true: SageMaker's multi-model contract, where the platform loads models
+    # and authenticates callers (management stays on under --management auto)
+    sagemaker_multi_model: bool = False
     # SageMaker Data Capture (the DataCaptureConfig of CreateEndpointConfig)
     data_capture_config: str | None = setting(
         None, "--data-capture-config", env="TFSERVO_DATA_CAPTURE_CONFIG", existing_file=True, metavar="FILE",
@@ -360,6 +373,19 @@ class Settings:
         """--max-decoding-mb in bytes; None: the front door derives it from the memory available."""
         return int(self.max_decoding_mb * 2**20) if self.max_decoding_mb > 0 else None
 
+    def management_open(self) -> tuple[bool, str]:
+        """Whether the model-management APIs are served, and why (the start-up line says it)."""
+        if self.management != "auto":
+            return self.management == "on", f"--management {self.management}"
+        if self.api_keys:
+            return True, "keys with scope manage (--api-keys)"
+        if self.sagemaker_multi_model:
+            return True, "SageMaker's multi-model container (SAGEMAKER_MULTI_MODEL=true)"
+        hosts = {self.host} | ({self.grpc_host or self.host} if self.grpc_port is not None else set())
+        if all(is_loopback(host) for host in hosts):
+            return True, "listening on loopback only"
+        return False, f"listening on {', '.join(sorted(hosts))} without --api-keys"
+
     def replace(self, **changes: object) -> Settings:
         """A copy with some fields changed (e.g. a loopback server's host and ports)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -426,7 +452,19 @@ def _from_env(option: Option, env: Mapping[str, str]) -> Any:
     return None, None
 
 
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on is reachable from this host only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: whatever it resolves to may be reachable
+        return False
+
+
 def _check(option: Option, value: Any, source: str) -> Any:
+    if option.choices is not None and value is not None and value not in option.choices:
+        raise ConfigError(f"{source} is one of {', '.join(option.choices)}, got {value!r}")
     if option.check is None or value is None:
         return value
     if option.check == "at_least_one" and value < 1:
@@ -516,6 +554,7 @@ def resolve_settings(
         ),
         execution_parameters=execution_parameters_from_env(env),
         in_sagemaker="SAGEMAKER_BIND_TO_PORT" in env,
+        sagemaker_multi_model=bool(value["multi_model"]) and _env_bool(env, "SAGEMAKER_MULTI_MODEL", False) is True,
         archive_limits=archive_limits_from_env(env),
         **value,
     )

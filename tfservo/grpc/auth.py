@@ -12,27 +12,26 @@ from typing import Any
 
 import grpc
 
+from tfservo.auth.audit import caller
 from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated, bearer
 from tfservo.core.errors import ServingError
+from tfservo.grpc.health import HEALTH_METHODS
+from tfservo.grpc.methods import method_scopes, peer_address
+from tfservo.grpc.tfserving import MODEL_METHODS, MODEL_SERVICE, PREDICTION_METHODS, PREDICTION_SERVICE
+from tfservo.grpc.v2 import V2_METHODS
+from tfservo.grpc.v2_protocol import SERVICE as V2_SERVICE
 
 __all__ = ["METHOD_SCOPES", "KeyInterceptor"]
 
 audit = logging.getLogger("tfservo.audit")
 
-# The scope each method needs, by its full name; methods not listed need "read", health is open.
+# The scope each method needs, by its full name, from the services' declarations; methods not
+# listed (the profiler's) need "read".
 METHOD_SCOPES: dict[str, str | None] = {
-    "/tensorflow.serving.PredictionService/Predict": "invoke",
-    "/tensorflow.serving.PredictionService/Classify": "invoke",
-    "/tensorflow.serving.PredictionService/Regress": "invoke",
-    "/tensorflow.serving.PredictionService/MultiInference": "invoke",
-    "/tensorflow.serving.ModelService/HandleReloadConfigRequest": "manage",
-    "/inference.GRPCInferenceService/ModelInfer": "invoke",
-    "/inference.GRPCInferenceService/RepositoryModelLoad": "manage",
-    "/inference.GRPCInferenceService/RepositoryModelUnload": "manage",
-    "/inference.GRPCInferenceService/ServerLive": None,
-    "/inference.GRPCInferenceService/ServerReady": None,
-    "/grpc.health.v1.Health/Check": None,
-    "/grpc.health.v1.Health/Watch": None,
+    **method_scopes(PREDICTION_SERVICE, PREDICTION_METHODS),
+    **method_scopes(MODEL_SERVICE, MODEL_METHODS),
+    **method_scopes(V2_SERVICE, V2_METHODS),
+    **{f"/grpc.health.v1.Health/{name}": None for name in HEALTH_METHODS},
 }
 
 
@@ -54,16 +53,20 @@ class KeyInterceptor(grpc.ServerInterceptor):
         inner = handler.unary_unary
 
         def behavior(request: Any, context: grpc.ServicerContext) -> Any:
-            self._check(token, needed, method, request, context)
-            return inner(request, context)
+            who = caller.set(self._check(token, needed, method, request, context))
+            try:
+                return inner(request, context)
+            finally:
+                caller.reset(who)
 
         return grpc.unary_unary_rpc_method_handler(
             behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
 
-    def _check(self, token: str | None, needed: str, method: str, request: Any, context: grpc.ServicerContext) -> None:
-        """Abort the call unless its key may: throttled peers first, then the key, its scope and model."""
-        peer = _address(context.peer())
+    def _check(self, token: str | None, needed: str, method: str, request: Any, context: grpc.ServicerContext) -> str:
+        """Abort the call unless its key may (throttled peers first, then the key, its scope and
+        model); the key's name."""
+        peer = peer_address(context.peer())
         wait = self.ring.throttle.held(peer)
         if wait:
             audit.warning("refused throttled peer=%s grpc %s: %.0f s to wait", peer, method, wait)
@@ -83,6 +86,7 @@ class KeyInterceptor(grpc.ServerInterceptor):
             self.ring.authorize(key, needed, model)
         except NotAllowed as exc:
             self._refuse(context, exc, grpc.StatusCode.PERMISSION_DENIED, method, needed, key.name, peer)
+        return key.name
 
     def _refuse(self, context: grpc.ServicerContext, exc: ServingError, code: grpc.StatusCode, method: str,
                 needed: str, key: str, peer: str) -> None:
@@ -90,13 +94,3 @@ class KeyInterceptor(grpc.ServerInterceptor):
         audit.warning("refused %s peer=%s key=%s grpc %s scope=%s: %s", reason, peer, key, method, needed, exc.message)
         self.on_refused(reason)
         context.abort(code, exc.message)
-
-
-def _address(peer: str) -> str:
-    """A gRPC peer ("ipv4:1.2.3.4:5678", "ipv6:[::1]:5678", "unix:...") as its address alone."""
-    kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        return rest.rsplit(":", 1)[0]
-    if kind == "ipv6":
-        return rest.rsplit(":", 1)[0].strip("[]")
-    return peer

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import grpc
 
+from tfservo.auth.audit import ManagementGate
 from tfservo.core.request_labels import plain_scope
 from tfservo.core.service import ModelService
 from tfservo.core.settings import Settings
@@ -38,6 +39,7 @@ def start_grpc(
     if settings.grpc_port is None:
         return None
     host = settings.grpc_host or settings.host
+    gate = ManagementGate(settings, metrics.management_action if metrics is not None else lambda door, outcome: None)
     server = GrpcServer(
         service.api,
         host=host,
@@ -51,10 +53,11 @@ def start_grpc(
         socket_path=settings.grpc_socket_path,
         options=server_options(settings),
         interceptors=_key_check(settings, metrics),
+        gate=gate,
     )
     from tfservo.grpc.v2 import v2_handler
 
-    server.add_service(v2_handler(v2, metrics.v2_scope if metrics is not None else plain_scope))
+    server.add_service(v2_handler(v2, metrics.v2_scope if metrics is not None else plain_scope, gate))
     if settings.profiler:
         from tfservo.grpc.profiler import profiler_handler
 

@@ -12,7 +12,9 @@ from grpc_health.v1 import health, health_pb2
 from tfservo.core.errors import ServingError
 from tfservo.models.servables import ModelManager, State
 
-__all__ = ["HealthService"]
+__all__ = ["HEALTH_METHODS", "HealthService"]
+
+HEALTH_METHODS = ("Check", "Watch")  # open to all: probes carry no key
 
 
 class HealthService(health.HealthServicer):

@@ -30,6 +30,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
+from tfservo.auth.audit import ManagementGate
 from tfservo.codecs.results import classification_result_proto, regression_result_proto
 from tfservo.codecs.tensor_proto import MAX_FILL_BYTES, to_ndarray, write_tensor_proto
 from tfservo.core import deadlines, tracing
@@ -37,6 +38,7 @@ from tfservo.core.api import TFServingAPI
 from tfservo.core.dataplane import Answer, Classification, ExamplesCall, Regression
 from tfservo.core.errors import Code, InvalidArgument, ServingError, Unavailable, Unimplemented
 from tfservo.core.request_labels import RequestScope, plain_scope
+from tfservo.grpc.methods import Method, UndecodableRequest, service_handler
 from tfservo.models.servables import ServableVersion
 from tfservo.models.signatures import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
 from tfservo.models.warmup import serialized_examples  # Input → tf.Examples, shared with warmup replay
@@ -48,7 +50,8 @@ __all__ = [
     "grpc_status",
     "GrpcCalls",
     "GrpcServer",
-    "service_handler",
+    "MODEL_METHODS",
+    "PREDICTION_METHODS",
     "ModelServicer",
     "PredictionServicer",
     "ReloadConfig",
@@ -59,6 +62,20 @@ log = logging.getLogger("tfservo.grpc")
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
 SIGNATURE_DEF_FIELD = "signature_def"
+
+PREDICTION_METHODS = (
+    Method("Predict", predict_pb2.PredictRequest, predict_pb2.PredictResponse, "invoke"),
+    Method("Classify", classification_pb2.ClassificationRequest, classification_pb2.ClassificationResponse, "invoke"),
+    Method("Regress", regression_pb2.RegressionRequest, regression_pb2.RegressionResponse, "invoke"),
+    Method("MultiInference", inference_pb2.MultiInferenceRequest, inference_pb2.MultiInferenceResponse, "invoke"),
+    Method("GetModelMetadata", get_model_metadata_pb2.GetModelMetadataRequest,
+           get_model_metadata_pb2.GetModelMetadataResponse),
+)
+MODEL_METHODS = (
+    Method("GetModelStatus", get_model_status_pb2.GetModelStatusRequest, get_model_status_pb2.GetModelStatusResponse),
+    Method("HandleReloadConfigRequest", model_management_pb2.ReloadConfigRequest,
+           model_management_pb2.ReloadConfigResponse, "manage"),
+)
 
 # Applies a ModelServerConfig (HandleReloadConfigRequest); None while no one can reload models.
 ReloadConfig = Callable[[Any], None]
@@ -94,44 +111,6 @@ def grpc_status(code: Code | int) -> grpc.StatusCode:
         return grpc.StatusCode[Code(code).name]
     except (ValueError, KeyError):
         return grpc.StatusCode.UNKNOWN
-
-
-class UndecodableRequest:
-    """What a request's bytes became when they are not the message the method takes."""
-
-    __slots__ = ("message",)
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-
-def _tolerant(message_class: Any) -> Callable[[bytes], Any]:
-    """A request deserializer that never raises: grpc answers INTERNAL for a deserializer that
-    does, where a client's bad bytes are INVALID_ARGUMENT."""
-    name = message_class.DESCRIPTOR.full_name
-
-    def parse(data: bytes) -> Any:
-        try:
-            return message_class.FromString(data)
-        except Exception as exc:
-            return UndecodableRequest(f"The request is not a valid {name} ({exc}); send a serialized {name}")
-
-    return parse
-
-
-def service_handler(service: str, servicer: Any, methods: dict[str, tuple[Any, Any]]) -> grpc.GenericRpcHandler:
-    """The unary methods of `service` on `servicer`, with tolerant request deserializers."""
-    return grpc.method_handlers_generic_handler(
-        service,
-        {
-            name: grpc.unary_unary_rpc_method_handler(
-                getattr(servicer, name),
-                request_deserializer=_tolerant(request),
-                response_serializer=response.SerializeToString,
-            )
-            for name, (request, response) in methods.items()
-        },
-    )
 
 
 class GrpcCalls:
@@ -324,7 +303,8 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
 
 
 class GrpcServer:
-    """TF Serving's gRPC services on one port, answered by a thread pool."""
+    """TF Serving's gRPC services on one port, answered by a thread pool; `gate` decides and
+    records its management method (None: open, unrecorded)."""
 
     def __init__(
         self,
@@ -342,6 +322,7 @@ class GrpcServer:
         socket_path: str | None = None,
         options: Sequence[tuple[str, int | str]] = (),
         interceptors: Sequence[grpc.ServerInterceptor] = (),
+        gate: ManagementGate | None = None,
     ) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc"),
@@ -357,21 +338,9 @@ class GrpcServer:
             ],
         )
         self._server.add_generic_rpc_handlers((
-            service_handler(PREDICTION_SERVICE, PredictionServicer(api, scope, max(MAX_FILL_BYTES, max_message_bytes)), {
-                "Predict": (predict_pb2.PredictRequest, predict_pb2.PredictResponse),
-                "Classify": (classification_pb2.ClassificationRequest, classification_pb2.ClassificationResponse),
-                "Regress": (regression_pb2.RegressionRequest, regression_pb2.RegressionResponse),
-                "MultiInference": (inference_pb2.MultiInferenceRequest, inference_pb2.MultiInferenceResponse),
-                "GetModelMetadata": (
-                    get_model_metadata_pb2.GetModelMetadataRequest, get_model_metadata_pb2.GetModelMetadataResponse,
-                ),
-            }),
-            service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), {
-                "GetModelStatus": (get_model_status_pb2.GetModelStatusRequest, get_model_status_pb2.GetModelStatusResponse),
-                "HandleReloadConfigRequest": (
-                    model_management_pb2.ReloadConfigRequest, model_management_pb2.ReloadConfigResponse,
-                ),
-            }),
+            service_handler(PREDICTION_SERVICE, PredictionServicer(api, scope, max(MAX_FILL_BYTES, max_message_bytes)),
+                            PREDICTION_METHODS),
+            service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), MODEL_METHODS, gate),
         ))
         from grpc_health.v1 import health_pb2_grpc
 

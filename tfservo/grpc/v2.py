@@ -10,14 +10,16 @@ from typing import Any
 import grpc
 import numpy as np
 
+from tfservo.auth.audit import ManagementGate
 from tfservo.codecs.v2 import DTYPE_OF_V2, V2Error, decode_inputs, encode_outputs
 from tfservo.core.dataplane import parse_version
 from tfservo.core.request_labels import RequestScope, plain_scope
 from tfservo.core.v2_dataplane import InferRequest, V2DataPlane
-from tfservo.grpc.tfserving import GrpcCalls, service_handler
+from tfservo.grpc.methods import Method, service_handler
+from tfservo.grpc.tfserving import GrpcCalls
 from tfservo.grpc.v2_protocol import SERVICE, messages
 
-__all__ = ["V2Servicer", "v2_handler"]
+__all__ = ["V2_METHODS", "V2Servicer", "v2_handler"]
 
 _CONTENTS = {  # V2 datatype → InferTensorContents field
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
@@ -135,18 +137,18 @@ class V2Servicer:
         return answer
 
 
-def v2_handler(plane: V2DataPlane, scope: RequestScope = plain_scope) -> grpc.GenericRpcHandler:
+V2_METHODS = (
+    *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], None) for name in ("ServerLive", "ServerReady")),
+    *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"])
+      for name in ("ModelReady", "ServerMetadata", "ModelMetadata", "RepositoryIndex")),
+    Method("ModelInfer", messages["ModelInferRequest"], messages["ModelInferResponse"], "invoke"),
+    *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], "manage")
+      for name in ("RepositoryModelLoad", "RepositoryModelUnload")),
+)
+
+
+def v2_handler(
+    plane: V2DataPlane, scope: RequestScope = plain_scope, gate: ManagementGate | None = None,
+) -> grpc.GenericRpcHandler:
     """The V2 service as a generic handler for GrpcServer."""
-    calls = {
-        "ServerLive": ("ServerLiveRequest", "ServerLiveResponse"),
-        "ServerReady": ("ServerReadyRequest", "ServerReadyResponse"),
-        "ModelReady": ("ModelReadyRequest", "ModelReadyResponse"),
-        "ServerMetadata": ("ServerMetadataRequest", "ServerMetadataResponse"),
-        "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
-        "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
-        "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
-        "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
-        "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
-    }
-    return service_handler(SERVICE, V2Servicer(plane, scope),
-                           {rpc: (messages[req], messages[resp]) for rpc, (req, resp) in calls.items()})
+    return service_handler(SERVICE, V2Servicer(plane, scope), V2_METHODS, gate)

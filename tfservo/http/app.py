@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
+from tfservo.auth.audit import ManagementGate
 from tfservo.auth.sigv4 import SigV4Verifier
 from tfservo.core import tracing
 from tfservo.core.dataplane import METHODS, parse_version
@@ -30,8 +31,9 @@ from tfservo.http.call_placement import CallPlacement
 from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.docs_page import DocsPage
 from tfservo.http.hot_routes import HotRoutes
+from tfservo.http.management_edge import gated
 from tfservo.http.responses import error_response, internal_error, json_response
-from tfservo.http.routes import HotDispatch, starlette_routes
+from tfservo.http.routes import HotDispatch, RouteSpec, starlette_routes
 from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
 
@@ -102,11 +104,13 @@ class Pages:
     malformed paths, the model list, execution parameters and /openapi.json."""
 
     def __init__(
-        self, service: ModelService, execution_parameters: Mapping[str, object] | None, multi_model: bool
+        self, service: ModelService, execution_parameters: Mapping[str, object] | None, multi_model: bool,
+        *, management: bool = True,
     ) -> None:
         self.service = service
         self._execution_parameters = execution_parameters or {}
         self.multi_model = multi_model
+        self.management = management  # whether the management routes answer (and are documented)
 
     async def ping(self, request: Request) -> Response:
         missing = self.service.unavailable_models()
@@ -181,7 +185,7 @@ class Pages:
                         models[name] = sv.signatures.get(DEFAULT_SIGNATURE)
                 except ServingError:  # no AVAILABLE version now
                     models[name] = None
-            return openapi_document(models, multi_model=self.multi_model)
+            return openapi_document(models, multi_model=self.multi_model, management=self.management)
 
         return json_response(await _in_thread(document))
 
@@ -192,9 +196,11 @@ def build_app(
     targets: TargetModels | None = None,
     on_timeout: Callable[[str, str | None, float], None] | None = None,
     taps: Sequence[Tap] = (),
+    gate: ManagementGate | None = None,
 ) -> ServingApp:
     """The ASGI app serving `service`, with the limits, time limits and runtime-API identity of
-    its settings (the same for `serve` and for the loopback server in-process callers get).
+    its settings (the same for `serve` and for the loopback server in-process callers get);
+    `gate` decides and records its management routes (default: from the settings, no metric).
 
     Without batching, quick and small model calls run on the event loop (call_placement); with
     it, small predicts are queued from the loop and answered from the batch thread.
@@ -244,7 +250,8 @@ def build_app(
 
     groups: dict[str, Any] = {
         "hot": hot,
-        "pages": Pages(service, settings.execution_parameters, multi_model is not None),
+        "pages": Pages(service, settings.execution_parameters, multi_model is not None,
+                       management=settings.management_open()[0]),
         "v2": V2Routes(v2),
         "docs": DocsPage(),
     }
@@ -253,8 +260,13 @@ def build_app(
 
         groups["multi_model"] = MultiModelRoutes(multi_model)
     mm = multi_model is not None
+    gate = gate or ManagementGate(settings)
+
+    def guard(spec: RouteSpec, endpoint: Any) -> Any:
+        return gated(endpoint, gate, spec.name) if spec.scope == "manage" else endpoint
+
     starlette = Starlette(
-        routes=starlette_routes(groups, multi_model=mm),
+        routes=starlette_routes(groups, multi_model=mm, guard=guard),
         exception_handlers={HTTPException: not_found, Exception: server_error},  # type: ignore[dict-item]
     )
     starlette.router.redirect_slashes = False  # a redirect built from the client's Host header helps no one

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tfservo.auth.audit import caller
 from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated, bearer
 from tfservo.codecs.media_types import JSON
 from tfservo.core.custom_attributes import parse_custom_attributes
@@ -71,9 +72,11 @@ class KeyCheck:
         except NotAllowed as exc:
             await self._refuse(scope, send, exc, peer, key.name, needed, model)
             return
-        if needed == "manage":
-            audit.info("manage peer=%s key=%s %s %s model=%s", peer, key.name, scope["method"], scope["path"], model or "-")
-        await self.app(scope, receive, send)
+        who = caller.set(key.name)  # the management endpoints' audit lines name it
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            caller.reset(who)
 
     async def _refuse(
         self, scope: Scope, send: Send, exc: ServingError, peer: str, key: str, needed: str, model: str | None,

@@ -178,13 +178,15 @@ def _tfs_methods(sig: SignatureDef) -> dict[str, tuple[str, str]]:
     return methods
 
 
-def openapi_document(models: dict[str, SignatureDef | None], *, multi_model: bool = False) -> dict[str, Any]:
+def openapi_document(
+    models: dict[str, SignatureDef | None], *, multi_model: bool = False, management: bool = True,
+) -> dict[str, Any]:
     """The document for `models` (name → its serving_default signature, None while unavailable),
-    from the documented routes of routes.ROUTES."""
+    from the documented routes of routes.ROUTES (the management ones only while they answer)."""
     paths: dict[str, Any] = {}
     for spec in ROUTES:
         doc = spec.doc
-        if doc is None or (spec.multi_model and not multi_model):
+        if doc is None or (spec.multi_model and not multi_model) or (spec.scope == "manage" and not management):
             continue
         verb = spec.methods[0].lower()
         if not doc.per_model:

@@ -193,13 +193,16 @@ class _HotEndpoint:
         await self.handler(scope, receive, send)
 
 
-def starlette_routes(groups: Mapping[str, Any], *, multi_model: bool) -> list[BaseRoute]:
-    """The table's routes for Starlette, in order (hot ones too, see _HotEndpoint)."""
+def starlette_routes(
+    groups: Mapping[str, Any], *, multi_model: bool, guard: Callable[[RouteSpec, Any], Any] = lambda spec, endpoint: endpoint,
+) -> list[BaseRoute]:
+    """The table's routes for Starlette, in order (hot ones too, see _HotEndpoint); `guard`
+    gives each endpoint as it is served (the management gate wraps the "manage" ones)."""
     routes: list[BaseRoute] = []
     for spec in ROUTES:
         if not _served(spec, multi_model):
             continue
-        endpoint = _resolve(spec.endpoint, groups)
+        endpoint = guard(spec, _resolve(spec.endpoint, groups))
         if spec.mount:
             routes.append(Mount(spec.path, app=endpoint, name=spec.name))
             continue

@@ -54,7 +54,11 @@ class LoopbackServer:
         while not self._server.started and self._thread.is_alive():
             threading.Event().wait(0.01)
         self.service.rest_base = self.base_url
-        loopback = self.service.settings.replace(host="127.0.0.1", grpc_port=0, grpc_socket_path=None, api_keys=None)
+        settings = self.service.settings
+        # the server's own management choice, not "on" for being on loopback
+        management = "on" if settings.management_open()[0] else "off"
+        loopback = settings.replace(host="127.0.0.1", grpc_port=0, grpc_socket_path=None, api_keys=None,
+                                    management=management)
         self._grpc = start_grpc(self.service, loopback, log_level=logging.DEBUG, v2=self._app.hot.v2)
         return self
 

@@ -138,6 +138,10 @@ class Metrics:
             "tfservo_auth_refused", "Requests refused for their API key (--api-keys), by reason "
             "(unauthenticated: none or unknown; forbidden: not its scope or model)", ["reason"], registry=reg,
         )
+        self.management_actions = Counter(
+            "tfservo_management_actions", "Model-management calls (load, unload, reload config), by door and "
+            "outcome (an HTTP status or a gRPC code)", ["door", "outcome"], registry=reg,
+        )
         self.worker_memory = Gauge(
             "tfservo_worker_resident_bytes", "Resident memory of the worker process",
             multiprocess_mode="liveall", registry=reg,
@@ -217,6 +221,9 @@ class Metrics:
 
     def auth_refused(self, reason: str) -> None:
         self.auth_refusals.labels(reason).inc()
+
+    def management_action(self, door: str, outcome: str) -> None:
+        self.management_actions.labels(door, outcome).inc()
 
     def pool_queue(self, pool: str, change: int) -> None:
         """CallPlacement.on_queue: a call started (+1) or stopped (-1) waiting for a thread."""

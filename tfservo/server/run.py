@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from starlette.types import ASGIApp
 
+from tfservo.auth.audit import ManagementGate
 from tfservo.auth.doors import log_access
 from tfservo.core.errors import ServingError
 from tfservo.core.memory import resident_bytes
@@ -78,7 +79,8 @@ def start_worker(
             archive_limits=settings.archive_limits,
         )
     app = build_app(service, multi_model=multi_model, targets=targets, on_timeout=metrics.timeout,
-                    taps=payload_taps(settings, service, port, metrics.capture_event))
+                    taps=payload_taps(settings, service, port, metrics.capture_event),
+                    gate=ManagementGate(settings, metrics.management_action))
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app

@@ -1,0 +1,112 @@
+"""A gRPC service's methods, declared once each — name, messages and the API-key scope it
+needs — and served from that declaration: tolerant request decoding, and the management
+methods behind the ManagementGate (UNIMPLEMENTED while off, one audit line per call)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from tfservo.auth.audit import ManagementGate
+
+__all__ = ["Method", "UndecodableRequest", "method_scopes", "peer_address", "service_handler"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One unary method. `scope`: what an API key needs to call it (auth.keys.SCOPES), None: open
+    (health probes); "manage" methods answer only while model management is on."""
+
+    name: str
+    request: Any
+    response: Any
+    scope: str | None = "read"
+
+
+class UndecodableRequest:
+    """What a request's bytes became when they are not the message the method takes."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _tolerant(message_class: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises: grpc answers INTERNAL for a deserializer that
+    does, where a client's bad bytes are INVALID_ARGUMENT."""
+    name = message_class.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except Exception as exc:
+            return UndecodableRequest(f"The request is not a valid {name} ({exc}); send a serialized {name}")
+
+    return parse
+
+
+def method_scopes(service: str, methods: Sequence[Method]) -> dict[str, str | None]:
+    """Full method name → the scope it needs."""
+    return {f"/{service}/{method.name}": method.scope for method in methods}
+
+
+def service_handler(
+    service: str, servicer: Any, methods: Sequence[Method], gate: ManagementGate | None = None,
+) -> grpc.GenericRpcHandler:
+    """The methods of `service` on `servicer` (an attribute per method name)."""
+    handlers = {}
+    for method in methods:
+        behavior = getattr(servicer, method.name)
+        if method.scope == "manage" and gate is not None:
+            behavior = _gated(behavior, gate, f"/{service}/{method.name}")
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            behavior, request_deserializer=_tolerant(method.request), response_serializer=method.response.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(service, handlers)
+
+
+def _gated(behavior: Callable[[Any, grpc.ServicerContext], Any], gate: ManagementGate, action: str) -> Any:
+    if not gate.open:
+        def off(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, gate.off_message)
+
+        return off
+
+    def audited(request: Any, context: grpc.ServicerContext) -> Any:
+        peer, model = peer_address(context.peer()), _model_named(request)
+        try:
+            response = behavior(request, context)
+        except BaseException:
+            code = context.code()
+            gate.record("grpc", peer, action, model, code.name if isinstance(code, grpc.StatusCode) else "INTERNAL")
+            raise
+        status = getattr(response, "status", None)  # TF Serving's ReloadConfigResponse carries its outcome
+        failed = getattr(status, "error_code", 0)
+        gate.record("grpc", peer, action, model, grpc.StatusCode.OK.name if not failed else f"error_code={failed}")
+        return response
+
+    return audited
+
+
+def _model_named(request: Any) -> str | None:
+    """The model(s) a management request names: V2's model_name, the names in a ModelServerConfig."""
+    name = getattr(request, "model_name", None)
+    if isinstance(name, str) and name:
+        return name
+    config = getattr(request, "config", None)
+    listed = getattr(getattr(config, "model_config_list", None), "config", None)
+    return ",".join(entry.name for entry in listed) or None if listed is not None else None
+
+
+def peer_address(peer: str) -> str:
+    """A gRPC peer ("ipv4:1.2.3.4:5678", "ipv6:[::1]:5678", "unix:...") as its address alone."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return peer
