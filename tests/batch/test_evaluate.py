@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tfservo.batch.evaluation import evaluate, labels_from_file, labels_from_names, read_outputs
+from tfservo.batch.evaluation import Record, evaluate, labels_from_file, labels_from_names, read_outputs
 
 TFSERVO = str(Path(sys.executable).with_name("tfservo"))
 
@@ -85,4 +85,46 @@ def test_nothing_matched_fails_and_bad_arguments_are_usage_errors(tmp_path):
     assert run(str(out)).returncode == 2  # neither --labels nor --label-from-name
     (tmp_path / "empty").mkdir()
     assert "no .out files" in run(str(tmp_path / "empty"), "--label-from-name", "(x)").stderr
-    assert labels_from_names(["a/cat_1.png"], r"(?P<label>[a-z]+)_\d") == {"a/cat_1.png": "cat"}
+    assert labels_from_names(["a/cat_1.png"], r"(?P<label>[a-z]+)_\d") == ({"a/cat_1.png": "cat"}, "matched the input names")
+
+
+def dog_cat_bird(tmp_path: Path) -> Path:
+    """A dog,cat,bird model's outputs, every one right: scores in the model's order dog, cat, bird."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, cls in {"dog_1.png": 0, "cat_1.png": 1, "bird_1.png": 2}.items():
+        scores = [0.1, 0.1, 0.1]
+        scores[cls] = 0.8
+        (out / f"{name}.out").write_text(json.dumps({"predictions": [scores]}))
+    return out
+
+
+def test_the_class_order_is_never_guessed(tmp_path):
+    out = dog_cat_bird(tmp_path)
+    # names as labels, scores as predictions, no --classes: refused (alphabetical order would score 0.33)
+    done = run(str(out), "--label-from-name", r"([a-z]+)_\d+\.png$")
+    assert done.returncode == 1 and "the order of the model's classes is not known: give --classes" in done.stderr
+    done = run(str(out), "--label-from-name", r"([a-z]+)_\d+\.png$", "--classes", "dog,cat,bird")
+    assert done.returncode == 0 and "accuracy 1.0000 over 3 records" in done.stdout
+    # the bundle names its classes: assets/labels.txt of its highest version
+    for version, order in (("1", "bird\ncat\ndog\n"), ("2", "dog\ncat\nbird\n")):
+        (tmp_path / "bundle" / "m" / version / "assets").mkdir(parents=True)
+        (tmp_path / "bundle" / "m" / version / "assets" / "labels.txt").write_text(order)
+    done = run(str(out), "--label-from-name", r"([a-z]+)_\d+\.png$", "--model", str(tmp_path / "bundle"))
+    assert done.returncode == 0 and "accuracy 1.0000 over 3 records" in done.stdout
+    assert "classes from" in done.stderr and "dog, cat, bird" in done.stderr
+    done = run(str(out), "--label-from-name", r"([a-z]+)_\d+\.png$", "--model", str(tmp_path / "out"))
+    assert done.returncode == 1 and "names no classes" in done.stderr
+    # class ids as labels need no names; names as predictions need no order
+    records = [Record("a", [0.9, 0.1, 0.0]), Record("b", 2), Record("c", {"classes": "cat", "probabilities": [1]})]
+    assert evaluate(records[:2], {"a": "0", "b": "2"}).metrics["accuracy"] == 1.0
+    assert evaluate(records[2:], {"c": "cat"}).metrics["accuracy"] == 1.0
+
+
+def test_a_label_regex_written_for_the_output_files_matches_them(tmp_path):
+    out = dog_cat_bird(tmp_path)
+    done = run(str(out), "--label-from-name", r"([a-zA-Z]+)_\d.png.out", "--classes", "dog,cat,bird")
+    assert done.returncode == 0 and "accuracy 1.0000 over 3 records" in done.stdout
+    assert "--label-from-name matched the output file names (NAME.out)" in done.stderr
+    done = run(str(out), "--label-from-name", r"(zzz)")
+    assert "matched neither the input names" in done.stderr

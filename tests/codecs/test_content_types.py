@@ -423,3 +423,13 @@ def test_registry_aliases_and_record_kinds():
     assert record_kind("text/csv") == "csv" and record_kind(JSON) == "json" and record_kind("image/png") is None
     assert guess_type("a.JSONL") == "application/jsonlines" and guess_type("b.jsons") == "application/jsons"
     assert guess_type("c.unknown") is None
+
+
+def test_a_csv_body_sent_as_json_is_told_to_send_text_csv():
+    for body in (b"1.0,2.0,3.0\n4.0,5.0,6.0", b"a,b\n"):
+        with pytest.raises(InvalidArgument) as err:
+            to_tfs_request(body, JSON)
+        assert "looks like CSV: send it with Content-Type: text/csv" in err.value.message
+    with pytest.raises(InvalidArgument) as err:  # broken JSON is not called CSV
+        to_tfs_request(b'{"instances": [1, 2,}', JSON)
+    assert "CSV" not in err.value.message

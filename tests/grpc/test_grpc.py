@@ -320,6 +320,9 @@ def test_reload_config_refuses_to_take_over_a_served_name(models):
 def test_unknown_model_is_not_found(predictions, models):
     err = error_of(predictions.Predict, predict_request([1.0], name="nope"))
     assert err.code() == grpc.StatusCode.NOT_FOUND and "nope" in err.details()
+    assert f"models served: {M}" in err.details()  # what is served, as the message says
+    err = error_of(predictions.Predict, predict_request([1.0], name=M[:-1]))
+    assert f"(did you mean {M!r}?)" in err.details()
     request = get_model_status_pb2.GetModelStatusRequest()
     request.model_spec.name = "nope"
     assert error_of(models.GetModelStatus, request).code() == grpc.StatusCode.NOT_FOUND

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -235,7 +236,7 @@ def test_input_handler_return_types(tmp_path):
         handlers.call(b"unserializable", make_context(), no_tfs)
 
 
-def test_handler_return_conventions(tmp_path):
+def test_handler_return_conventions(tmp_path, caplog):
     code = write_code(
         tmp_path / "code",
         """
@@ -254,6 +255,7 @@ def test_handler_return_conventions(tmp_path):
                 "quadruple": ("a", "b", "c", "d"),
                 "bad-attributes": ("a", "b", {"c": 1}),
                 "bad-type": ("body", 5),
+                "zip": zip(["a"], [1]),
             }[kind]
         """,
     )
@@ -275,6 +277,10 @@ def test_handler_return_conventions(tmp_path):
         call("bad-attributes")
     with pytest.raises(HandlerError, match="content type 5"):
         call("bad-type")
+    with caplog.at_level(logging.ERROR, logger="tfservo.handlers"):
+        with pytest.raises(HandlerError, match=r"body of type zip \(an iterator\): return json.dumps\(list"):
+            call("zip")
+    assert "returned a body of type zip" in caplog.text  # the log says what the answer says
 
 
 def test_handler_exception_message_is_the_users(tmp_path):

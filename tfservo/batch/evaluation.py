@@ -182,8 +182,11 @@ def labels_from_file(text: str) -> dict[str, str]:
     return labels
 
 
-def labels_from_names(names: Iterable[str], pattern: str) -> dict[str, str]:
-    """The label of each record name from `pattern` (its `label` group, else its first group)."""
+def labels_from_names(names: Iterable[str], pattern: str) -> tuple[dict[str, str], str]:
+    """The label of each record name from `pattern` (its `label` group, else its first group),
+    matched against the input's name (`a/cat_1.png`) or, failing that, the output file's
+    (`a/cat_1.png.out`, as a notebook that lists the outputs matches them); with which of the
+    two matched, for the report."""
     try:
         regex = re.compile(pattern)
     except re.error as exc:
@@ -191,12 +194,46 @@ def labels_from_names(names: Iterable[str], pattern: str) -> dict[str, str]:
     if regex.groups == 0:
         raise InvalidArgument(f"--label-from-name {pattern!r} needs a group around the label, e.g. '(\\w+)_\\d+\\.png'")
     group: str | int = "label" if "label" in regex.groupindex else 1
-    labels = {}
+    labels: dict[str, str] = {}
+    by_output = 0
     for name in names:
-        match = regex.search(name)
-        if match and match.group(group) is not None:
-            labels[name] = match.group(group)
-    return labels
+        for candidate in (name, name.split(":", 1)[0] + OUT_SUFFIX):
+            match = regex.search(candidate)
+            if match and match.group(group) is not None:
+                labels[name] = match.group(group)
+                by_output += candidate != name
+                break
+    if not labels:
+        return labels, "matched neither the input names (e.g. cat_1.png) nor the output file names (cat_1.png.out)"
+    if by_output == len(labels):
+        return labels, "matched the output file names (NAME.out)"
+    if by_output:
+        return labels, f"matched {len(labels) - by_output} input names and {by_output} output file names"
+    return labels, "matched the input names"
+
+
+_CLASS_FILES = ("labels.txt", "classes.txt", "class_names.txt")
+
+
+def class_names_from_bundle(path: str) -> list[str]:
+    """The class names a bundle states: an `assets/labels.txt` (or classes.txt,
+    class_names.txt; one name per line) of its SavedModel, the highest version's."""
+    from pathlib import Path
+
+    root = Path(path)
+    if not root.is_dir():
+        raise InvalidArgument(f"--model {path} is not a folder; give the bundle's (or SavedModel's) folder")
+    found = sorted((f for name in _CLASS_FILES for f in root.rglob(f"assets/{name}")),
+                   key=lambda f: [int(part) if part.isdigit() else -1 for part in f.parts])
+    if not found:
+        raise InvalidArgument(
+            f"--model {path} names no classes: no assets/{', assets/'.join(_CLASS_FILES)} in it; "
+            "give --classes in the order of the model's outputs"
+        )
+    names = [line.strip() for line in found[-1].read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not names:
+        raise InvalidArgument(f"{found[-1]} is empty; it should name one class per line")
+    return names
 
 
 # -- evaluation ------------------------------------------------------------------------------
@@ -249,12 +286,13 @@ def evaluate(
         )
         return Evaluation("regression", len(truth), metrics, unreadable=list(unreadable), unlabelled=unlabelled,
                           unpredicted=unpredicted, unusable=unusable)
-    names = list(classes) if classes else sorted({label for _, label in pairs}, key=_natural)
+    raw = [(record, label, _raw_class(record.prediction)) for record, label in pairs]
+    names = list(classes) if classes else _class_names(raw)
     index = {name: i for i, name in enumerate(names)}
     y_true, y_pred, unusable = [], [], []
-    for record, label in pairs:
+    for record, label, said in raw:
         true = _class_index(label, index, names)
-        pred = _predicted_class(record.prediction, index, names)
+        pred = _class_index(said, index, names) if said is not None else None
         if true is None or pred is None:
             why = "label" if true is None else "prediction"
             unusable.append(f"{record.name}: {why} {str(label if true is None else record.prediction)[:60]} "
@@ -307,7 +345,14 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _is_integer(text: Any) -> bool:
+    return _is_number(text) and float(text).is_integer()
+
+
 def _class_index(label: Any, index: Mapping[str, int], names: Sequence[str]) -> int | None:
+    """A label or predicted class (a name, or an index into `names`) as an index into `names`."""
+    if isinstance(label, int) and not isinstance(label, bool):
+        return label if 0 <= label < len(names) else None
     text = str(label)
     if text in index:
         return index[text]
@@ -316,22 +361,49 @@ def _class_index(label: Any, index: Mapping[str, int], names: Sequence[str]) -> 
     return None
 
 
-def _predicted_class(prediction: Any, index: Mapping[str, int], names: Sequence[str]) -> int | None:
+def _raw_class(prediction: Any) -> str | int | None:
+    """What a prediction says the class is: a name (str) or an index into the model's classes
+    (an id, or the argmax of scores); None when it says neither."""
     if isinstance(prediction, dict):
         for key in ("classes", "class_ids", "class"):
             if key in prediction:
-                return _predicted_class(prediction[key], index, names)
+                return _raw_class(prediction[key])
         for key in ("probabilities", "scores", "logits"):
             if key in prediction:
                 return _argmax(prediction[key])
         if len(prediction) == 1:
-            return _predicted_class(next(iter(prediction.values())), index, names)
+            return _raw_class(next(iter(prediction.values())))
         return None
     if isinstance(prediction, list):
         if len(prediction) == 1:
-            return _predicted_class(prediction[0], index, names)
+            return _raw_class(prediction[0])
         return _argmax(prediction)
-    return _class_index(prediction, index, names)
+    if isinstance(prediction, bool):
+        return None
+    if isinstance(prediction, (int, float)):
+        return int(prediction) if float(prediction).is_integer() else None
+    return prediction if isinstance(prediction, str) else None
+
+
+def _class_names(raw: Sequence[tuple[Record, str, str | int | None]]) -> list[str]:
+    """The classes when --classes is not given, never guessed: integer labels are class ids
+    (0..N-1); labels that are names need predictions that are names too, since an index (a
+    class id, the argmax of scores) means nothing without the model's order of its classes."""
+    labels = [label for _, label, _ in raw]
+    if all(_is_integer(label) for label in labels):
+        highest = max([int(float(label)) for label in labels] + [p for _, _, p in raw if isinstance(p, int)], default=0)
+        return [str(i) for i in range(highest + 1)]
+    indexed = next((record for record, _, predicted in raw if isinstance(predicted, int)), None)
+    if indexed is not None:
+        shown = ", ".join(sorted({str(label) for label in labels}, key=_natural)[:5])
+        raise InvalidArgument(
+            f"the labels are class names ({shown}, ...) but the predictions are scores or class ids "
+            f"(e.g. {indexed.name}: {str(indexed.prediction)[:60]}), and the order of the model's classes is "
+            "not known: give --classes with the names in the order of the model's outputs (e.g. --classes "
+            "dog,cat,bird), or --model BUNDLE whose assets name its classes (labels.txt, one per line)"
+        )
+    named = {str(label) for label in labels} | {p for _, _, p in raw if isinstance(p, str)}
+    return sorted(named, key=_natural)
 
 
 def _argmax(values: Any) -> int | None:

@@ -18,14 +18,18 @@ __all__ = ["evaluate"]
               help="Take each label from the input's name: the regex's `label` group or its first, "
               "e.g. '([a-z]+)_\\d+\\.png$'.")
 @click.option("--classes", default=None, metavar="A,B,...",
-              help="Class names in the order of the model's scores (class ids are indexes into them).")
+              help="Class names in the order of the model's scores (class ids are indexes into them); needed "
+              "when labels are names and predictions are scores or ids, unless --model names them.")
+@click.option("--model", "model_path", default=None, metavar="BUNDLE",
+              help="Take the class names from the bundle's SavedModel: assets/labels.txt (or classes.txt, "
+              "class_names.txt), one per line in the order of its outputs.")
 @click.option("--task", type=click.Choice(["auto", "classification", "regression"]), default="auto",
               show_default=True, help="auto: regression when the labels are non-integer numbers.")
 @click.option("--id-column", type=int, default=None, metavar="N",
               help="CSV outputs: column N (from 0) is the record's id (e.g. with --join-source Input).")
 @click.option("--plot", "plot_path", default=None, metavar="PATH.png", help="Write the row-normalised confusion matrix.")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the metrics and problems as JSON.")
-def evaluate(output, labels_file, label_from_name, classes, task, id_column, plot_path, json_path) -> None:
+def evaluate(output, labels_file, label_from_name, classes, model_path, task, id_column, plot_path, json_path) -> None:
     """Score a transform's OUTPUT (a folder or s3:// prefix of .out files) against labels.
 
     Prints accuracy and per-class precision, recall, F1 and support (regression: MAE, RMSE, R²),
@@ -38,6 +42,7 @@ def evaluate(output, labels_file, label_from_name, classes, task, id_column, plo
 
     from tfservo.batch.evaluation import (
         OUT_SUFFIX,
+        class_names_from_bundle,
         labels_from_file,
         labels_from_names,
         plot_confusion,
@@ -71,8 +76,14 @@ def evaluate(output, labels_file, label_from_name, classes, task, id_column, plo
             with fsspec.open(labels_file, "rb") as f:
                 labels = labels_from_file(f.read().decode("utf-8"))
         else:
-            labels = labels_from_names([r.name for r in records], label_from_name)
+            labels, matched = labels_from_names([r.name for r in records], label_from_name)
+            click.echo(f"--label-from-name {matched}", err=True)
+        if classes and model_path:
+            raise click.UsageError("give --classes or --model, not both")
         names = [c.strip() for c in classes.split(",")] if classes else None
+        if model_path:
+            names = class_names_from_bundle(model_path)
+            click.echo(f"classes from {model_path}: {', '.join(names)}", err=True)
         result = run_evaluation(records, labels, classes=names, unreadable=unreadable,
                                 task=None if task == "auto" else task)
     except ServingError as exc:

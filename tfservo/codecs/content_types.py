@@ -261,14 +261,14 @@ def _json_lines(text: str, whole: json_codec.JsonSyntaxError, content_type: str)
     """One instance per non-blank line; a body whose first line is not JSON is reported whole."""
     lines = [(i, line.strip()) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
     if len(lines) < 2:
-        raise _invalid_json(whole, content_type)
+        raise _invalid_json(whole, content_type, text)
     instances = []
     for number, line in lines:
         try:
             instances.append(json_codec.load_json(line))
         except json_codec.JsonSyntaxError as exc:
             if not instances:  # a multi-line document with a mistake in it, not JSON lines
-                raise _invalid_json(whole, content_type) from None
+                raise _invalid_json(whole, content_type, text) from None
             raise InvalidArgument(
                 f"Line {number} of the JSON lines request body is not valid JSON: {exc.msg} "
                 f"at column {exc.colno}; send one JSON document per line"
@@ -276,10 +276,13 @@ def _json_lines(text: str, whole: json_codec.JsonSyntaxError, content_type: str)
     return instances
 
 
-def _invalid_json(exc: json_codec.JsonSyntaxError, content_type: str) -> InvalidArgument:
+def _invalid_json(exc: json_codec.JsonSyntaxError, content_type: str, text: str) -> InvalidArgument:
+    first = text.lstrip().split("\n", 1)[0]
+    csv_hint = (" The body looks like CSV: send it with Content-Type: text/csv."
+                if "," in first and not first.startswith(("{", "[", '"')) else "")
     return InvalidArgument(
         f"The request body is not valid JSON (Content-Type {content_type}): {exc.msg} at line "
-        f"{exc.lineno}, column {exc.colno}. Send a TF Serving request "
+        f"{exc.lineno}, column {exc.colno}.{csv_hint} Send a TF Serving request "
         '({"instances": [...]}), any JSON value (one instance), or JSON lines (one per line)'
     )
 

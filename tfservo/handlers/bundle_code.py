@@ -116,7 +116,11 @@ class Handlers:
             processed = self._run("input_handler", self.input_handler, data, context)
             response = tfs_call(self._request_body(processed), context)
             result = self._run("output_handler", self.output_handler, response, context)
-        return self._result(result)
+        try:
+            return self._result(result)
+        except HandlerError as exc:  # the answer says it too; the log is where an operator looks
+            log.error("%s", exc.message)
+            raise
 
     def _run(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -184,9 +188,11 @@ class Handlers:
         elif result is None:
             body = b""
         else:
+            lazy = hasattr(result, "__next__")  # zip, map, a generator: nothing to send until listed
             raise HandlerError(
-                f"{name} in {self.path} returned a body of type {type(result).__name__}; return "
-                "str or bytes (e.g. json.dumps(...)), optionally as (body, content_type)"
+                f"{name} in {self.path} returned a body of type {type(result).__name__}"
+                + (" (an iterator): return json.dumps(list(...)) of it" if lazy else "")
+                + "; the body must be str or bytes (e.g. json.dumps(...)), optionally as (body, content_type)"
             )
         if content_type is None:
             content_type = DEFAULT_CONTENT_TYPE

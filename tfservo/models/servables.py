@@ -7,6 +7,7 @@ is reported in status but never takes other versions or models down.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import logging
 import threading
@@ -370,8 +371,9 @@ class ModelManager:
     def model(self, name: str) -> ServedModel:
         with self._lock:
             served = self._models.get(name)
+            names = sorted(self._models) if served is None else []
         if served is None:
-            raise NotFound(f"Servable not found for request: Latest({name})")
+            raise NotFound(f"Servable not found for request: Latest({name}); {_served_names(name, names)}")
         note_model(name)
         return served
 
@@ -403,6 +405,15 @@ class ModelManager:
             raise NotFound(f"Servable not found for request: Specific({name}, {version})")
         note_version(name, found.version)
         return found
+
+
+def _served_names(name: str, names: list[str]) -> str:
+    """What the server does serve, and the closest name to the one asked for."""
+    if not names:
+        return "no model is served"
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return f"models served: {listed}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def _no_version_message(served: ServedModel) -> str:
