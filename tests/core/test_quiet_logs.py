@@ -1,4 +1,4 @@
-"""No TensorFlow or Beam noise on stderr at the default level, in any mode; TFSERVO_TF_LOGS=1
+"""No TensorFlow, Beam or Spark noise on stderr at the default level, in any mode; TFSERVO_TF_LOGS=1
 brings TensorFlow's back."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from tfservo.server.loopback import open_service
 NOISE = re.compile(
     r"^[IWEF]\d{4} \d\d:\d\d|WARNING: All log messages before absl|oneDNN|cuda|"
     r"(INFO|WARNING):(__main__|root|apache_beam)|\b(tensorflow|absl|apache_beam[\w.]*)(:| [A-Z]+ )|"
-    r"is deprecated|apitools not found",
+    r"is deprecated|apitools not found|"
+    r"log4j|WARN (Utils|NativeCodeLoader)|Setting default log level|incubator modules",
     re.M,
 )
 
@@ -43,8 +44,9 @@ def test_serve_is_quiet() -> None:
 
 @pytest.mark.parametrize(
     "runner", [[], ["--runner", "beam"], ["--runner", "beam", "--beam-option", "direct_num_workers=2",
-                                           "--beam-option", "direct_running_mode=multi_processing"]],
-    ids=["local", "beam", "beam-multiprocessing"],
+                                           "--beam-option", "direct_running_mode=multi_processing"],
+                ["--runner", "spark"]],
+    ids=["local", "beam", "beam-multiprocessing", "spark"],
 )
 def test_transform_and_invoke_are_quiet(tmp_path, runner) -> None:
     write(tmp_path / "in" / "a.csv", "1\n2\n")

@@ -14,16 +14,18 @@ from typing import TYPE_CHECKING, TextIO
 import orjson
 
 __all__ = [
-    "JsonFormatter", "quiet_libraries", "quiet_native_env", "quiet_tensorflow", "quiet_tensorflow_env", "setup_logging",
+    "JsonFormatter", "library_logs_wanted", "quiet_libraries", "quiet_native_env", "quiet_tensorflow", "quiet_tensorflow_env", "setup_logging",
 ]
 
 # TF 2.21 writes glog-style lines ("I0000 00:00:… file.cc:12] …", "WARNING: All log messages
 # before absl::InitializeLog()") straight to fd 2 and ignores TF_CPP_MIN_LOG_LEVEL. Beam's
 # worker subprocesses (multi_processing) log in Python's default format ("INFO:__main__:…")
-# on the fd 2 they inherit (their errors still pass).
+# on the fd 2 they inherit (their errors still pass). Spark's JVM names the incubator module
+# it loads and, taking PySpark for its shell, the shell's log level, before its logging is set up.
 _TF_NOISE = re.compile(
     rb"^([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\]|WARNING: All log messages before absl"
-    rb"|(DEBUG|INFO|WARNING):(__main__|root|apache_beam[\w.]*):)"
+    rb"|(DEBUG|INFO|WARNING):(__main__|root|apache_beam[\w.]*):"
+    rb'|WARNING: Using incubator modules: |Setting default log level to "|To adjust logging level use sc\.setLogLevel)'
 )
 _filter_started = False
 
@@ -32,15 +34,15 @@ _filter_started = False
 _QUIET_NATIVE = (("TF_CPP_MIN_LOG_LEVEL", "2"), ("GRPC_VERBOSITY", "ERROR"))
 
 
-def _library_logs_wanted(env: Mapping[str, str] | None = None) -> bool:
-    """TFSERVO_TF_LOGS=1: the user wants TensorFlow's and Beam's own lines."""
+def library_logs_wanted(env: Mapping[str, str] | None = None) -> bool:
+    """TFSERVO_TF_LOGS=1: the user wants TensorFlow's, Beam's and Spark's own lines."""
     return (os.environ if env is None else env).get("TFSERVO_TF_LOGS") == "1"
 
 
 def quiet_native_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables to add to `env` (a child process's, or this one's) so that TF and gRPC
     start quietly: those it leaves unset, none when TFSERVO_TF_LOGS=1."""
-    if _library_logs_wanted(env):
+    if library_logs_wanted(env):
         return {}
     return {name: value for name, value in _QUIET_NATIVE if name not in env}
 
@@ -55,7 +57,7 @@ def quiet_tensorflow_env() -> bool:
 
 def quiet_tensorflow() -> None:
     """Silence TF's C++ and absl chatter on stderr; TFSERVO_TF_LOGS=1 keeps it."""
-    if _library_logs_wanted():
+    if library_logs_wanted():
         return
     quiet_tensorflow_env()
     _filter_native_stderr()
@@ -75,7 +77,7 @@ def _not_library_noise(record: logging.LogRecord) -> bool:
 def quiet_libraries(level: str = "info") -> None:
     """TensorFlow's and Beam's noise off in this process (C++ lines on fd 2 included), unless
     TFSERVO_TF_LOGS=1 or the log level is debug; their errors still show."""
-    if _library_logs_wanted() or level.lower() == "debug":
+    if library_logs_wanted() or level.lower() == "debug":
         return
     quiet_tensorflow()
     for name in _NOISY_LOGGERS:

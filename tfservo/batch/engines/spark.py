@@ -34,10 +34,13 @@ from tfservo.batch.engines.distributed import (
 from tfservo.batch.engines.driver import DriverRun
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.state import ObjectOutcome, TransformSummary
+from tfservo.core.logs import library_logs_wanted
 
 __all__ = ["SparkSettings", "run_spark_transform"]
 
 log = logging.getLogger("tfservo.batch")
+
+_QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-log4j2.properties")
 
 
 @dataclass
@@ -60,14 +63,18 @@ def _session(settings: SparkSettings) -> Iterator[Any]:
     if active is not None and settings.master is None:
         yield active
         return
-    builder = SparkSession.builder.appName("tfservo transform").master(settings.master or f"local[{os.cpu_count() or 1}]")
     defaults = {
         "spark.ui.enabled": "false",
         "spark.python.worker.reuse": "true",  # the model stays loaded between tasks
         "spark.ui.showConsoleProgress": "false",
     }
+    master = settings.master or f"local[{os.cpu_count() or 1}]"
+    if not library_logs_wanted():  # the driver's start-up notes off, as TensorFlow's are (a
+        # cluster's executors keep their own configuration: the file is on this machine only)
+        defaults["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_QUIET_LOG4J}"
     # Python workers run this interpreter (tfservo installed); PySpark reads only the variable.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName("tfservo transform").master(master)
     for key, value in {**defaults, **settings.conf}.items():
         builder = builder.config(key, value)
     try:
