@@ -118,6 +118,30 @@ def test_deploy_and_every_predict_form(session, predictor):
     assert classified["results"][0][0][1] == pytest.approx(3.0)
 
 
+def test_an_async_endpoint_answers_predict_async_and_predict(session, s3_bucket, tmp_path):
+    """model.deploy(async_inference_config=...) gives an AsyncPredictor; its predict_async queues
+    the request (input uploaded to S3) and its predict waits for the answer object."""
+    from sagemaker.async_inference import AsyncInferenceConfig, WaiterConfig
+    from sagemaker.exceptions import AsyncInferenceModelError
+    from sagemaker.predictor_async import AsyncPredictor
+
+    model = TensorFlowModel(model_data=f"file://{tar_models(tmp_path / 'model.tar.gz', {'': HALF_PLUS_THREE})}",
+                            role=ROLE, framework_version="2.12", sagemaker_session=session)
+    config = AsyncInferenceConfig(output_path=f"s3://{s3_bucket}/async-out", failure_path=f"s3://{s3_bucket}/async-failed")
+    predictor = model.deploy(initial_instance_count=1, instance_type="local", async_inference_config=config)
+    try:
+        assert isinstance(predictor, AsyncPredictor)
+        json_body = {"ContentType": "application/json"}  # AsyncPredictor sends no ContentType of its own
+        assert predictor.predict({"instances": [1.0, 2.0]}, initial_args=json_body) == {"predictions": [3.5, 4.0]}
+        response = predictor.predict_async({"instances": [5.0]}, initial_args=json_body)
+        assert response.output_path.startswith(f"s3://{s3_bucket}/async-out/")
+        assert response.get_result(WaiterConfig(max_attempts=60, delay=1)) == {"predictions": [5.5]}
+        with pytest.raises(AsyncInferenceModelError, match="Unsupported Media Type: Unknown"):
+            predictor.predict({"instances": [1.0]}, waiter_config=WaiterConfig(max_attempts=60, delay=1))
+    finally:
+        predictor.delete_endpoint()
+
+
 def test_errors_raise_as_against_sagemaker(session, predictor):
     client = session.sagemaker_runtime_client.client(session.control_plane.endpoint_url(predictor.endpoint_name))
     # The SDK's LocalSession hands this error body back as if it were a prediction.

@@ -264,6 +264,20 @@ class Settings:
     # SAGEMAKER_MULTI_MODEL=true: SageMaker's multi-model contract, where the platform loads models
     # and authenticates callers (management stays on under --management auto)
     sagemaker_multi_model: bool = False
+    # SageMaker Asynchronous Inference (the AsyncInferenceConfig of CreateEndpointConfig)
+    async_inference_config: str | None = setting(
+        None, "--async-inference-config", env="TFSERVO_ASYNC_INFERENCE_CONFIG", existing_file=True, metavar="FILE",
+        help="Serve SageMaker's InvokeEndpointAsync (POST /endpoints/NAME/async-invocations): FILE holds the "
+        "AsyncInferenceConfig JSON (OutputConfig.S3OutputPath: an s3:// prefix or a local folder; S3FailurePath; "
+        "NotificationConfig topics: SNS ARNs or http(s):// webhooks; ClientConfig.MaxConcurrentInvocationsPerInstance).")
+    async_state: str | None = setting(
+        None, "--async-state", env="TFSERVO_ASYNC_STATE", metavar="DIR",
+        help="Where queued asynchronous requests are kept (a SQLite file; survives restarts) "
+        "[default: $TFSERVO_ASYNC_STATE, else tfservo-async/ENDPOINT in the temporary folder].")
+    async_input_root: str | None = setting(
+        None, "--async-input-root", env="TFSERVO_ASYNC_INPUT_ROOT", metavar="DIR",
+        help="Asynchronous requests may name local input files (a path or file:// URL) under DIR "
+        "[default: s3:// inputs and request bodies only].")
     # SageMaker Data Capture (the DataCaptureConfig of CreateEndpointConfig)
     data_capture_config: str | None = setting(
         None, "--data-capture-config", env="TFSERVO_DATA_CAPTURE_CONFIG", existing_file=True, metavar="FILE",

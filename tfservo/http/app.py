@@ -27,6 +27,7 @@ from tfservo.core import tracing
 from tfservo.core.dataplane import METHODS, parse_version
 from tfservo.core.errors import ServingError
 from tfservo.core.service import ModelService
+from tfservo.http.async_routes import AsyncRoutes
 from tfservo.http.call_placement import CallPlacement
 from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.docs_page import DocsPage
@@ -38,6 +39,7 @@ from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
 
 if TYPE_CHECKING:
+    from tfservo.async_inference.intake import AsyncIntake
     from tfservo.http.capture_tap import HttpCapture, Tap
     from tfservo.models.multi_model import MultiModelEndpoint
     from tfservo.models.target_models import TargetModels
@@ -67,6 +69,7 @@ class ServingApp:
         self.starlette = starlette
         self.capture = capture
         self.routes: list[BaseRoute] = starlette.routes
+        self.closers: list[Callable[[], None]] = []  # what else stops with the app, first (asynchronous runs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if tracing.enabled() and scope["type"] == "http":
@@ -89,6 +92,8 @@ class ServingApp:
         await self.starlette(scope, receive, send)
 
     def close(self) -> None:
+        for close in self.closers:
+            close()
         self.hot.calls.close()
         self.hot.invocations.close()
         if self.capture is not None:
@@ -197,10 +202,12 @@ def build_app(
     on_timeout: Callable[[str, str | None, float], None] | None = None,
     taps: Sequence[Tap] = (),
     gate: ManagementGate | None = None,
+    async_intake: AsyncIntake | None = None,
 ) -> ServingApp:
     """The ASGI app serving `service`, with the limits, time limits and runtime-API identity of
     its settings (the same for `serve` and for the loopback server in-process callers get);
-    `gate` decides and records its management routes (default: from the settings, no metric).
+    `gate` decides and records its management routes (default: from the settings, no metric);
+    `async_intake` queues InvokeEndpointAsync calls (--async-inference-config).
 
     Without batching, quick and small model calls run on the event loop (call_placement); with
     it, small predicts are queued from the loop and answered from the batch thread.
@@ -233,6 +240,7 @@ def build_app(
         invocation_timeout=settings.invocation_timeout,
         on_timeout=on_timeout,
         sigv4=SigV4Verifier(settings.sigv4_credentials) if settings.sigv4_credentials else None,
+        async_intake=async_intake,
     )
 
     async def not_found(request: Request, exc: HTTPException) -> Response:
@@ -254,6 +262,7 @@ def build_app(
                        management=settings.management_open()[0]),
         "v2": V2Routes(v2),
         "docs": DocsPage(),
+        "async": AsyncRoutes(async_intake.queue if async_intake is not None else None),
     }
     if multi_model is not None:
         from tfservo.http.multi_model_routes import MultiModelRoutes

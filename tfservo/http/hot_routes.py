@@ -20,6 +20,7 @@ import anyio
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from tfservo.async_inference.intake import AsyncCall, AsyncIntake
 from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
 from tfservo.core.dataplane import parse_version
@@ -62,6 +63,18 @@ T = TypeVar("T")
 
 CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 TARGET_MODEL = b"x-amzn-sagemaker-target-model"
+# InvokeEndpointAsync's headers, by the AsyncCall field each fills
+_ASYNC_HEADERS = {
+    "inference_id": b"x-amzn-sagemaker-inference-id",
+    "input_location": b"x-amzn-sagemaker-inputlocation",
+    "content_type": b"x-amzn-sagemaker-content-type",
+    "accept": b"x-amzn-sagemaker-accept",
+    "custom_attributes": CUSTOM_ATTRIBUTES,
+    "ttl_seconds": b"x-amzn-sagemaker-requestttlseconds",
+    "timeout_seconds": b"x-amzn-sagemaker-invocationtimeoutseconds",
+    "output_extension": b"x-amzn-sagemaker-s3outputpathextension",
+    "filename": b"x-amzn-sagemaker-filename",
+}
 
 
 class PayloadTooLarge(ServingError):
@@ -199,6 +212,7 @@ class HotRoutes:
         invocation_timeout: float = 0.0,
         on_timeout: Callable[[str, str | None, float], None] | None = None,
         sigv4: SigV4Verifier | None = None,
+        async_intake: AsyncIntake | None = None,
     ) -> None:
         self.service = service
         self.budget = budget or DecodeBudget(2**62)
@@ -216,6 +230,7 @@ class HotRoutes:
         self.on_timeout = on_timeout  # (route, model, limit): the metrics' count and log line
         self.v2 = v2  # the Open Inference Protocol's data plane (build_app makes the one the server has)
         self.sigv4 = sigv4  # --sigv4-credentials: the runtime API takes only requests signed with its keys
+        self.async_intake = async_intake  # --async-inference-config: InvokeEndpointAsync's queue
 
     async def tfs_method(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/models/{name}[/versions/{v}|/labels/{l}]:{predict|classify|regress}."""
@@ -359,6 +374,39 @@ class HotRoutes:
                 await self._send_runtime_error(send, model_error(result, endpoint))
                 return
             await send_result(send, result, variant)
+
+        await self._with_body(scope, receive, send, answer, runtime=True)
+
+    async def runtime_invoke_async(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /endpoints/{EndpointName}/async-invocations: InvokeEndpointAsync. The request is
+        stored durably, then answered 202 with where its answer and error will be."""
+        endpoint = scope["path_params"]["EndpointName"]
+
+        async def answer(body: bytes) -> None:
+            try:
+                if self.sigv4 is not None:
+                    verify_signature(self.sigv4, scope, body)
+                check_request(
+                    endpoint, served_endpoint=self.endpoint_name, variant=self.variant, target_variant=None,
+                    target_model=None, inference_id=request_header(scope, b"x-amzn-sagemaker-inference-id"),
+                    custom_attributes=request_header(scope, CUSTOM_ATTRIBUTES),
+                )
+                intake = self.async_intake
+                if intake is None:
+                    raise RuntimeValidationError(
+                        f"Endpoint {endpoint} is not an asynchronous endpoint: start tfservo serve with "
+                        "--async-inference-config FILE"
+                    )
+                call = AsyncCall(**{field: request_header(scope, header) for field, header in _ASYNC_HEADERS.items()},
+                                 body=body)
+                stored = await anyio.to_thread.run_sync(lambda: intake.submit(call))
+            except ServingError as exc:
+                await self._send_runtime_error(send, runtime_error(exc))
+                return
+            await send_response(send, 202, orjson.dumps({"InferenceId": stored.id}), JSON, (
+                (b"x-amzn-sagemaker-outputlocation", stored.output.encode()),
+                (b"x-amzn-sagemaker-failurelocation", stored.failure.encode()),
+            ))
 
         await self._with_body(scope, receive, send, answer, runtime=True)
 

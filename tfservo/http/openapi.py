@@ -4,6 +4,7 @@ GET /openapi.json, so it follows models as they load and unload."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -164,9 +165,22 @@ def _operation(spec: RouteSpec, doc: Doc, name: str | None = None, sig: Signatur
         op["responses"] = {"200": {"description": "OK", **_JSON_ANY},
                            "400": _runtime_error("ValidationError: the call itself is wrong", "RuntimeError"),
                            "424": _runtime_error("ModelError: the model answered 4xx/5xx", "ModelError")}
-        op["parameters"] = [{"name": "EndpointName", "in": "path", "required": True,
-                             "schema": {"type": "string", "pattern": "^[a-zA-Z0-9](-*[a-zA-Z0-9])*$", "maxLength": 63}}]
+    if doc.body == "runtime_async":  # InvokeEndpointAsync: the request is in headers, the answer 202
+        op["requestBody"] = {"required": False, "content": {"application/octet-stream": {"schema": {}}}}
+        op["responses"] = {"202": {"description": "Queued: InferenceId in the body, X-Amzn-SageMaker-OutputLocation "
+                                                  "and -FailureLocation in headers", **_JSON_ANY},
+                           "400": _runtime_error("ValidationError: the call itself is wrong", "RuntimeError")}
+    if name is None:  # the template's own parameters (per-model paths have theirs filled in)
+        op["parameters"] = [_PATH_PARAMETERS.get(param, {"name": param, "in": "path", "required": True,
+                                                         "schema": {"type": "string"}})
+                            for param in re.findall(r"\{(\w+)\}", spec.name)]
     return op
+
+
+_PATH_PARAMETERS = {
+    "EndpointName": {"name": "EndpointName", "in": "path", "required": True,
+                     "schema": {"type": "string", "pattern": "^[a-zA-Z0-9](-*[a-zA-Z0-9])*$", "maxLength": 63}},
+}
 
 
 def _tfs_methods(sig: SignatureDef) -> dict[str, tuple[str, str]]:

@@ -123,6 +123,11 @@ ROUTES: tuple[RouteSpec, ...] = (
         "content conversions", _SM, errors=(400, 404, 415, 500), body="invocations")),
     RouteSpec(("POST",), "/endpoints/{EndpointName:maybe_empty}/invocations", "hot.runtime_invoke", hot=True,
               slash=True, capture="invocation", scope=None, doc=Doc("SageMaker runtime API (boto3, the AWS CLI, the SDK)", _SM, errors=(), body="runtime")),
+    RouteSpec(("POST",), "/endpoints/{EndpointName:maybe_empty}/async-invocations", "hot.runtime_invoke_async",
+              hot=True, slash=True, scope=None, doc=Doc(
+        "SageMaker runtime API: InvokeEndpointAsync (with --async-inference-config)", _SM, errors=(), body="runtime_async")),
+    RouteSpec(("GET",), "/async-invocations/{InferenceId}", "async.status", doc=Doc(
+        "Where one asynchronous request stands (tfservo's, for local debugging)", _SM, errors=(404,))),
     RouteSpec(("GET",), "/execution-parameters", "pages.execution_parameters",
               doc=Doc("Batch transform's execution parameters", _SM, errors=())),
     RouteSpec(("GET",), "/metrics", "", scope="metrics", doc=Doc("Prometheus metrics", _OPS, errors=(), ok="text")),

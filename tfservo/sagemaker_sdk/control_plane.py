@@ -91,7 +91,7 @@ class ControlPlane:
         self._configs[EndpointConfigName] = {
             "EndpointConfigName": EndpointConfigName, "ProductionVariants": ProductionVariants,
             "EndpointConfigArn": self._arn("endpoint-config", EndpointConfigName), "CreationTime": _now(),
-            **({"DataCaptureConfig": kwargs["DataCaptureConfig"]} if kwargs.get("DataCaptureConfig") else {}),
+            **{key: kwargs[key] for key in ("DataCaptureConfig", "AsyncInferenceConfig") if kwargs.get(key)},
         }
         return {"EndpointConfigArn": self._arn("endpoint-config", EndpointConfigName)}
 
@@ -122,7 +122,14 @@ class ControlPlane:
             capture = os.path.join(self._work, f"{EndpointName}-data-capture.json")
             with open(capture, "w") as f:
                 json.dump(config["DataCaptureConfig"], f)
-            args += ["--data-capture-config", capture, "--endpoint-name", EndpointName]
+            args += ["--data-capture-config", capture]
+        if config.get("AsyncInferenceConfig"):  # InvokeEndpointAsync, its queue kept beside the endpoint's log
+            queued = os.path.join(self._work, f"{EndpointName}-async.json")
+            with open(queued, "w") as f:
+                json.dump(config["AsyncInferenceConfig"], f)
+            args += ["--async-inference-config", queued, "--async-state", os.path.join(self._work, f"{EndpointName}-async")]
+        if config.get("DataCaptureConfig") or config.get("AsyncInferenceConfig"):
+            args += ["--endpoint-name", EndpointName]
         with self._lock:
             if EndpointName in self._endpoints and self._endpoints[EndpointName][0].url:
                 raise ClientError(

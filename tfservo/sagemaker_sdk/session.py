@@ -188,17 +188,26 @@ class RuntimeClient:
             return self._clients[url]
 
     def invoke_endpoint(self, EndpointName: str, **kwargs: Any) -> dict[str, Any]:
-        url = self.session.control_plane.endpoint_url(EndpointName) or self.session.endpoint_url
+        return self._serving(EndpointName, "InvokeEndpoint").invoke_endpoint(EndpointName=EndpointName, **kwargs)
+
+    def invoke_endpoint_async(self, EndpointName: str, **kwargs: Any) -> dict[str, Any]:
+        """The SDK's AsyncPredictor calls this: the request is queued by the endpoint's server."""
+        client = self._serving(EndpointName, "InvokeEndpointAsync")
+        return client.invoke_endpoint_async(EndpointName=EndpointName, **kwargs)
+
+    def _serving(self, endpoint: str, operation: str) -> Any:
+        """The client of the server that answers for `endpoint`."""
+        url = self.session.control_plane.endpoint_url(endpoint) or self.session.endpoint_url
         if url is None:
             missing = self.client("http://127.0.0.1:1").exceptions.ValidationError
             raise missing(
                 {"Error": {"Code": "ValidationError", "Message": (
-                    f"Endpoint {EndpointName} not found: this session did not start it; pass "
+                    f"Endpoint {endpoint} not found: this session did not start it; pass "
                     "endpoint_url='http://HOST:PORT' (or set TFSERVO_ENDPOINT_URL) to reach a tfservo serve"
                 )}},
-                "InvokeEndpoint",
+                operation,
             )
-        return self.client(url).invoke_endpoint(EndpointName=EndpointName, **kwargs)
+        return self.client(url)
 
 
 def _child_aws_env(boto_session: boto3.session.Session, s3_endpoint_url: str | None) -> dict[str, str]:

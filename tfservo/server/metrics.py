@@ -142,6 +142,22 @@ class Metrics:
             "tfservo_management_actions", "Model-management calls (load, unload, reload config), by door and "
             "outcome (an HTTP status or a gRPC code)", ["door", "outcome"], registry=reg,
         )
+        self.async_backlog = Gauge(
+            "tfservo_async_backlog", "Asynchronous requests waiting in the queue (SageMaker's ApproximateBacklogSize)",
+            multiprocess_mode="livemax", registry=reg,
+        )
+        self.async_in_flight = Gauge(
+            "tfservo_async_in_flight", "Asynchronous requests running now, across the workers",
+            multiprocess_mode="livemax", registry=reg,
+        )
+        self.async_waited = Histogram(
+            "tfservo_async_backlog_seconds", "Time asynchronous requests waited in the queue before they ran",
+            buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 21600), registry=reg,
+        )
+        self.async_outcomes = Counter(
+            "tfservo_async_requests", "Asynchronous requests ended, by outcome (completed, failed, expired)",
+            ["outcome"], registry=reg,
+        )
         self.worker_memory = Gauge(
             "tfservo_worker_resident_bytes", "Resident memory of the worker process",
             multiprocess_mode="liveall", registry=reg,
@@ -221,6 +237,18 @@ class Metrics:
 
     def auth_refused(self, reason: str) -> None:
         self.auth_refusals.labels(reason).inc()
+
+    def async_event(self, event: str, seconds: float) -> None:
+        """AsyncRunner's on_event: a request taken from the queue after `seconds`, or ended."""
+        if event == "claimed":
+            self.async_waited.observe(seconds)
+        else:
+            self.async_outcomes.labels(event).inc()
+
+    def async_backlog_counts(self, counts: dict[str, int]) -> None:
+        """AsyncRunner's on_backlog: the queue's requests by state."""
+        self.async_backlog.set(counts.get("queued", 0))
+        self.async_in_flight.set(counts.get("running", 0))
 
     def management_action(self, door: str, outcome: str) -> None:
         self.management_actions.labels(door, outcome).inc()

@@ -78,9 +78,18 @@ def start_worker(
             memory_budget_bytes=int(settings.mme_memory_mb * 2**20) if settings.mme_memory_mb > 0 else None,
             archive_limits=settings.archive_limits,
         )
+    asynchronous = None
+    if settings.async_inference_config:
+        from tfservo.async_inference.endpoint import AsyncEndpoint
+
+        asynchronous = AsyncEndpoint(service, settings, on_event=metrics.async_event,
+                                     on_backlog=metrics.async_backlog_counts).start()
     app = build_app(service, multi_model=multi_model, targets=targets, on_timeout=metrics.timeout,
                     taps=payload_taps(settings, service, port, metrics.capture_event),
-                    gate=ManagementGate(settings, metrics.management_action))
+                    gate=ManagementGate(settings, metrics.management_action),
+                    async_intake=asynchronous.intake if asynchronous is not None else None)
+    if asynchronous is not None:
+        app.closers.append(asynchronous.close)
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app

@@ -1,0 +1,209 @@
+"""SageMaker Asynchronous Inference against a real `tfservo serve --async-inference-config`, with
+moto's S3, SNS and SQS on loopback: boto3's invoke_endpoint_async and the AWS CLI's
+invoke-endpoint-async; answers in S3 byte-equal to /invocations'; failures in the failure
+location; SNS notifications in SageMaker's format read through an SQS subscription; a backlog
+killed -9 and restarted runs every request once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import httpx
+import pytest
+from conftest import SMC
+from http_receiver import start_receiver
+from s3_server import REGION
+from server_process import ServerProcess
+
+MODEL = str(SMC / "resources" / "models" / "half_plus_three")
+AWS_CLI = str(Path(sys.executable).with_name("aws"))
+
+
+def client(service: str, endpoint: str):
+    return boto3.client(service, endpoint_url=endpoint, region_name=REGION,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def wait_for(check, timeout: float = 60.0, what: str = "it"):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.2)
+
+
+def s3_object(s3, bucket: str, key: str) -> bytes | None:
+    try:
+        return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
+@pytest.fixture(scope="module")
+def aws(s3_endpoint):
+    """A bucket, success and error topics, and an SQS queue subscribed to both."""
+    s3, sns, sqs = client("s3", s3_endpoint), client("sns", s3_endpoint), client("sqs", s3_endpoint)
+    bucket = f"async-{os.getpid()}"
+    s3.create_bucket(Bucket=bucket)
+    topics = {kind: sns.create_topic(Name=f"async-{kind}-{os.getpid()}")["TopicArn"] for kind in ("ok", "error")}
+    queue_url = sqs.create_queue(QueueName=f"async-notes-{os.getpid()}")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    for arn in topics.values():
+        sns.subscribe(TopicArn=arn, Protocol="sqs", Endpoint=queue_arn, Attributes={"RawMessageDelivery": "true"})
+    return {"endpoint": s3_endpoint, "s3": s3, "sqs": sqs, "bucket": bucket, "topics": topics, "queue": queue_url}
+
+
+def notes(aws, count: int) -> list[dict]:
+    """`count` notifications from the queue (SageMaker's JSON messages)."""
+    got: list[dict] = []
+
+    def more():
+        answer = aws["sqs"].receive_message(QueueUrl=aws["queue"], MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        for message in answer.get("Messages", []):
+            got.append(json.loads(message["Body"]))
+            aws["sqs"].delete_message(QueueUrl=aws["queue"], ReceiptHandle=message["ReceiptHandle"])
+        return len(got) >= count
+
+    wait_for(more, what=f"{count} notifications")
+    return got
+
+
+@pytest.fixture(scope="module")
+def served(aws, tmp_path_factory):
+    work = tmp_path_factory.mktemp("async")
+    config = work / "async.json"
+    config.write_text(json.dumps({
+        "OutputConfig": {
+            "S3OutputPath": f"s3://{aws['bucket']}/out/",
+            "S3FailurePath": f"s3://{aws['bucket']}/failures",
+            "NotificationConfig": {"SuccessTopic": aws["topics"]["ok"], "ErrorTopic": aws["topics"]["error"],
+                                   "IncludeInferenceResponseIn": ["SUCCESS_NOTIFICATION_TOPIC"]},
+        },
+        "ClientConfig": {"MaxConcurrentInvocationsPerInstance": 2},
+    }))
+    with ServerProcess([MODEL, "--async-inference-config", str(config), "--async-state", str(work / "state"),
+                        "--endpoint-name", "my-endpoint"]) as server:
+        yield server
+
+
+def test_boto3_and_the_aws_cli_queue_requests_whose_answers_match_invocations(aws, served):
+    s3, bucket = aws["s3"], aws["bucket"]
+    s3.put_object(Bucket=bucket, Key="in/rows.csv", Body=b"1.0\n2.0\n5.0\n")
+    s3.put_object(Bucket=bucket, Key="in/request.json", Body=b'{"instances": [1.0, 2.0]}')
+    runtime = client("sagemaker-runtime", served.url)
+    queued = runtime.invoke_endpoint_async(EndpointName="my-endpoint", InputLocation=f"s3://{bucket}/in/rows.csv",
+                                           ContentType="text/csv", InferenceId="csv-1")
+    assert queued["ResponseMetadata"]["HTTPStatusCode"] == 202 and queued["InferenceId"] == "csv-1"
+    assert queued["OutputLocation"] == f"s3://{bucket}/out/csv-1.out"
+    assert queued["FailureLocation"] == f"s3://{bucket}/failures/csv-1-error.out"
+    done = subprocess.run(
+        [AWS_CLI, "sagemaker-runtime", "invoke-endpoint-async", "--endpoint-url", served.url, "--endpoint-name",
+         "my-endpoint", "--input-location", f"s3://{bucket}/in/request.json", "--content-type", "application/json",
+         "--inference-id", "json-1"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+             "AWS_DEFAULT_REGION": REGION},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["OutputLocation"] == f"s3://{bucket}/out/json-1.out"
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        for key, body, content_type in (("csv-1", b"1.0\n2.0\n5.0\n", "text/csv"),
+                                        ("json-1", b'{"instances": [1.0, 2.0]}', "application/json")):
+            answer = wait_for(lambda key=key: s3_object(s3, bucket, f"out/{key}.out"), what=key)
+            sync = http.post("/invocations", content=body, headers={"Content-Type": content_type})
+            assert answer == sync.content  # byte for byte what /invocations answers
+            state = http.get(f"/async-invocations/{key}").json()
+            assert state["State"] == "completed" and state["Attempts"] == 1
+    messages = {m["inferenceId"]: m for m in notes(aws, 2)}
+    ok = messages["csv-1"]
+    assert ok["invocationStatus"] == "Completed" and ok["eventName"] == "InferenceResult"
+    assert ok["eventSource"] == "aws:sagemaker" and ok["awsRegion"] == REGION
+    assert ok["requestParameters"] == {"contentType": "text/csv", "endpointName": "my-endpoint",
+                                       "inputLocation": f"s3://{bucket}/in/rows.csv"}
+    assert ok["responseParameters"]["outputLocation"] == f"s3://{bucket}/out/csv-1.out"
+    assert json.loads(ok["responseBody"]["content"]) == {"predictions": [3.5, 4.0, 5.5]}
+
+
+def test_a_bad_input_lands_in_the_failure_location_and_the_error_topic(aws, served):
+    s3, bucket = aws["s3"], aws["bucket"]
+    s3.put_object(Bucket=bucket, Key="in/bad.json", Body=b'{"instances": [1.0,')
+    runtime = client("sagemaker-runtime", served.url)
+    runtime.invoke_endpoint_async(EndpointName="my-endpoint", InputLocation=f"s3://{bucket}/in/bad.json",
+                                  ContentType="application/json", InferenceId="bad-1")
+    runtime.invoke_endpoint_async(EndpointName="my-endpoint", InputLocation=f"s3://{bucket}/in/missing.json",
+                                  ContentType="application/json", InferenceId="missing-1")
+    error = wait_for(lambda: s3_object(s3, bucket, "failures/bad-1-error.out"), what="the failure object")
+    assert b"not valid JSON" in error  # what /invocations would have answered
+    wait_for(lambda: s3_object(s3, bucket, "failures/missing-1-error.out"), what="the missing input's failure")
+    assert s3_object(s3, bucket, "out/bad-1.out") is None
+    messages = {m["inferenceId"]: m for m in notes(aws, 2)}
+    assert messages["bad-1"]["invocationStatus"] == "Failed"
+    assert "Received client error (400)" in messages["bad-1"]["failureReason"]
+    assert messages["bad-1"]["responseParameters"]["failureLocation"] == f"s3://{bucket}/failures/bad-1-error.out"
+    assert "cannot read the input" in messages["missing-1"]["failureReason"]
+    # refused at once, in the runtime API's shapes
+    with pytest.raises(runtime.exceptions.ValidationError, match="InputLocation is required"):
+        runtime.invoke_endpoint_async(EndpointName="my-endpoint", ContentType="application/json")
+    with pytest.raises(runtime.exceptions.ValidationError, match="--async-input-root"):
+        runtime.invoke_endpoint_async(EndpointName="my-endpoint", InputLocation="file:///etc/passwd")
+    with pytest.raises(runtime.exceptions.ValidationError, match="already queued for input"):
+        runtime.invoke_endpoint_async(EndpointName="my-endpoint", InputLocation=f"s3://{bucket}/in/other.json",
+                                      InferenceId="bad-1")
+    metrics = httpx.get(f"{served.url}/metrics").text
+    assert 'tfservo_async_requests_total{outcome="failed"} 2.0' in metrics
+    assert "tfservo_async_backlog 0.0" in metrics
+
+
+def test_a_backlog_killed_mid_way_runs_every_request_once_after_a_restart(tmp_path):
+    """200 requests queued, the server killed -9 while it works through them, started again on
+    the same state folder: 200 answers, none missing, none twice, a notification for each."""
+    inputs, out = tmp_path / "inputs", tmp_path / "out"
+    inputs.mkdir()
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def on_post(path, headers, body):
+        with lock:
+            seen.append(json.loads(body)["inferenceId"])
+        return 200
+
+    receiver, hook = start_receiver(on_post)
+    config = tmp_path / "async.json"
+    config.write_text(json.dumps({"OutputConfig": {"S3OutputPath": str(out), "NotificationConfig": {
+        "SuccessTopic": hook + "done", "ErrorTopic": hook + "failed"}},
+        "ClientConfig": {"MaxConcurrentInvocationsPerInstance": 1}}))
+    args = [MODEL, "--async-inference-config", str(config), "--async-state", str(tmp_path / "state"),
+            "--async-input-root", str(inputs)]
+    try:
+        with ServerProcess(args) as first, httpx.Client(base_url=first.url, timeout=60) as http:
+            for i in range(200):
+                (inputs / f"{i}.csv").write_text(f"{i}.0\n")
+                queued = http.post("/endpoints/ep/async-invocations", headers={
+                    "X-Amzn-SageMaker-InputLocation": str(inputs / f"{i}.csv"),
+                    "X-Amzn-SageMaker-Content-Type": "text/csv", "X-Amzn-SageMaker-Inference-Id": f"r{i}"})
+                assert queued.status_code == 202, queued.text
+            wait_for(lambda: len(list(out.glob("*.out"))) >= 20, what="the first answers")
+            os.kill(first.proc.pid, signal.SIGKILL)
+            first.proc.wait()
+        partway = len(list(out.glob("*.out")))
+        assert partway < 200, "the backlog finished before the kill; nothing was tested"
+        with ServerProcess(args) as second:
+            wait_for(lambda: len(list(out.glob("*.out"))) == 200, timeout=240, what="all 200 answers")
+            states = httpx.get(f"{second.url}/async-invocations/r199").json()
+        assert states["State"] == "completed"
+        assert sorted(p.name for p in out.iterdir()) == sorted(f"r{i}.out" for i in range(200))  # no temp files
+        for i in (0, 57, 199):
+            assert json.loads((out / f"r{i}.out").read_text()) == {"predictions": [0.5 * i + 3.0]}
+        wait_for(lambda: set(seen) >= {f"r{i}" for i in range(200)}, what="a notification for each")
+    finally:
+        receiver.shutdown()
