@@ -18,6 +18,7 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
+from clusters import image_example
 from conftest import SMC
 from http_receiver import start_receiver
 from s3_server import REGION
@@ -91,8 +92,10 @@ def served(aws, tmp_path_factory):
         },
         "ClientConfig": {"MaxConcurrentInvocationsPerInstance": 2},
     }))
-    with ServerProcess([MODEL, "--async-inference-config", str(config), "--async-state", str(work / "state"),
+    images = image_example().build_model(str(work / "images"))  # image_stats and its JPEG handler
+    with ServerProcess([MODEL, images, "--async-inference-config", str(config), "--async-state", str(work / "state"),
                         "--endpoint-name", "my-endpoint"]) as server:
+        server.work = work
         yield server
 
 
@@ -124,7 +127,15 @@ def test_boto3_and_the_aws_cli_queue_requests_whose_answers_match_invocations(aw
             assert answer == sync.content  # byte for byte what /invocations answers
             state = http.get(f"/async-invocations/{key}").json()
             assert state["State"] == "completed" and state["Attempts"] == 1
-    messages = {m["inferenceId"]: m for m in notes(aws, 2)}
+    # a JPEG through the image bundle's handler (which posts it to context.rest_uri itself)
+    image_example().write_images(str(served.work / "jpegs"), [("red.jpg", (250, 10, 10))])
+    s3.put_object(Bucket=bucket, Key="in/red.jpg", Body=(served.work / "jpegs" / "red.jpg").read_bytes())
+    runtime.invoke_endpoint_async(EndpointName="my-endpoint", InputLocation=f"s3://{bucket}/in/red.jpg",
+                                  ContentType="application/x-image", InferenceId="jpeg-1",
+                                  CustomAttributes="tfs-model-name=image_stats")
+    answer = json.loads(wait_for(lambda: s3_object(s3, bucket, "out/jpeg-1.out"), what="the JPEG's answer"))
+    assert answer["predictions"][0]["mean_rgb"][0] > 200 and answer["predictions"][0]["mean_rgb"][1] < 50
+    messages = {m["inferenceId"]: m for m in notes(aws, 3)}
     ok = messages["csv-1"]
     assert ok["invocationStatus"] == "Completed" and ok["eventName"] == "InferenceResult"
     assert ok["eventSource"] == "aws:sagemaker" and ok["awsRegion"] == REGION
@@ -207,3 +218,51 @@ def test_a_backlog_killed_mid_way_runs_every_request_once_after_a_restart(tmp_pa
         wait_for(lambda: set(seen) >= {f"r{i}" for i in range(200)}, what="a notification for each")
     finally:
         receiver.shutdown()
+
+
+# Records when each call starts and ends (in whichever worker runs it), then answers the model's.
+TIMED_HANDLER = """
+    import fcntl, json, os, time
+
+    import requests
+
+
+    def note(what):
+        with open(os.environ["ASYNC_TIMES"], "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(f"{what} {time.time()}\\n")
+
+
+    def handler(data, context):
+        note("start")
+        time.sleep(0.3)
+        answer = requests.post(context.rest_uri, data=data.read(), headers={"Content-Type": "text/csv"}, timeout=30)
+        note("end")
+        return answer.text, "application/json"
+"""
+
+
+def test_workers_share_one_queue_and_its_cap_on_requests_running_at_once(tmp_path):
+    """Two workers, MaxConcurrentInvocationsPerInstance 1: the handler never runs twice at once."""
+    from conftest import handler_bundle
+
+    bundle = handler_bundle(tmp_path / "bundle", TIMED_HANDLER)
+    times, out, inputs = tmp_path / "times.txt", tmp_path / "out", tmp_path / "inputs"
+    inputs.mkdir()
+    config = tmp_path / "async.json"
+    config.write_text(json.dumps({"OutputConfig": {"S3OutputPath": str(out)},
+                                  "ClientConfig": {"MaxConcurrentInvocationsPerInstance": 1}}))
+    with ServerProcess([str(bundle), "--workers", "2", "--async-inference-config", str(config), "--async-state",
+                        str(tmp_path / "state"), "--async-input-root", str(inputs)],
+                       env={"ASYNC_TIMES": str(times)}) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+        for i in range(8):
+            (inputs / f"{i}.csv").write_text(f"{i}.0\n")
+            http.post("/endpoints/ep/async-invocations", headers={
+                "X-Amzn-SageMaker-InputLocation": str(inputs / f"{i}.csv"), "X-Amzn-SageMaker-Content-Type": "text/csv"})
+        wait_for(lambda: len(list(out.glob("*.out"))) == 8, what="8 answers")
+    events = sorted((float(t), kind) for kind, t in (line.split() for line in times.read_text().splitlines()))
+    running = peak = 0
+    for _, kind in events:
+        running += 1 if kind == "start" else -1
+        peak = max(peak, running)
+    assert peak == 1 and len(events) == 16
