@@ -259,7 +259,16 @@ def test_workers_share_one_queue_and_its_cap_on_requests_running_at_once(tmp_pat
             (inputs / f"{i}.csv").write_text(f"{i}.0\n")
             http.post("/endpoints/ep/async-invocations", headers={
                 "X-Amzn-SageMaker-InputLocation": str(inputs / f"{i}.csv"), "X-Amzn-SageMaker-Content-Type": "text/csv"})
-        wait_for(lambda: len(list(out.glob("*.out"))) == 8, what="8 answers")
+        in_flight: list[float] = []
+
+        def drained() -> bool:  # the backlog watched as an operator would: through /metrics
+            for line in http.get("/metrics").text.splitlines():
+                if line.startswith("tfservo_async_in_flight "):
+                    in_flight.append(float(line.split()[1]))
+            return len(list(out.glob("*.out"))) == 8
+
+        wait_for(drained, what="8 answers")
+    assert max(in_flight) == 1.0  # seen running, never more than the cap
     events = sorted((float(t), kind) for kind, t in (line.split() for line in times.read_text().splitlines()))
     running = peak = 0
     for _, kind in events:
