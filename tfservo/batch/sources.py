@@ -28,6 +28,7 @@ __all__ = [
     "InputObject",
     "is_local",
     "list_inputs",
+    "NoInputObjects",
     "OpenedInput",
     "url_to_fs",
 ]
@@ -70,6 +71,10 @@ def display_url(fs: Any, path: str) -> str:
     return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
+class NoInputObjects(JobError):
+    """INPUT names no object (yet: a followed prefix may fill later)."""
+
+
 def list_inputs(job: TransformJob) -> list[InputObject]:
     """The job's input objects, sorted by relative name."""
     fs, root = url_to_fs(job.input)
@@ -78,7 +83,7 @@ def list_inputs(job: TransformJob) -> list[InputObject]:
     else:
         objects = _prefix(fs, root, job.input)
     if not objects:
-        raise JobError(
+        raise NoInputObjects(
             f"no input objects in {job.input}: no file, no folder with files, no objects whose name "
             "starts with it (hidden files do not count); check the path, or use --data-type "
             "ManifestFile for a manifest"

@@ -74,6 +74,11 @@ class _AnyCase(click.Choice):
               "inferenceId is OBJECT:RECORD, naming the object and its first record.")
 @click.option("--overwrite", is_flag=True, default=False,
               help="Redo every object; by default objects whose .out exists are skipped (resume).")
+@click.option("--follow", is_flag=True, default=False,
+              help="Keep watching INPUT and transform each new object as it lands (once it has stood still for "
+              "a poll), until SIGINT or SIGTERM, which stop once the objects in flight are done; local engine.")
+@click.option("--poll-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="With --follow: how often INPUT is listed.")
 @click.option("--progress", type=click.Choice(["auto", "bar", "log", "none"]), default="auto", show_default=True,
               help="auto: a progress bar on a terminal, a log line every 10 s otherwise. With --runner beam "
               "live only when the workers run in this process (DirectRunner, not multi_processing); "
@@ -98,8 +103,8 @@ class _AnyCase(click.Choice):
 @click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
               help="A Beam pipeline option for --runner beam (repeatable), e.g. direct_num_workers=2 or "
               "project=my-project.")
-def transform(model, input_url, output_url, env_pairs, progress, log_level, runner, ray_address, spark_master, workers,
-              beam_runner, beam_options, **flags) -> None:
+def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, progress, log_level, runner, ray_address,
+              spark_master, workers, beam_runner, beam_options, **flags) -> None:
     """Run a SageMaker-style batch transform of INPUT into OUTPUT on this machine.
 
     MODEL is any bundle `serve` accepts. INPUT and OUTPUT are local folders or fsspec URLs
@@ -138,8 +143,12 @@ def transform(model, input_url, output_url, env_pairs, progress, log_level, runn
         raise click.UsageError("--workers needs --runner ray or --runner spark")
     if workers < 0:
         raise click.UsageError("--workers must be 0 (one per core) or more")
+    if follow and runner != "local":
+        raise click.UsageError("--follow runs on the local engine; drop --runner")
     try:
-        if beam is not None:
+        if follow:
+            summary = _follow(job, poll_seconds)
+        elif beam is not None:
             from tfservo.batch.engines.beam import run_beam_transform
 
             summary = run_beam_transform(job, beam, progress=progress)
@@ -175,3 +184,23 @@ def transform(model, input_url, output_url, env_pairs, progress, log_level, runn
         click.echo(f"failure report: {summary.report}", err=True)
     if not summary.ok:
         sys.exit(1)
+
+
+def _follow(job, poll_seconds: float):  # -> TransformSummary
+    """--follow until SIGINT or SIGTERM, which let the pass in flight finish its objects."""
+    import signal
+    import threading
+
+    from tfservo.batch.follow import follow_transform
+
+    stop = threading.Event()
+
+    def stopping(signum, frame) -> None:
+        if stop.is_set():  # a second signal: stop now, as a plain run would
+            raise KeyboardInterrupt
+        click.echo("tfservo transform: stopping once the objects in flight are done (again to stop now)", err=True)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stopping)
+    return follow_transform(job, stop, poll_seconds=poll_seconds)

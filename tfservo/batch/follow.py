@@ -1,0 +1,96 @@
+"""`tfservo transform --follow`: keep watching INPUT and run each new object through the bundle
+as it lands, with a batch job's outputs, resume state and semantics — the model loaded once,
+every poll a pass of the local engine over the objects not done yet.
+
+An object is taken once it has stood still for a poll (same size in two listings), so a local
+file still being written is not read half-way; S3 objects appear whole. Each object's .out is
+published whole and, once there, the object is done: across passes, restarts and kill -9
+(partial outputs of a killed run are removed by the next pass), every object is transformed once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+
+from tfservo.batch.engines.local import TransformEngine, list_job_inputs
+from tfservo.batch.job import TransformJob
+from tfservo.batch.run import apply_env, load_service
+from tfservo.batch.sinks import OutputStore
+from tfservo.batch.sources import InputObject, NoInputObjects
+from tfservo.batch.state import TransformSummary, bundle_versions, check_settings, job_description
+from tfservo.server.loopback import start_handler_endpoints
+
+__all__ = ["follow_transform"]
+
+log = logging.getLogger("tfservo.batch")
+
+
+def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: float = 10.0) -> TransformSummary:
+    """Transform INPUT's objects as they land until `stop` is set (the pass running then
+    finishes its objects first); the summary of every pass together."""
+    job = job.validated()
+    check_settings(OutputStore(job.state_url), job, job_description(job))  # changed flags stop it before loading
+    apply_env(job.env)
+    service = load_service(job.model, job.env)
+    loopback = start_handler_endpoints(service)
+    total = TransformSummary()
+    started = time.monotonic()
+    seen: dict[str, int | None] = {}
+    taken: set[str] = set()  # objects a pass has had (done, or failed: retried by the next run, not every poll)
+    try:
+        versions = bundle_versions(service.bundles)
+        first = TransformEngine(job, service.invoker, progress="none", versions=versions)
+        # --overwrite redoes what is there once, at the start; later passes only add new objects
+        later = TransformEngine(dataclasses.replace(job, overwrite=False), service.invoker, progress="none",
+                                versions=versions)
+        log.info("following %s every %gs; SIGINT or SIGTERM stops once the objects in flight are done",
+                 job.input, poll_seconds)
+        engine = first
+        while True:
+            ready, seen = _settled(_listed(job), seen)
+            ready = [obj for obj in ready if obj.rel not in taken]
+            if ready:
+                passed = engine.run(ready)
+                if engine is first:
+                    total.skipped = passed.skipped
+                engine = later
+                _add(total, passed)
+                taken.update(obj.rel for obj in ready)
+                if passed.done or passed.failed:
+                    log.info("follow: %d new object(s) transformed%s; %d in all", passed.done,
+                             f", {len(passed.failed)} failed" if passed.failed else "", total.done)
+            if stop.wait(poll_seconds):
+                break
+    finally:
+        if loopback is not None:
+            loopback.stop()
+        service.close()
+    total.seconds = time.monotonic() - started
+    return total
+
+
+def _listed(job: TransformJob) -> list[InputObject]:
+    try:
+        return list_job_inputs(job)
+    except NoInputObjects:
+        return []  # not yet
+
+
+def _settled(
+    objects: list[InputObject], before: dict[str, int | None]
+) -> tuple[list[InputObject], dict[str, int | None]]:
+    """The objects listed with the same size last time (a file still growing waits a poll)."""
+    now = {obj.rel: obj.size for obj in objects}
+    return [obj for obj in objects if obj.rel in before and before[obj.rel] == obj.size], now
+
+
+def _add(total: TransformSummary, passed: TransformSummary) -> None:
+    total.objects += passed.objects
+    total.done += passed.done
+    total.records += passed.records
+    total.failed.extend(passed.failed)
+    total.dead_lettered.extend(passed.dead_lettered)
+    total.report = passed.report or total.report
