@@ -34,8 +34,9 @@ def ray_cluster() -> Iterator[str]:
     from ray.cluster_utils import Cluster
 
     # Ray waits a fixed 30 s for a raylet to register; on a 2-core machine busy with the other
-    # test worker's servers that is sometimes too short: one more try before failing.
-    for attempt in (1, 2):
+    # test worker's servers that is sometimes too short (twice in a row seen once): two more
+    # tries, a few seconds apart, before failing.
+    for attempt in (1, 2, 3):
         cluster = None
         try:
             cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
@@ -45,8 +46,9 @@ def ray_cluster() -> Iterator[str]:
         except Exception as exc:
             if cluster is not None:
                 cluster.shutdown()
-            if attempt == 2 or "timed out during startup" not in str(exc):
+            if attempt == 3 or "timed out during startup" not in str(exc):
                 raise
+            time.sleep(5)
     ray.init(address=cluster.address, logging_level="WARNING")
     try:
         yield cluster.address

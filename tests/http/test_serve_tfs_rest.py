@@ -140,6 +140,8 @@ def test_b64_string_output(tmp_path_factory):
         ("POST", f"/v1/models/{M}:regress", b'{"signature_name": "regress_x_to_y", "examples": [{"x": {"a": 1}}]}', 400),
         ("POST", f"/v1/models/{M}:explode", b"{}", 404),
         ("GET", f"/v1/models/{M}:predict", b"", 405),
+        ("POST", f"/v1/models/{M}/versions/1/metadata", b"{}", 405),  # TF Serving's "Use GET ..."
+        ("POST", "/v1/models/a:b:c", b"{}", 404),  # no TF Serving form: "Malformed request"
         ("GET", "/no/such/route", b"", 404),
         ("DELETE", "/ping", b"", 405),
     ],

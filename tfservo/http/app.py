@@ -9,7 +9,6 @@ TF Serving's status codes, never an HTML page.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +33,7 @@ from tfservo.http.docs_page import DocsPage
 from tfservo.http.hot_routes import HotRoutes
 from tfservo.http.management_edge import gated
 from tfservo.http.responses import error_response, internal_error, json_response
-from tfservo.http.routes import HotDispatch, RouteSpec, starlette_routes
+from tfservo.http.routes import HotDispatch, RouteSpec, starlette_routes, tfs_path_parts
 from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
 
@@ -49,14 +48,6 @@ __all__ = ["build_app", "ServingApp"]
 log = logging.getLogger("tfservo.http")
 
 _THREADS = 64  # model calls in flight at once per pool (calls, invocations)
-
-# What TF Serving's REST paths look like, for the answers to the ones no route matched.
-_TFS_SHAPE = re.compile(
-    r"^/v1/models/(?P<name>[^/:]+)"
-    r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-    r"(?::(?P<method>[^/:]+)|/(?P<meta>metadata))?/?$"
-)
-
 
 class ServingApp:
     """The ASGI app of one service: POSTs to hot routes go straight to their handler."""
@@ -144,12 +135,12 @@ class Pages:
 
     async def tfs_malformed(self, request: Request) -> Response:
         """Whatever else comes to /v1/models/...: TF Serving's 404s and 405s, saying what to send."""
-        match = _TFS_SHAPE.match(request.url.path)
-        if not match:
+        parts = tfs_path_parts(request.url.path)
+        if parts is None:
             return json_response({"error": f"Malformed request: {request.method} {request.url.path}"}, 404)
-        method = match["method"]
+        method = parts.get("method")
         try:
-            parse_version(match["version"])
+            parse_version(parts.get("version"))
         except ServingError as exc:
             return error_response(exc)
         if request.method == "GET" and method:

@@ -32,6 +32,7 @@ __all__ = [
     "RouteScopes",
     "RouteSpec",
     "starlette_routes",
+    "tfs_path_parts",
 ]
 
 CAPTURE_KEY = "tfservo.capture"  # scope key: the route's data-capture kind, if it has one
@@ -176,6 +177,24 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(("POST",), "/models/{name}/invoke", "hot.invoke", hot=True, slash=True, multi_model=True,
               capture="invocation", scope="invoke"),
 )
+
+
+# TF Serving's REST paths in each of their forms, any method name: how the answers to the
+# requests no route took (404/405 in TF Serving's words) read what such a path asked for.
+_TFS_FORMS = tuple(compile_path(prefix + suffix)[0] for prefix in _TFS_PREFIXES
+                   for suffix in (":{method:segment}", "/metadata", ""))
+
+
+def tfs_path_parts(path: str) -> dict[str, str] | None:
+    """The name, version, label and method a TF Serving REST path names (those it has), or
+    None for a path of no TF Serving form."""
+    if path.endswith("/") and len(path) > 1:
+        path = path[:-1]
+    for pattern in _TFS_FORMS:
+        match = pattern.match(path)
+        if match is not None:
+            return match.groupdict()
+    return None
 
 
 def _served(spec: RouteSpec, multi_model: bool) -> bool:
