@@ -13,11 +13,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from tfservo.async_inference.config import AsyncConfig
 from tfservo.async_inference.notify import Notifier, notification
 from tfservo.async_inference.queue import AsyncQueue, AsyncRequest
+from tfservo.batch.sources import is_local, url_to_fs
 from tfservo.batch.storage_retry import retry
 from tfservo.core import deadlines
 from tfservo.core.errors import ServingError
@@ -31,16 +31,9 @@ log = logging.getLogger("tfservo.async")
 _IDLE_WAIT = 0.5  # how often an idle thread looks for requests other workers queued
 
 
-def _fs(url: str) -> tuple[Any, str]:
-    import fsspec.core
-
-    fs, path = fsspec.core.url_to_fs(url)
-    return fs, path
-
-
 def read_object(url: str) -> bytes:
     """The whole object at an s3:// URL or local path (storage errors that may pass retried)."""
-    fs, path = _fs(url)
+    fs, path = url_to_fs(url)
     data: bytes = retry(lambda: fs.cat_file(path), f"reading {url}")
     return data
 
@@ -48,9 +41,8 @@ def read_object(url: str) -> bytes:
 def write_object(url: str, data: bytes) -> None:
     """Write `data` at `url` whole or not at all: S3 puts are atomic, a local file is written
     beside its name and renamed into place."""
-    fs, path = _fs(url)
-    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if "file" in protocol or "local" in protocol:
+    fs, path = url_to_fs(url)
+    if is_local(fs):
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".tfservo-", delete=False) as f:
