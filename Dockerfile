@@ -5,7 +5,7 @@
 #
 # Built without a registry or PyPI inside the build: BASE is any Debian bookworm image (the
 # image test makes one with debootstrap + docker import), Python packages come from a wheelhouse
-# made on the host (`pip download -r deploy/requirements-image.lock -d wheelhouse`), apt from
+# made on the host (`pip download -r requirements.lock -d wheelhouse`), apt from
 # Debian's mirror (build with --network host). scripts/build-image does all of it.
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
@@ -15,9 +15,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 COPY wheelhouse /wheels
-COPY deploy/requirements-image.lock /src/requirements-image.lock
+COPY requirements.lock /src/requirements.lock
 RUN python3 -m venv /opt/tfservo \
- && /opt/tfservo/bin/pip install --no-cache-dir --no-index --find-links /wheels -r /src/requirements-image.lock
+ && /opt/tfservo/bin/pip install --no-cache-dir --no-index --find-links /wheels -r /src/requirements.lock
 COPY pyproject.toml README.md /src/
 COPY tfservo /src/tfservo
 RUN /opt/tfservo/bin/pip install --no-cache-dir --no-index --find-links /wheels --no-deps /src \

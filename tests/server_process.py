@@ -29,9 +29,10 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         timeout: float = 120.0,
         file_limit: int | None = None,
+        tfservo: str = TFSERVO,
     ) -> None:
         self.file_limit = file_limit  # RLIMIT_NOFILE of the server process
-        self.args = [TFSERVO, "serve", "--host", "127.0.0.1", "--port", "0", *args]
+        self.args = [tfservo, "serve", "--host", "127.0.0.1", "--port", "0", *args]
         if "--grpc-port" not in args:
             self.args += ["--grpc-port", "0"]
         self.env = {**os.environ, **(env or {})}

@@ -9,9 +9,11 @@ errors still show; TFSERVO_TF_LOGS=1 keeps everything): import it before apache_
 Beam's own import notes quiet too.
 """
 
+from tfservo.core.extras import require
 from tfservo.core.logs import quiet_libraries
 
 quiet_libraries()
+require("tfservo.beam", "beam", "apache_beam")
 
 from tfservo.batch.adapters.beam import BundleModelHandler, ServingModelHandler  # noqa: E402
 from tfservo.batch.worker.failures import ElementErrors, ElementFailure  # noqa: E402

@@ -18,7 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from tfservo.batch.worker.columns import ColumnPredictor
+from tfservo.core.extras import require
 from tfservo.core.logs import quiet_libraries
+
+require("tfservo.ray", "ray", "ray")
 
 __all__ = ["BundlePredictor"]
 

@@ -20,7 +20,10 @@ import numpy as np
 
 from tfservo.batch.worker.columns import ColumnPredictor
 from tfservo.batch.worker.once import load_once
+from tfservo.core.extras import require
 from tfservo.core.logs import quiet_libraries
+
+require("tfservo.spark", "spark", "pyspark")
 
 __all__ = ["bundle_predict_frames", "bundle_predict_udf"]
 

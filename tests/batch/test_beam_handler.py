@@ -330,7 +330,7 @@ def test_without_the_opt_in_a_failed_batch_is_dead_lettered_whole_naming_the_bad
 def test_per_element_dead_letters_are_pinned_to_the_tested_beam() -> None:
     from tfservo.batch.adapters import beam_dead_letters as dead_letters
 
-    assert dead_letters.supported(beam.__version__), "requirements.lock pins the Beam these tests check"
+    assert dead_letters.supported(beam.__version__), "requirements-dev.lock pins the Beam these tests check"
     assert not dead_letters.supported("2.78.0") and not dead_letters.supported("3.0.0")
 
 

@@ -4,9 +4,8 @@ routes of /openapi.json, and a request sent from it gets a prediction."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
+from browser import chromium
 from conftest import TFS
 from server_process import ServerProcess
 
@@ -15,19 +14,7 @@ M = "saved_model_half_plus_two_cpu"
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and driver):
-        pytest.fail("Debian's chromium and chromium-driver are needed: ./scripts/system-deps test installs them")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,3000", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"):
-        options.add_argument(arg)  # the last: any request off this machine fails (no CDN at run time)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    with webdriver.Chrome(options=options, service=Service(driver)) as chrome:
+    with chromium() as chrome:
         yield chrome
 
 

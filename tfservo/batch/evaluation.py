@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from tfservo.core.errors import InvalidArgument
+from tfservo.core.extras import require
 
 __all__ = [
     "Evaluation",
@@ -249,7 +250,7 @@ def evaluate(
 ) -> Evaluation:
     """Metrics over the records that have a label (keys matched exactly, else by the record's
     name without its folders)."""
-    from sklearn import metrics as skm
+    skm = require("tfservo evaluate", "evaluate", "sklearn.metrics")
 
     by_base: dict[str, str] = {}
     for key, label in labels.items():
@@ -445,8 +446,7 @@ def table(evaluation: Evaluation) -> str:
 
 def plot_confusion(evaluation: Evaluation, path: str, write: Callable[[str, bytes], None]) -> None:
     """The row-normalised confusion matrix as a PNG with class names (matplotlib, Agg)."""
-    import matplotlib
-
+    matplotlib = require("tfservo evaluate --plot", "evaluate", "matplotlib")
     matplotlib.use("Agg")
     import numpy as np
     from matplotlib import pyplot as plt

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import httpx
 
 from tfservo.capture.writer import CaptureEvent
+from tfservo.core.extras import require
 from tfservo.core.settings import ConfigError
 
 __all__ = ["PayloadLogger"]
@@ -60,10 +61,8 @@ class PayloadLogger:
     ) -> None:
         if mode not in _MODES:
             raise ConfigError(f"--payload-log-mode must be one of {', '.join(_MODES)}, got {mode!r}")
-        try:
-            from cloudevents.http import CloudEvent, to_binary
-        except ImportError:
-            raise ConfigError("--payload-log-url needs the cloudevents package: pip install 'tfservo[payload-log]'") from None
+        events = require("--payload-log-url", "payload-log", "cloudevents.http")
+        CloudEvent, to_binary = events.CloudEvent, events.to_binary
         self._event_class, self._to_binary = CloudEvent, to_binary
         self.url = url
         self.mode = mode

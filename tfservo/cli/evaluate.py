@@ -51,7 +51,12 @@ def evaluate(output, labels_file, label_from_name, classes, model_path, task, id
     )
     from tfservo.batch.evaluation import evaluate as run_evaluation
     from tfservo.core.errors import ServingError
+    from tfservo.core.extras import require
 
+    try:
+        require("tfservo evaluate", "evaluate", "sklearn")
+    except ServingError as exc:
+        raise click.ClickException(exc.message) from None
     if bool(labels_file) == bool(label_from_name):
         raise click.UsageError("give one of --labels FILE or --label-from-name REGEX")
     fs, root = fsspec.core.url_to_fs(output)
@@ -73,8 +78,12 @@ def evaluate(output, labels_file, label_from_name, classes, model_path, task, id
     try:
         records, unreadable = read_outputs(files(), id_column=id_column)
         if labels_file:
-            with fsspec.open(labels_file, "rb") as f:
-                labels = labels_from_file(f.read().decode("utf-8"))
+            try:
+                with fsspec.open(labels_file, "rb") as f:
+                    text = f.read().decode("utf-8")
+            except FileNotFoundError:
+                raise click.ClickException(f"--labels {labels_file}: no such file") from None
+            labels = labels_from_file(text)
         else:
             labels, matched = labels_from_names([r.name for r in records], label_from_name)
             click.echo(f"--label-from-name {matched}", err=True)

@@ -118,6 +118,7 @@ def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, pro
     from tfservo.batch.job import JobError, TransformJob, parse_env
     from tfservo.batch.run import run_transform
     from tfservo.core.errors import ServingError
+    from tfservo.core.extras import MissingExtra
 
     setup_logging(log_level)
     try:
@@ -131,7 +132,7 @@ def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, pro
         beam = BeamSettings(beam_runner or "DirectRunner", list(beam_options))
         try:
             beam.flags()
-        except JobError as exc:
+        except (JobError, MissingExtra) as exc:
             raise click.UsageError(exc.message) from None
     elif beam_runner or beam_options:
         raise click.UsageError("--beam-runner and --beam-option need --runner beam")

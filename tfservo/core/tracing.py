@@ -92,16 +92,10 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         exporters = wanted(env)
         if not exporters:
             return False
-        try:
-            import opentelemetry.instrumentation.requests
-            import opentelemetry.sdk  # noqa: F401
-        except ImportError as exc:
-            from tfservo.core.settings import ConfigError
+        from tfservo.core.extras import require
 
-            raise ConfigError(
-                f"the OTEL_* variables turn tracing on, but {exc.name} is not installed: "
-                "pip install 'tfservo[otel]', or unset them"
-            ) from None
+        for module in ("opentelemetry.sdk", "opentelemetry.instrumentation.requests"):
+            require("tracing (turned on by the OTEL_* variables; unset them to serve without)", "otel", module)
         from opentelemetry import trace
         from opentelemetry.instrumentation.requests import RequestsInstrumentor
         from opentelemetry.sdk.resources import SERVICE_NAME, Resource

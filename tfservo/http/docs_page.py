@@ -5,10 +5,15 @@ can be sent from the page."""
 from __future__ import annotations
 
 from importlib.resources import files
+from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse
+from starlette.responses import HTMLResponse, Response
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
+
+from tfservo.core.extras import MissingExtra, require
+from tfservo.http.responses import json_response
 
 __all__ = ["DocsPage"]
 
@@ -45,8 +50,24 @@ class DocsPage:
     """GET /docs and its static assets (paths in routes.ROUTES)."""
 
     def __init__(self) -> None:
+        try:
+            require("GET /docs", "ui", "swagger_ui")
+        except MissingExtra as exc:
+            self.missing: MissingExtra | None = exc
+            self.assets: Any = self._missing_assets
+            return
+        self.missing = None
         # The package's static folder (its only part used here; a new version is checked by the test).
         self.assets = StaticFiles(directory=str(files("swagger_ui") / "static"))
 
-    async def page(self, request: Request) -> HTMLResponse:
+    async def page(self, request: Request) -> Response:
+        if self.missing is not None:
+            return await self._missing(request)
         return HTMLResponse(_PAGE, headers={"Cache-Control": "no-cache"})
+
+    async def _missing(self, request: Request) -> Response:
+        """The lean install has no Swagger UI: say so, and where the API description is."""
+        return json_response({"error": f"{self.missing}; GET /openapi.json describes the API without it"}, 404)
+
+    async def _missing_assets(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await (await self._missing(Request(scope)))(scope, receive, send)

@@ -25,15 +25,13 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-try:
-    from sagemaker.exceptions import UnexpectedStatusException
-    from sagemaker.local import LocalSession
-except ImportError as exc:  # pragma: no cover - the extra is missing
-    raise ImportError(
-        "tfservo.sagemaker_sdk needs the SageMaker Python SDK v2: pip install 'tfservo[sagemaker]'"
-    ) from exc
+from tfservo.core.extras import require
 
-from tfservo.sagemaker_sdk.control_plane import ControlPlane
+require("tfservo.sagemaker_sdk", "sagemaker", "sagemaker")
+from sagemaker.exceptions import UnexpectedStatusException  # noqa: E402
+from sagemaker.local import LocalSession  # noqa: E402
+
+from tfservo.sagemaker_sdk.control_plane import ControlPlane  # noqa: E402
 
 __all__ = ["Session"]
 
@@ -93,12 +91,7 @@ class Session(LocalSession):
         atexit.register(self.close)
 
     def _start_local_s3(self) -> str:
-        try:
-            from moto.server import ThreadedMotoServer
-        except ImportError as exc:
-            raise ImportError(
-                "local_s3 needs moto's server: pip install 'tfservo[sagemaker]', or give s3_endpoint_url"
-            ) from exc
+        ThreadedMotoServer = require("local_s3 (or give s3_endpoint_url)", "sagemaker", "moto.server").ThreadedMotoServer
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._moto.start()

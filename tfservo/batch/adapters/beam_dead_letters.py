@@ -13,7 +13,7 @@ tagged ones go to the dead-letter output and the rest to the main output. That i
 Beam gives a ModelHandler no way to ask either, so `dead_letter_tag` reads both off the call
 stack, recognising Beam's functions by their code objects. That leans on Beam's internals, so
 it is an explicit opt-in (`per_element_failures=True` on the handlers), and it only works on
-the Beam versions it was tested with (TESTED_BEAM, the version requirements.lock pins; the
+the Beam versions it was tested with (TESTED_BEAM, the version requirements-dev.lock pins; the
 test suite runs it there). Anything else — no opt-in, another Beam version (one warning), a
 wrapper of the user's, KeyedModelHandler — answers None, and the caller raises for the whole
 batch: Beam's documented contract, where the whole batch goes to `failed_inferences` and the

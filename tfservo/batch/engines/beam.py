@@ -39,6 +39,7 @@ from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.sources import InputObject
 from tfservo.batch.state import ObjectOutcome, RecordFailure, TransformSummary
+from tfservo.core.extras import require
 from tfservo.core.logs import quiet_libraries
 
 __all__ = [
@@ -62,7 +63,7 @@ METRICS = "tfservo.batch"
 
 def known_beam_runners() -> list[str]:
     """Beam's runner class names (DirectRunner, DataflowRunner, FlinkRunner, ...)."""
-    from apache_beam.options.pipeline_options import StandardOptions
+    StandardOptions = require("--runner beam", "beam", "apache_beam.options.pipeline_options").StandardOptions
 
     return sorted({path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS})
 
@@ -80,9 +81,9 @@ def beam_runner_name(name: str) -> str:
 def beam_pipeline_flags(runner: str, pairs: Iterable[str]) -> list[str]:
     """--beam-option KEY=VALUE pairs (or bare KEY for a boolean option) → Beam's command-line
     flags, checked against every option Beam knows; JobError names the one that is wrong."""
+    flags = [f"--runner={beam_runner_name(runner)}"]
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    flags = [f"--runner={beam_runner_name(runner)}"]
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip().lstrip("-")

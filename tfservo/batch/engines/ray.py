@@ -36,6 +36,7 @@ from tfservo.batch.engines.driver import DriverRun
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.sources import InputObject
 from tfservo.batch.state import ObjectOutcome, RecordFailure, TransformSummary
+from tfservo.core.extras import require
 
 __all__ = ["RaySettings", "run_ray_transform"]
 
@@ -55,10 +56,7 @@ class RaySettings:
 def _connected(settings: RaySettings) -> Iterator[Any]:
     """Ray, connected: to `address`, to the cluster this process already joined, or to a new
     local one (stopped at the end)."""
-    try:
-        import ray
-    except ImportError:
-        raise JobError("--runner ray needs Ray: pip install 'tfservo[ray]'") from None
+    ray = require("--runner ray", "ray", "ray")
     if ray.is_initialized():
         yield ray
         return

@@ -34,6 +34,7 @@ from tfservo.batch.engines.distributed import (
 from tfservo.batch.engines.driver import DriverRun
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.state import ObjectOutcome, TransformSummary
+from tfservo.core.extras import require
 from tfservo.core.logs import library_logs_wanted
 
 __all__ = ["SparkSettings", "run_spark_transform"]
@@ -55,10 +56,7 @@ class SparkSettings:
 @contextmanager
 def _session(settings: SparkSettings) -> Iterator[Any]:
     """A SparkSession: the active one (left running), or a new one on `master` (stopped at the end)."""
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise JobError("--runner spark needs PySpark: pip install 'tfservo[spark]' (and a Java 17 JRE)") from None
+    SparkSession = require("--runner spark", "spark", "pyspark.sql").SparkSession
     active = SparkSession.getActiveSession()
     if active is not None and settings.master is None:
         yield active
