@@ -111,3 +111,16 @@ def run_cli(args: Sequence[str], input: bytes | None = None, env: Mapping[str, s
 
 
 __all__ = ["ServerProcess", "run_cli"]
+
+
+def answers_ping(base_url: str, proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait until GET /ping answers 200; False when `proc` exits or `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base_url}/ping", timeout=2).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    return False

@@ -17,7 +17,7 @@ import httpx
 import portpicker
 import pytest
 from runnable import RUNNABLE_LANGS, Block, blocks, pages
-from server_process import REPO
+from server_process import REPO, answers_ping
 
 PAGES = pages(REPO)
 RUN_PAGES = [p for p in PAGES if any(b.marker in ("run", "serve") for b in blocks(p))]
@@ -119,16 +119,8 @@ def test_the_pages_commands_work_as_written(page, example_models, tmp_path):
                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
                 servers.append((block, proc, log))
                 port = next((ports[p] for p in PORTS if re.search(rf"\b{p}\b", block.text)), ports["8080"])
-                deadline = time.monotonic() + 180
-                while True:
-                    try:
-                        if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        pytest.fail(f"{block.where}: the server did not answer /ping:\n{log.read_text()[-3000:]}")
-                    time.sleep(0.3)
+                if not answers_ping(f"http://127.0.0.1:{port}", proc, 180):
+                    pytest.fail(f"{block.where}: the server did not answer /ping:\n{log.read_text()[-3000:]}")
             elif block.marker == "run":
                 if block.lang == "python":
                     script = tmp_path / f"block-{block.line}.py"
