@@ -79,6 +79,14 @@ class ServerProcess:
     def output(self) -> str:
         return "".join(self.lines)
 
+    def wait_for(self, text: str, timeout: float = 15) -> str:
+        """The output once it holds `text` (a line logged after the answer was sent may come a
+        moment later), or the output so far after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while text not in (output := self.output) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return output
+
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=60, **kw)
 

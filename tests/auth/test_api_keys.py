@@ -199,7 +199,7 @@ def test_management_needs_the_manage_scope_and_names_the_key_in_its_audit_line(s
     with httpx.Client(base_url=server.url, timeout=30) as client:
         answer = client.post(f"/v2/repository/models/{M}/load", headers=auth(keys["manager"]))
         assert answer.status_code == 400  # one bundle served: no repository to load from
-    output = server.output
+    output = server.wait_for("http POST /v2/repository/models/")
     assert ("manage peer=127.0.0.1 who=manager grpc /tensorflow.serving.ModelService/HandleReloadConfigRequest "
             f"model={M} outcome=ALREADY_EXISTS") in output
     assert f"manage peer=127.0.0.1 who=manager http POST /v2/repository/models/{{name}}/load model={M} outcome=400" in output

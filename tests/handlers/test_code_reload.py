@@ -70,8 +70,9 @@ def test_serve_reload_answers_with_the_edited_handler_and_keeps_the_model(tmp_pa
 
 def test_invoke_watch_runs_the_request_again_after_each_edit(tmp_path):
     root = bundle(tmp_path)
+    log = open(tmp_path / "invoke.log", "w")  # a file, not an unread pipe that could fill up
     proc = subprocess.Popen([TFSERVO, "invoke", str(root), "--content-type", "text/plain", "--watch"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         proc.stdin.write("hello")
         proc.stdin.close()
@@ -81,4 +82,7 @@ def test_invoke_watch_runs_the_request_again_after_each_edit(tmp_path):
         assert proc.stdout.readline().strip() == "one v2: hello"
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            log.close()

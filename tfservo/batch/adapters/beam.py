@@ -15,6 +15,7 @@ with the remote handler: only what answers (a LoadedBundle or an endpoint client
 from __future__ import annotations
 
 import inspect
+import logging
 import pickle
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,8 +31,11 @@ from tfservo.batch.worker.batches import Part, run_batch
 from tfservo.batch.worker.failures import ElementErrors, ElementFailure
 from tfservo.batch.worker.loaded import LoadedBundle, Selection
 from tfservo.batch.worker.target import Target, check_options
+from tfservo.core.errors import first_line
 
 __all__ = ["BundleModelHandler", "ServingModelHandler"]
+
+log = logging.getLogger("tfservo.beam")
 
 
 class ServingModelHandler(ModelHandler[Any, Any, Any]):
@@ -85,6 +89,8 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         )
         self._output = output
         self._metrics: HandlerMetrics | None = None
+        self._origin: str | None = None  # what the handler was made with; a model from elsewhere is named by its source
+        self._answering: str | None = None  # the model id of the last batch, to count swaps
         # Opt-in: only the bad elements of a failed batch go to failed_inferences (dead_letters.py).
         self.per_element_failures = per_element_failures
 
@@ -107,6 +113,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         if load_millis is not None:
             metrics.model_load_millis.update(load_millis)
         target: Target = model.target()
+        self._note_model(target, metrics, len(batch))
         t0 = time.perf_counter()
         failed = len(batch)  # an overload/outage error fails the whole batch
         try:
@@ -134,13 +141,31 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
 
     # -- results ----------------------------------------------------------------------------
 
+    def model_id(self, target: Target) -> str:
+        """What PredictionResult.model_id says answered: `name/version`, prefixed with the bundle
+        (`SOURCE:name/version`) once a model update (Beam's side input) replaced the bundle the
+        handler was made with, so two archives that both hold `model/1` can be told apart."""
+        if self._origin is None or target.source == self._origin:
+            return target.model_id
+        return f"{target.source}:{target.model_id}"
+
+    def _note_model(self, target: Target, metrics: HandlerMetrics, size: int) -> None:
+        """Count the batch for its model id, and a swap when the model answering changed."""
+        model_id = self.model_id(target)
+        metrics.per_model(model_id, size)
+        if self._answering is not None and model_id != self._answering:
+            metrics.model_swaps.inc()
+            log.info("now answering with %s (was %s)", model_id, self._answering)
+        self._answering = model_id
+
     def _outputs(self, target: Target, part: Part) -> list[Any]:
         """A part's results as Beam outputs: PredictionResults, or PredictionLogs with
         output="prediction_log"; failed elements stay ElementFailures."""
+        model_id = self.model_id(target)
         if self._output == "prediction_log" and part.ok:
-            return prediction_log.logs(target, part)
+            return prediction_log.logs(target, part, model_id)
         return [
-            r if isinstance(r, ElementFailure) else PredictionResult(e, r, target.model_id)
+            r if isinstance(r, ElementFailure) else PredictionResult(e, r, model_id)
             for e, r in zip(part.elements, part.results)
         ]
 
@@ -152,6 +177,8 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_metrics"] = None  # recreated where the handler runs
+        state["_answering"] = None
+        state.pop("_last_good", None)  # a loaded model stays in its process
         return state
 
 
@@ -171,6 +198,13 @@ class BundleModelHandler(ServingModelHandler):
     serving_default, and the signature's own method). min_batch_size, max_batch_size and
     max_batch_duration_secs go to Beam's BatchElements; large_model / model_copies /
     share_model_across_processes load one copy per machine instead of one per process.
+
+    Model updates: under RunInference(..., model_metadata_pcoll=...) (WatchFilePattern, or a side
+    input of ModelMetadata from an event) each new model_id (a bundle path or URL) is loaded,
+    code/ included, and answers from the next batch on; its results' model_id names it. A bundle
+    that fails to load is logged and counted (model_update_failures) and the previous one keeps
+    answering. file_system_poll_wait_seconds=N follows new version dirs of the bundle instead, as
+    `tfservo serve --file-system-poll-wait-seconds` does (when no version= is pinned).
     """
 
     def __init__(
@@ -179,23 +213,43 @@ class BundleModelHandler(ServingModelHandler):
         *,
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
+        file_system_poll_wait_seconds: float = 0,
         **options: Any,
     ) -> None:
         if not isinstance(bundle, str) or not bundle:
             raise ValueError(f"bundle must be a path or URL string, got {bundle!r}")
+        if file_system_poll_wait_seconds < 0:
+            raise ValueError(f"file_system_poll_wait_seconds must be 0 (off) or more, got {file_system_poll_wait_seconds}")
         super().__init__(**options)
         self._bundle = bundle
+        self._origin = bundle
         self._threads = (intra_op_threads, inter_op_threads)
+        self._poll_seconds = file_system_poll_wait_seconds
+        self._last_good: tuple[str, LoadedBundle] | None = None
 
     def load_model(self) -> LoadedBundle:
-        """Open the bundle, load its models and resolve what runs (once per worker, shared)."""
+        """Open the bundle, load its models and resolve what runs (once per worker, shared). After
+        a model update whose bundle fails to load, the previous model, with the failure logged."""
         intra, inter = self._threads
-        return LoadedBundle(self._bundle, self._selection, intra_op_threads=intra, inter_op_threads=inter)
+        try:
+            loaded = LoadedBundle(self._bundle, self._selection, intra_op_threads=intra, inter_op_threads=inter,
+                                  poll_seconds=self._poll_seconds)
+        except Exception as exc:
+            if self._last_good is None or self._last_good[0] == self._bundle:
+                raise
+            previous, model = self._last_good
+            log.error("model update failed: %s could not be loaded (%s); %s keeps answering",
+                      self._bundle, first_line(exc), previous)
+            self._metrics_cells().model_update_failures.inc()
+            self._bundle = previous
+            return model
+        self._last_good = (self._bundle, loaded)
+        return loaded
 
     def update_model_path(self, model_path: str | None = None) -> None:
-        """Beam's model refresh (watch_model_pattern / side input) points at a new bundle."""
-        if model_path:
-            self._bundle = model_path
+        """Beam's model refresh (watch_model_pattern / side input) points at a new bundle; an
+        empty model_id means the bundle the handler was made with."""
+        self._bundle = model_path or self._origin or self._bundle
 
     def __repr__(self) -> str:
         s = self._selection

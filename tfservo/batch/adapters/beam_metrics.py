@@ -9,7 +9,12 @@ KeyedModelHandler with many models, a transform pipeline calling it directly):
 - batch_latency_micros (distribution): time per run_inference call;
 - model_load_millis (distribution): one value per model load (reported by the first batch
   after it, because Beam does not collect metrics while a DoFn is set up);
-- remote_retries (counter): retried remote calls (429/503, RESOURCE_EXHAUSTED/UNAVAILABLE).
+- remote_retries (counter): retried remote calls (429/503, RESOURCE_EXHAUSTED/UNAVAILABLE);
+- model_swaps (counter): batches answered by another model than the batch before (a model
+  update, or a new version followed);
+- model_update_failures (counter): model updates whose bundle did not load (the previous
+  model kept answering);
+- namespace "tfservo.models", one counter per model id: elements each model answered.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ class HandlerMetrics:
         self.batch_size = Metrics.distribution(NAMESPACE, "batch_size")
         self.batch_latency_micros = Metrics.distribution(NAMESPACE, "batch_latency_micros")
         self.model_load_millis = Metrics.distribution(NAMESPACE, "model_load_millis")
+        self.model_swaps = Metrics.counter(NAMESPACE, "model_swaps")
+        self.model_update_failures = Metrics.counter(NAMESPACE, "model_update_failures")
+
+    def per_model(self, model_id: str, size: int) -> None:
+        """`size` elements sent to the model `model_id`."""
+        Metrics.counter(f"{NAMESPACE}.models", model_id).inc(size)
 
     def batch(self, size: int, seconds: float, failed: int = 0) -> None:
         """Record one run_inference call of `size` elements, `failed` of which failed."""

@@ -38,13 +38,19 @@ def _template(kind: str, target: Target) -> bytes:
     return log.SerializeToString()
 
 
-def logs(target: Target, part: Part) -> list:
-    """One PredictionLog per element of a batch part that the model answered whole."""
+def logs(target: Target, part: Part, model_id: str | None = None) -> list:
+    """One PredictionLog per element of a batch part that the model answered whole; `model_id`
+    (what PredictionResult.model_id would say) goes in log_metadata.model_spec.name."""
     if target.method == "predict":
-        return predict_logs(target, part.inputs, part.outputs, len(part.elements))
-    if target.method == "classify":
-        return classify_logs(target, part.inputs, part.results)
-    return regress_logs(target, part.inputs, part.results)
+        out = predict_logs(target, part.inputs, part.outputs, len(part.elements))
+    elif target.method == "classify":
+        out = classify_logs(target, part.inputs, part.results)
+    else:
+        out = regress_logs(target, part.inputs, part.results)
+    if model_id is not None:
+        for log in out:
+            log.log_metadata.model_spec.name = model_id
+    return out
 
 
 def predict_logs(

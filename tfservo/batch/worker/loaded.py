@@ -58,7 +58,8 @@ class LoadedBundle(LoadedTarget):
     """One loaded bundle and the model version, signature and method a handler runs."""
 
     def __init__(
-        self, bundle: str, selection: Selection, *, intra_op_threads: int = 0, inter_op_threads: int = 0
+        self, bundle: str, selection: Selection, *, intra_op_threads: int = 0, inter_op_threads: int = 0,
+        poll_seconds: float = 0,
     ) -> None:
         t0 = time.perf_counter()
         quiet_libraries()  # TensorFlow's load notices and C++ lines off (TFSERVO_TF_LOGS=1 keeps them)
@@ -67,7 +68,11 @@ class LoadedBundle(LoadedTarget):
             multi_model=False,
             intra_op_threads=intra_op_threads or None,
             inter_op_threads=inter_op_threads or None,
+            file_system_poll_wait_seconds=poll_seconds or None,
         )
+        self._bundle = bundle
+        # following new version dirs: the latest version is looked up again for each batch
+        self._follow = poll_seconds > 0 and selection.version is None
         self.service = build_service(settings)
         self._loopback: LoopbackServer | None = None
         try:
@@ -85,6 +90,17 @@ class LoadedBundle(LoadedTarget):
         log.info("loaded %s in %d ms", self._target.describe(), self._load_millis)
 
     # Only methods below: a multi-process proxy forwards method calls, not attributes.
+
+    def target(self) -> Target:
+        """The resolved target; when following version dirs, the latest version available now."""
+        if self._follow:
+            t = self._target
+            assert t.model_name is not None
+            latest = self.service.manager.resolve(t.model_name, None).version
+            if latest != t.version:
+                self._target = _select(self.service, self._bundle, self._selection)
+                log.info("now running %s", self._target.describe())
+        return self._target
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the signature on a batch of inputs."""
