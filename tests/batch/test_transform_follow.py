@@ -71,3 +71,38 @@ def test_follow_takes_new_objects_as_they_land_once_each_across_kill_and_restart
         found = next(out.rglob(name))
         assert found.read_bytes() == next(batch.rglob(name)).read_bytes(), name
     assert os.path.exists(f"{out}.tfservo-state")
+
+
+def test_follow_reports_backlog_and_lag_in_its_log_and_as_prometheus_metrics(tmp_path):
+    import re
+
+    import httpx
+
+    inputs, out, log = tmp_path / "in", tmp_path / "out", tmp_path / "follow.log"
+    inputs.mkdir()
+    proc = subprocess.Popen([TFSERVO, "transform", str(HALF_PLUS_THREE), str(inputs), str(out), *FLAGS, "--follow",
+                             "--poll-seconds", "0.3", "--metrics-port", "0"],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+    try:
+        wait_for(lambda: "follow metrics on" in log.read_text(), what="the metrics line")
+        url = re.search(r"follow metrics on (http://\S+)", log.read_text())[1]
+        for name in ("a", "b", "c"):
+            write(inputs / f"{name}.csv", "1.0\n2.0\n")
+        wait_for(lambda: len(outs(out)) == 3, what="three answers")
+
+        def scraped() -> dict[str, float]:
+            text = httpx.get(url, timeout=10).text
+            return {m[1]: float(m[2]) for m in re.finditer(r"^(tfservo_follow_\S+) (\S+)$", text, re.M)}
+
+        wait_for(lambda: scraped().get("tfservo_follow_backlog_objects") == 0.0, what="an empty backlog")
+        metrics = scraped()
+        assert metrics['tfservo_follow_objects_total{outcome="done"}'] == 3.0
+        assert metrics["tfservo_follow_records_total"] == 6.0
+        assert metrics["tfservo_follow_lag_seconds"] == 0.0 and metrics["tfservo_follow_polls_total"] > 1
+        assert re.search(r"follow: backlog [1-3] object\(s\), the oldest listed [0-9.]+s ago; transforming", log.read_text())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-2000:]
+    done = subprocess.run([TFSERVO, "transform", str(HALF_PLUS_THREE), str(inputs), str(tmp_path / "o2"), *FLAGS,
+                           "--metrics-port", "0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--metrics-port needs --follow" in done.stderr

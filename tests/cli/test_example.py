@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from server_process import REPO, run_cli
+from server_process import REPO, ctrl_c_as_in_a_terminal, run_cli
 
 
 def test_example_model_builds_and_answers(tmp_path):
@@ -43,7 +43,7 @@ def test_serve_example_tours_only_once_it_answers_and_says_when_its_port_is_take
         port = probe.getsockname()[1]
     with open(tmp_path / "server.log", "w") as log:
         proc = subprocess.Popen([script, "--grpc-port", "0"], env={**os.environ, "PORT": str(port)},
-                                stdout=subprocess.PIPE, stderr=log, text=True)
+                                stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         deadline = time.monotonic() + 600
         for line in proc.stdout:

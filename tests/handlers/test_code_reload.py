@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from conftest import SMC, write_code
-from server_process import TFSERVO, ServerProcess
+from server_process import TFSERVO, ServerProcess, ctrl_c_as_in_a_terminal
 
 HANDLER = """
     from helper import label
@@ -72,7 +72,8 @@ def test_invoke_watch_runs_the_request_again_after_each_edit(tmp_path):
     root = bundle(tmp_path)
     log = open(tmp_path / "invoke.log", "w")  # a file, not an unread pipe that could fill up
     proc = subprocess.Popen([TFSERVO, "invoke", str(root), "--content-type", "text/plain", "--watch"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                            preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         proc.stdin.write("hello")
         proc.stdin.close()

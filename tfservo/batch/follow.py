@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
+from typing import Any
 
 from tfservo.batch.engines.local import TransformEngine, list_job_inputs
 from tfservo.batch.job import TransformJob
@@ -23,14 +24,45 @@ from tfservo.batch.sources import InputObject, NoInputObjects
 from tfservo.batch.state import TransformSummary, bundle_versions, check_settings, job_description
 from tfservo.server.loopback import start_handler_endpoints
 
-__all__ = ["follow_transform"]
+__all__ = ["FollowMetrics", "follow_transform"]
 
 log = logging.getLogger("tfservo.batch")
 
 
-def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: float = 10.0) -> TransformSummary:
+class FollowMetrics:
+    """Backlog and lag of a follow run, for its progress lines and, with --metrics-port, as
+    Prometheus metrics on http://127.0.0.1:PORT/metrics (a registry of its own: a transform is
+    not a server, and nothing else of tfservo's is exported from it)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry()
+        self.backlog = Gauge("tfservo_follow_backlog_objects", "Objects listed in INPUT and not transformed yet",
+                             registry=self.registry)
+        self.lag = Gauge("tfservo_follow_lag_seconds", "How long the oldest object not transformed yet has been "
+                         "waiting since it was first listed", registry=self.registry)
+        self.objects = Counter("tfservo_follow_objects", "Objects transformed by this run, by outcome",
+                               ["outcome"], registry=self.registry)
+        self.records = Counter("tfservo_follow_records", "Records answered by this run", registry=self.registry)
+        self.polls = Counter("tfservo_follow_polls", "Listings of INPUT", registry=self.registry)
+        self._server: Any = None
+        if port is not None:
+            from prometheus_client import start_http_server
+
+            self._server, _ = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+            log.info("follow metrics on http://127.0.0.1:%d/metrics", self._server.server_port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+
+
+def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: float = 10.0,
+                     metrics: FollowMetrics | None = None) -> TransformSummary:
     """Transform INPUT's objects as they land until `stop` is set (the pass running then
-    finishes its objects first); the summary of every pass together."""
+    finishes its objects first); the summary of every pass together. Each poll that finds work
+    logs the backlog (objects listed, not done) and the lag (how long the oldest has waited)."""
     job = job.validated()
     check_settings(OutputStore(job.state_url), job, job_description(job))  # changed flags stop it before loading
     apply_env(job.env)
@@ -40,6 +72,8 @@ def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: 
     started = time.monotonic()
     seen: dict[str, int | None] = {}
     taken: set[str] = set()  # objects a pass has had (done, or failed: retried by the next run, not every poll)
+    first_listed: dict[str, float] = {}  # object → when a listing first showed it (for the lag)
+    metrics = metrics or FollowMetrics()
     try:
         versions = bundle_versions(service.bundles)
         first = TransformEngine(job, service.invoker, progress="none", versions=versions)
@@ -50,15 +84,26 @@ def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: 
                  job.input, poll_seconds)
         engine = first
         while True:
-            ready, seen = _settled(_listed(job), seen)
+            listed = _listed(job)
+            metrics.polls.inc()
+            ready, seen = _settled(listed, seen)
             ready = [obj for obj in ready if obj.rel not in taken]
+            for obj in listed:
+                first_listed.setdefault(obj.rel, time.monotonic())
+            waiting, lag = _backlog(listed, taken, first_listed, metrics)
             if ready:
+                log.info("follow: backlog %d object(s), the oldest listed %.1fs ago; transforming %d",
+                         waiting, lag, len(ready))
                 passed = engine.run(ready)
                 if engine is first:
                     total.skipped = passed.skipped
                 engine = later
                 _add(total, passed)
                 taken.update(obj.rel for obj in ready)
+                metrics.objects.labels("done").inc(passed.done)
+                metrics.objects.labels("failed").inc(len(passed.failed))
+                metrics.records.inc(passed.records)
+                _backlog(listed, taken, first_listed, metrics)
                 if passed.done or passed.failed:
                     log.info("follow: %d new object(s) transformed%s; %d in all", passed.done,
                              f", {len(passed.failed)} failed" if passed.failed else "", total.done)
@@ -68,8 +113,21 @@ def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: 
         if loopback is not None:
             loopback.stop()
         service.close()
+        metrics.close()
     total.seconds = time.monotonic() - started
     return total
+
+
+def _backlog(listed: list[InputObject], taken: set[str], first_listed: dict[str, float],
+             metrics: FollowMetrics) -> tuple[int, float]:
+    """Objects listed and not taken yet, and how long the oldest of them has waited; both set on
+    the metrics."""
+    now = time.monotonic()
+    waiting = [obj.rel for obj in listed if obj.rel not in taken]
+    lag = max((now - first_listed[rel] for rel in waiting), default=0.0)
+    metrics.backlog.set(len(waiting))
+    metrics.lag.set(lag)
+    return len(waiting), lag
 
 
 def _listed(job: TransformJob) -> list[InputObject]:

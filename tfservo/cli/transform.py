@@ -79,6 +79,9 @@ class _AnyCase(click.Choice):
               "a poll), until SIGINT or SIGTERM, which stop once the objects in flight are done; local engine.")
 @click.option("--poll-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="With --follow: how often INPUT is listed.")
+@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None, metavar="PORT",
+              help="With --follow: Prometheus metrics (backlog, lag, objects, records) on "
+              "http://127.0.0.1:PORT/metrics; 0 picks a free port (logged).")
 @click.option("--progress", type=click.Choice(["auto", "bar", "log", "none"]), default="auto", show_default=True,
               help="auto: a progress bar on a terminal, a log line every 10 s otherwise. With --runner beam "
               "live only when the workers run in this process (DirectRunner, not multi_processing); "
@@ -103,7 +106,7 @@ class _AnyCase(click.Choice):
 @click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
               help="A Beam pipeline option for --runner beam (repeatable), e.g. direct_num_workers=2 or "
               "project=my-project.")
-def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, progress, log_level, runner, ray_address,
+def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, metrics_port, progress, log_level, runner, ray_address,
               spark_master, workers, beam_runner, beam_options, **flags) -> None:
     """Run a SageMaker-style batch transform of INPUT into OUTPUT on this machine.
 
@@ -146,9 +149,11 @@ def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, pro
         raise click.UsageError("--workers must be 0 (one per core) or more")
     if follow and runner != "local":
         raise click.UsageError("--follow runs on the local engine; drop --runner")
+    if metrics_port is not None and not follow:
+        raise click.UsageError("--metrics-port needs --follow (a batch run reports in its summary)")
     try:
         if follow:
-            summary = _follow(job, poll_seconds)
+            summary = _follow(job, poll_seconds, metrics_port)
         elif beam is not None:
             from tfservo.batch.engines.beam import run_beam_transform
 
@@ -187,12 +192,12 @@ def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, pro
         sys.exit(1)
 
 
-def _follow(job, poll_seconds: float):  # -> TransformSummary
+def _follow(job, poll_seconds: float, metrics_port: int | None):  # -> TransformSummary
     """--follow until SIGINT or SIGTERM, which let the pass in flight finish its objects."""
     import signal
     import threading
 
-    from tfservo.batch.follow import follow_transform
+    from tfservo.batch.follow import FollowMetrics, follow_transform
 
     stop = threading.Event()
 
@@ -204,4 +209,4 @@ def _follow(job, poll_seconds: float):  # -> TransformSummary
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stopping)
-    return follow_transform(job, stop, poll_seconds=poll_seconds)
+    return follow_transform(job, stop, poll_seconds=poll_seconds, metrics=FollowMetrics(metrics_port))
