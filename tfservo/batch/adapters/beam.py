@@ -178,7 +178,6 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
         state = dict(self.__dict__)
         state["_metrics"] = None  # recreated where the handler runs
         state["_answering"] = None
-        state.pop("_last_good", None)  # a loaded model stays in its process
         return state
 
 
@@ -245,6 +244,11 @@ class BundleModelHandler(ServingModelHandler):
             return model
         self._last_good = (self._bundle, loaded)
         return loaded
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_last_good"] = None  # a loaded model stays in its process
+        return state
 
     def update_model_path(self, model_path: str | None = None) -> None:
         """Beam's model refresh (watch_model_pattern / side input) points at a new bundle; an
