@@ -107,6 +107,13 @@ class Drain:
         return send_closing
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 async def _refuse(path: str, send: Callable) -> None:
     if path == "/ping":
         message = "shutting down"
@@ -193,7 +200,12 @@ class GracefulServer(uvicorn.Server):
         if self.drain.retiring or self._loop is None:
             return
         self.drain.retiring = True
-        self._loop.call_soon_threadsafe(self._close_listeners)
+        if _running_loop() is self._loop:
+            # Called as an answer starts: close now, before the client (told Connection: close)
+            # can reconnect and be accepted here once more.
+            self._close_listeners()
+        else:
+            self._loop.call_soon_threadsafe(self._close_listeners)
 
     def retire(self) -> None:
         """Stop once the open connections are done, refusing nothing: a replacement serves. Thread-safe."""
