@@ -32,8 +32,8 @@ def load_core() -> int:
 def run_wrk(url: str, body: str, *, connections: int, seconds: float, server_pid: int,
             content_type: str = "application/json", timeout_s: int = 60, authorization: str | None = None) -> dict:
     """One fixed-duration closed-loop run: `connections` clients each POSTing `body` back to back."""
-    command = [
-        "taskset", "-c", str(load_core()), wrk_binary(), "-t1", f"-c{connections}", f"-d{seconds:g}s",
+    command = [  # wrk takes whole seconds only: it refuses "-d6.66667s"
+        "taskset", "-c", str(load_core()), wrk_binary(), "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s",
         f"--timeout={timeout_s}s", "-s", str(LUA), url,
     ]
     env = {**os.environ, "BENCH_BODY": body, "BENCH_CONTENT_TYPE": content_type}

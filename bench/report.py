@@ -10,7 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-PEERS = [("pytriton", "PyTriton"), ("kserve", "KServe"), ("fastapi", "FastAPI")]
+# The floor is a do-nothing app on tfservo's HTTP stack (bench/floor_app.py), measured in the same run.
+PEERS = [("floor", "floor"), ("pytriton", "PyTriton"), ("kserve", "KServe"), ("fastapi", "FastAPI")]
 TITLES = {
     "mlp": "MLP 784-256-256-10, one 1×784 JSON instance per request",
     "resnet_b64": "ResNet-50, one base64 JPEG per request through code/inference.py (PyTriton, KServe, FastAPI: decoded in their Python code)",
@@ -57,10 +58,41 @@ def workload_table(runs: list[dict], workload: str, c: int, ceiling: dict) -> li
     return out
 
 
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
 def targets(runs: list[dict], ceiling: dict) -> list[str]:
-    """The issue's three targets, checked for every tfservo configuration."""
+    """The targets of issue 28 (defaults against the floor and PyTriton), then the older ones
+    for every tfservo configuration."""
     out = ["| target | tfservo configuration | measured | verdict |", "|---|---|---|---|"]
     ours = [r for r in runs if r.get("family") == "tfservo" and "workload" in r]
+
+    def one(server: str, workload: str, c: int) -> dict | None:
+        return next((r for r in ours if r["server"] == server and r["workload"] == workload and r["concurrency"] == c), None)
+
+    defaults = "tfservo defaults"
+    d32, floor32, tri32 = one(defaults, "mlp", 32), _peer_runs(runs, "mlp", 32).get("floor"), _peer_runs(runs, "mlp", 32).get("pytriton")
+    if d32 and floor32 and tri32:
+        ok = d32["rps"] >= 3 * tri32["rps"] and d32["rps"] >= 0.5 * floor32["rps"]
+        out.append(f"| MLP c=32, defaults: ≥ 3× PyTriton and ≥ 50% of the HTTP floor | {defaults} | "
+                   f"{d32['rps'] / tri32['rps']:.2f}× PyTriton, {d32['rps'] / floor32['rps']:.0%} of the floor | {_verdict(ok)} |")
+    ref = ceiling["mlp"]["batch1_p50_ms"]
+    d1, off1 = one(defaults, "mlp", 1), one("tfservo batching off, 1 worker", "mlp", 1)
+    if d1:
+        out.append(f"| MLP c=1, defaults: p50 within 0.3 ms of the in-process call ({ref:.3f} ms) | {defaults} | "
+                   f"p50 {d1['p50_ms']:.2f} ms (+{d1['p50_ms'] - ref:.2f} ms) | {_verdict(d1['p50_ms'] - ref <= 0.3)} |")
+    if d1 and off1:
+        extra = d1["p50_ms"] - off1["p50_ms"]
+        out.append(f"| MLP c=1: the default batching adds ≤ 0.2 ms to batching off | {defaults} | "
+                   f"{extra:+.2f} ms p50 | {_verdict(extra <= 0.2)} |")
+    for workload in ("resnet_b64", "resnet_float"):
+        d8, tri8 = one(defaults, workload, 8), _peer_runs(runs, workload, 8).get("pytriton")
+        if d8 and tri8:
+            share = d8["rps"] / ceiling["resnet"]["ceiling_rows_per_s"]
+            ok = share >= 0.95 and d8["rps"] >= 1.05 * tri8["rps"]
+            out.append(f"| {workload} c=8, defaults: ≥ 0.95× in-process and ≥ 1.05× PyTriton | {defaults} | "
+                       f"{share:.2f}× in-process, {d8['rps'] / tri8['rps']:.2f}× PyTriton | {_verdict(ok)} |")
     tri32 = _peer_runs(runs, "mlp", 32).get("pytriton")
     for r in [r for r in ours if r["workload"] == "mlp" and r["concurrency"] == 32]:
         if tri32 is None:
@@ -161,7 +193,11 @@ def render(results: Path) -> str:
         "that neither the server nor wrk used during the run (other processes on the machine).",
         "\"req per CPU-s\" divides requests/s by the CPU cores the server's process tree used; it is",
         "the fairer figure when other load took part of the machine, and its ratio compares it with",
-        "the ceiling's rows per CPU-second.",
+        "the ceiling's rows per CPU-second. The two \"floor\" rows are a do-nothing app",
+        "(bench/floor_app.py) on the HTTP stack tfservo serves with, reading each body and answering",
+        "the reference answer: plain uvicorn + httptools, and the same through tfservo's protocol",
+        "class (its time limits and connection cap); \"× floor\" divides by the first. \"tfservo",
+        "defaults\" sets no batching or worker option at all.",
         "",
         "### Machine",
         "",

@@ -1,4 +1,5 @@
-"""The servers the benchmark starts: tfservo in four configurations and the three peers.
+"""The servers the benchmark starts: tfservo with its defaults and in set configurations, the
+three peers, and the transport floor (a do-nothing app on tfservo's HTTP stack).
 
 Each `Server` knows its command line, when it is ready, and where each workload's requests go
 (URL path and body file). Every server runs in its own session so that stopping it stops the
@@ -106,6 +107,15 @@ class Server:
         self.proc = None
 
 
+def _tfservo_endpoints(model: str) -> dict[str, Endpoint]:
+    if model == "resnet":
+        return {
+            "resnet_b64": Endpoint("/invocations", "resnet_b64.tfs.json", "tfs"),
+            "resnet_float": Endpoint("/v1/models/resnet50:predict", "resnet_float.tfs.json", "tfs"),
+        }
+    return {"mlp": Endpoint("/v1/models/mlp:predict", "mlp.tfs.json", "tfs")}
+
+
 def tfservo(model: str, bundle: str, *, batching: dict[str, int] | None, workers: int) -> Server:
     """`tfservo serve` on the bundle; batching options go in as SageMaker's environment variables."""
     port = free_port()
@@ -117,13 +127,6 @@ def tfservo(model: str, bundle: str, *, batching: dict[str, int] | None, workers
             env[f"SAGEMAKER_TFS_{key.upper()}"] = str(value)
     mode = ("eager" if batching.get("eager") else "on") if batching else "off"
     name = f"tfservo batching {mode}, {workers} worker{'s' if workers > 1 else ''}"
-    if model == "resnet":
-        endpoints = {
-            "resnet_b64": Endpoint("/invocations", "resnet_b64.tfs.json", "tfs"),
-            "resnet_float": Endpoint("/v1/models/resnet50:predict", "resnet_float.tfs.json", "tfs"),
-        }
-    else:
-        endpoints = {"mlp": Endpoint("/v1/models/mlp:predict", "mlp.tfs.json", "tfs")}
     return Server(
         name=name,
         family="tfservo",
@@ -132,10 +135,42 @@ def tfservo(model: str, bundle: str, *, batching: dict[str, int] | None, workers
             "--grpc-port", "0", "--workers", str(workers), "--log-level", "warning",
         ],
         ready_path="/ping",
-        endpoints=endpoints,
+        endpoints=_tfservo_endpoints(model),
         port=port,
         env=env,
         settings={"batching": batching or "off", "workers": workers},
+    )
+
+
+def tfservo_defaults(model: str, bundle: str) -> Server:
+    """`tfservo serve` with no batching or worker settings at all: what a new user gets."""
+    port = free_port()
+    return Server(
+        name="tfservo defaults",
+        family="tfservo",
+        command=[str(TFSERVO), "serve", bundle, "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0",
+                 "--log-level", "warning"],
+        ready_path="/ping",
+        endpoints=_tfservo_endpoints(model),
+        port=port,
+        env={},
+        settings={"batching": "default", "workers": "default"},
+    )
+
+
+def floor(model: str, answers: Path, *, tfservo_protocol: bool = False) -> Server:
+    """bench/floor_app.py: the same requests answered by a do-nothing app on tfservo's HTTP stack."""
+    port = free_port()
+    name = "floor: do-nothing app, tfservo's protocol" if tfservo_protocol else "floor: do-nothing app, uvicorn + httptools"
+    return Server(
+        name=name,
+        family="floor-protocol" if tfservo_protocol else "floor",
+        command=[str(REPO / ".venv" / "bin" / "python"), str(BENCH / "floor_app.py"), str(port), str(answers)]
+        + (["--tfservo-protocol"] if tfservo_protocol else []),
+        ready_path="/ping",
+        endpoints=_tfservo_endpoints(model),
+        port=port,
+        settings={"workers": 1},
     )
 
 

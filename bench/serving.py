@@ -37,11 +37,14 @@ WORKLOADS = {
 }
 
 
-def server_configs(model: str, paths: dict[str, str]) -> list[servers.Server]:
+def server_configs(model: str, paths: dict[str, str], answers: Path) -> list[servers.Server]:
     bundle = paths["mlp" if model == "mlp" else "resnet50"]
     version = paths["mlp_version" if model == "mlp" else "resnet50_version"]
     batching = BATCHING[model]
     return [
+        servers.floor(model, answers),
+        servers.floor(model, answers, tfservo_protocol=True),
+        servers.tfservo_defaults(model, bundle),
         servers.tfservo(model, bundle, batching=None, workers=1),
         servers.tfservo(model, bundle, batching=batching, workers=1),
         servers.tfservo(model, bundle, batching=None, workers=2),
@@ -116,7 +119,11 @@ def run(workdir: Path, ceiling: dict, out: Path, *, quick: bool, only: list[str]
     for name, (model, levels, secs, warm) in WORKLOADS.items():
         doc["workloads"][name] = {"model": model, "concurrency": levels, "seconds": secs / (3 if quick else 1)}
     for model in ("mlp", "resnet"):
-        for server in server_configs(model, paths):
+        # What the floor answers: the reference answer in TF Serving's format, as tfservo answers it.
+        answers = workdir / f"floor-answers-{model}.json"
+        answer = json.dumps({"predictions": [ceiling[model]["reference_output"]]})
+        answers.write_text(json.dumps({ep.path: answer for ep in servers.tfservo_defaults(model, "").endpoints.values()}))
+        for server in server_configs(model, paths, answers):
             label = f"{model}: {server.name}"
             if only and not any(o in label for o in only):
                 continue
@@ -191,7 +198,10 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="run only servers whose 'model: name' holds this")
     args = parser.parse_args()
     ceiling = json.loads(args.ceiling.read_text())
-    run(args.workdir.resolve(), ceiling, args.out, quick=args.quick, only=args.only)
+    doc = run(args.workdir.resolve(), ceiling, args.out, quick=args.quick, only=args.only)
+    from report import targets
+
+    print("\n".join(["", "targets (docs/performance.md):", *targets(doc["runs"], ceiling)]), flush=True)
 
 
 if __name__ == "__main__":

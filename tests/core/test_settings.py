@@ -69,3 +69,46 @@ def test_no_supervisor_refuses_what_needs_one() -> None:
     with pytest.raises(ConfigError) as caught:
         resolve_settings(paths=["m"], no_supervisor=True, max_requests=10, env={})
     assert "--max-requests need(s) the supervisor" in str(caught.value)
+
+
+def test_batching_is_adaptive_unless_a_sagemaker_or_tf_serving_setting_says_otherwise():
+    def mode(env=None, tfs=None, **flags):
+        if tfs is not None:
+            settings = settings_from_tfs_args(["--model_name=m", "--model_base_path=/models/m", *tfs], env=env or {})
+        else:
+            settings = resolve_settings(paths=["m"], env=env or {}, **flags)
+        return settings.batching.mode if settings.batching else "off"
+
+    assert mode() == "auto" and mode(tfs=[]) == "auto"
+    assert resolve_settings(paths=["m"], env={}).batching.max_batch_size == 32
+    assert mode({"SAGEMAKER_TFS_ENABLE_BATCHING": "false"}) == "off"
+    assert mode({"SAGEMAKER_TFS_ENABLE_BATCHING": "true"}) == "timeout"
+    assert mode(enable_batching=True) == "timeout" and mode(tfs=["--enable_batching"]) == "timeout"
+    assert mode(tfs=["--enable_batching=false"]) == "off" and mode(tfs=["--noenable_batching"]) == "off"
+    assert mode({"TFSERVO_BATCHING": "off"}) == "off" and mode(batching="eager") == "eager"
+    assert mode({"TFSERVO_BATCHING_EAGER": "1"}) == "eager"
+    assert mode({"TFSERVO_BATCHING": "off"}, batching="auto") == "auto"  # the flag wins
+    assert resolve_settings(paths=["m"], env={}, auto_batching=False).batching is None
+    with pytest.raises(ConfigError, match="environment variable TFSERVO_BATCHING is one of auto, timeout, eager, off"):
+        mode({"TFSERVO_BATCHING": "sometimes"})
+
+
+def test_workers_default_to_one_per_two_cores_that_memory_allows(tmp_path, monkeypatch):
+    from tfservo.core import settings as settings_module
+
+    monkeypatch.setattr(settings_module, "usable_cores", lambda: 16)
+    monkeypatch.setattr(settings_module, "memory_limit_bytes", lambda: 32 * 2**30)
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "weights").write_bytes(b"x" * 1000)
+    assert resolve_settings(paths=[str(small)], env={}).workers == 8  # cores: 16 // 2
+    big = tmp_path / "big.tar.gz"
+    with open(big, "wb") as f:
+        f.truncate(3 * 2**30)  # sparse: a 3 GB bundle, 7 GB a worker
+    assert resolve_settings(paths=[str(big)], env={}).workers == 3  # memory: 25.6 GB // 7 GB
+    assert resolve_settings(paths=["s3://bucket/model.tar.gz"], env={}).workers == 6  # remote: 4 GB each
+    assert resolve_settings(paths=[str(small)], env={"SAGEMAKER_GUNICORN_WORKERS": "3"}).workers == 3
+    assert resolve_settings(paths=[str(small)], env={}, workers=1).workers == 1
+    assert resolve_settings(multi_model=True, env={}).workers == 1
+    monkeypatch.setattr(settings_module, "usable_cores", lambda: 1)
+    assert resolve_settings(paths=[str(small)], env={}).workers == 1

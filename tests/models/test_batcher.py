@@ -400,3 +400,113 @@ def test_submit_reports_model_errors_and_refuses_when_full(model: FakeModel) -> 
         model.gate.set()
         batcher.close()
     assert [str(e) for e in errors] == ["boom", "boom"]
+
+
+# -- adaptive mode (tfservo's default) ---------------------------------------------------------
+
+
+def submit_all(batcher: Batcher, xs: Sequence[np.ndarray]) -> list[threading.Event]:
+    """Queue each x without waiting; its event is set once its callback has its result."""
+    events: list[threading.Event] = []
+    for x in xs:
+        event = threading.Event()
+        events.append(event)
+
+        def callback(outputs, error, event=event) -> None:
+            event.outputs, event.error = outputs, error  # type: ignore[attr-defined]
+            event.set()
+
+        assert batcher.submit("serving_default", {"x": x}, None, callback) is True
+    return events
+
+
+def first_running_then_rest(
+    batcher: Batcher, xs: Sequence[np.ndarray], entered: threading.Event, gate: threading.Event
+) -> list[threading.Event]:
+    """Queue xs[0] and wait until its batch runs (held at `gate`), queue the rest meanwhile,
+    release the gate; every call's event, once all are answered."""
+    try:
+        events = submit_all(batcher, xs[:1])
+        assert entered.wait(10)
+        events += submit_all(batcher, xs[1:])
+    finally:
+        gate.set()
+    for event in events:
+        assert event.wait(10)
+    return events
+
+
+def test_adaptive_runs_a_lone_request_at_once(model: FakeModel) -> None:
+    batcher = make(model, adaptive=True, batch_timeout_micros=600_000_000)  # a timeout no test waits for
+    try:
+        for i in range(3):  # each finds the batcher idle
+            (event,) = submit_all(batcher, [np.full((1, 2), i, dtype=np.float32)])
+            assert event.wait(10), "a lone request waited for its batch to fill"
+    finally:
+        batcher.close()
+    assert model.batch_sizes == [1, 1, 1]
+
+
+def test_adaptive_batches_what_arrives_while_a_batch_runs(model: FakeModel) -> None:
+    model.gate = threading.Event()
+    batcher = make(model, adaptive=True, batch_timeout_micros=300_000)
+    xs = [np.full((1, 2), i, dtype=np.float32) for i in range(7)]
+    try:  # the rest are queued while the first batch runs: they wait to merge
+        events = first_running_then_rest(batcher, xs, model.entered, model.gate)
+    finally:
+        batcher.close()
+    assert model.batch_sizes == [1, 6]
+    for x, event in zip(xs, events):
+        np.testing.assert_array_equal(event.outputs["y"], x * 2 + 1)  # type: ignore[attr-defined]
+
+
+def test_adaptive_runs_a_call_that_fills_a_batch_alone_without_splitting_it(model: FakeModel) -> None:
+    batcher = make(model, adaptive=True, batch_timeout_micros=600_000_000)
+    try:
+        out = batcher("serving_default", {"x": np.ones((20, 2), np.float32)})
+        assert batcher.submit("serving_default", {"x": np.ones((8, 2), np.float32)}, None, lambda o, e: None) is False
+    finally:
+        batcher.close()
+    assert model.batch_sizes == [20] and out["y"].shape == (20, 2)
+
+
+def test_adaptive_gives_each_caller_its_own_answer_when_outputs_are_not_batch_major() -> None:
+    gate, entered, calls = threading.Event(), threading.Event(), []
+
+    def total(sig: str, inputs: dict[str, np.ndarray], keys: object) -> dict[str, np.ndarray]:
+        calls.append(len(inputs["x"]))
+        entered.set()
+        gate.wait(10)
+        return {"total": np.asarray(inputs["x"].sum())}  # one number for the whole call
+
+    batcher = Batcher(total, opts(adaptive=True, batch_timeout_micros=300_000))
+    xs = [np.full((1, 1), i, dtype=np.float32) for i in (1, 2, 3, 4)]
+    try:
+        events = first_running_then_rest(batcher, xs, entered, gate)
+        later = batcher("serving_default", {"x": np.full((2, 1), 5, np.float32)})
+    finally:
+        batcher.close()
+    assert [float(e.outputs["total"]) for e in events] == [1, 2, 3, 4]  # type: ignore[attr-defined]
+    # The merged batch of three ran, could not be split, and ran again call by call; later calls run alone.
+    assert calls == [1, 3, 1, 1, 1, 2] and float(later["total"]) == 10
+
+
+def test_adaptive_reruns_a_failed_merged_batch_call_by_call(model: FakeModel) -> None:
+    model.gate = threading.Event()
+    runs = model.run
+
+    def refuses_negatives(sig: str, inputs: dict[str, np.ndarray], keys: object = None) -> dict[str, np.ndarray]:
+        out = runs(sig, inputs, keys)  # type: ignore[arg-type]
+        if (inputs["x"] < 0).any():
+            raise ValueError("negative input")
+        return out
+
+    batcher = Batcher(refuses_negatives, opts(adaptive=True, batch_timeout_micros=300_000))
+    xs = [np.full((1, 2), v, dtype=np.float32) for v in (0, 1, -1, 2)]
+    try:
+        events = first_running_then_rest(batcher, xs, model.entered, model.gate)
+    finally:
+        batcher.close()
+    assert [type(e.error).__name__ if e.error else None for e in events] == [None, None, "ValueError", None]  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(events[3].outputs["y"], xs[3] * 2 + 1)  # type: ignore[attr-defined]
+    assert model.batch_sizes == [1, 3, 1, 1, 1]

@@ -245,6 +245,8 @@ def test_batching_eager_from_flag_or_environment():
     assert resolve_batching(False, None, on).eager is False
     assert resolve_batching(False, None, {**on, "TFSERVO_BATCHING_EAGER": "true"}).eager is True
     assert resolve_batching(True, None, {}, eager=True).eager is True
-    assert resolve_batching(False, None, {"TFSERVO_BATCHING_EAGER": "true"}) is None  # batching still off
+    # Asking for eager batching asks for batching; SageMaker's explicit "false" still wins.
+    assert resolve_batching(False, None, {"TFSERVO_BATCHING_EAGER": "true"}).mode == "eager"
+    assert resolve_batching(False, None, {"SAGEMAKER_TFS_ENABLE_BATCHING": "false", "TFSERVO_BATCHING_EAGER": "true"}) is None
     with pytest.raises(ConfigError, match="TFSERVO_BATCHING_EAGER='maybe'"):
         resolve_batching(True, None, {"TFSERVO_BATCHING_EAGER": "maybe"})

@@ -163,6 +163,8 @@ def settings_from_tfs_args(
         setting = option.tfs.convert(value[name]) if option.tfs.convert else value[name]
         # TF Serving's "unset" ("" or a 0 thread count) leaves the setting to tfservo's environment/default
         flags[option.name] = None if setting == "" or (setting == 0 and option.env) else setting
+    if given.get("enable_batching") is False:
+        flags["batching"] = "off"  # TF Serving's own default, said out loud: no batching
     flags["model_base_path"] = base_path or None
     flags["model_name"] = model_name
     return resolve_settings(multi_model=False, serve_default_path=False, env=env, **flags)

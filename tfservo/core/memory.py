@@ -1,11 +1,11 @@
-"""Memory: what the container (its cgroup) or the machine has, and what a process uses, read
-from /proc and /sys (Linux; None or 0 where unknown)."""
+"""Memory and cores: what the container (its cgroup) or the machine has, and what a process
+uses, read from /proc and /sys (Linux; None or 0 where unknown)."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["available_memory_bytes", "memory_limit_bytes", "resident_bytes"]
+__all__ = ["available_memory_bytes", "memory_limit_bytes", "resident_bytes", "usable_cores"]
 
 _CGROUP_FILES = (  # (limit, usage): cgroup v2, then v1
     ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
@@ -27,6 +27,22 @@ def available_memory_bytes() -> int | None:
         headroom = max(cgroup[0] - cgroup[1], 0)
         available = headroom if available is None else min(available, headroom)
     return available
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by the cgroup's CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
 
 
 def memory_limit_bytes() -> int | None:

@@ -27,7 +27,8 @@ from typing import Any
 
 from tfservo.core import tracing
 from tfservo.core.errors import InvalidArgument
-from tfservo.models.batching.options import BatchingOptions
+from tfservo.core.memory import memory_limit_bytes, usable_cores
+from tfservo.models.batching.options import AUTO_MAX_BATCH_SIZE, ENABLE_VAR, BatchingOptions
 from tfservo.models.bundle import ArchiveLimits
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "is_loopback",
     "options",
     "parse_version_labels",
+    "auto_workers",
     "resolve_batching",
     "resolve_settings",
     "tfs_flags",
@@ -177,10 +179,11 @@ class Settings:
         help="TF Serving gRPC port [default: 9000]; 0 picks a free one.")
     max_request_mb: float = setting(
         100.0, "--max-request-mb", help="Largest request body accepted, in MB [default: 100]; larger → 413.")
-    workers: int = setting(
-        1, "--workers", env="SAGEMAKER_GUNICORN_WORKERS", check="at_least_one",
+    workers: int = setting(  # 0 (the default): auto_workers()
+        0, "--workers", env="SAGEMAKER_GUNICORN_WORKERS", check="at_least_one",
         help="Serving processes sharing the port, each with its own copy of the models "
-        "[default: $SAGEMAKER_GUNICORN_WORKERS or 1].")
+        "[default: $SAGEMAKER_GUNICORN_WORKERS, else one per two cores and 2 GB of memory, at least 1; "
+        "1 with --multi-model].")
     no_supervisor: bool = setting(
         False, "--no-supervisor", env="TFSERVO_NO_SUPERVISOR",
         help="Serve in this process alone, without the supervisor that replaces a worker that dies "
@@ -416,6 +419,12 @@ INPUTS: tuple[Option, ...] = (
            tfs=TfsFlag("batching_parameters_file", ""),
            help="TF Serving batching parameters (text proto: max_batch_size, batch_timeout_micros, "
            "num_batch_threads, max_enqueued_batches, allowed_batch_sizes); turns batching on."),
+    Option("batching", str, "auto", ("--batching",), env=("TFSERVO_BATCHING",),
+           choices=("auto", "timeout", "eager", "off"),
+           help="How concurrent requests share model calls: auto runs a lone request at once and merges "
+           "those that arrive while a batch runs; timeout is TF Serving's (as --enable-batching); eager "
+           "as --batching-eager; off. SAGEMAKER_TFS_ENABLE_BATCHING and TF Serving's --enable_batching, "
+           "when set, choose timeout or off [default: $TFSERVO_BATCHING or auto]."),
     Option("batching_eager", bool, False, ("--batching-eager",), env=("TFSERVO_BATCHING_EAGER",),
            help="With batching on: run a batch as soon as a batch thread is free instead of waiting "
            "for the timeout [default: $TFSERVO_BATCHING_EAGER]."),
@@ -507,6 +516,7 @@ def resolve_settings(
     paths: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     serve_default_path: bool = True,
+    auto_batching: bool = True,
     **flags: Any,
 ) -> Settings:
     """Merge flags (keyword arguments named as the declarations; None: not given) over the
@@ -514,7 +524,8 @@ def resolve_settings(
 
     `multi_model=None` reads SAGEMAKER_MULTI_MODEL (serve); callers that always bring a
     bundle (invoke, transform, pipelines) pass False. With no PATH, `serve_default_path`
-    serves /opt/ml/model as the SageMaker container does.
+    serves /opt/ml/model as the SageMaker container does. In-process batch paths, which send
+    their own batches, pass `auto_batching=False`: there `--batching auto` means off.
     """
     unknown = sorted(set(flags) - set(_BY_NAME))
     if unknown:
@@ -526,6 +537,8 @@ def resolve_settings(
             f"multi-model mode starts with no models, but PATH {paths[0]} was given; "
             "drop PATH and load models with POST /models, or drop --multi-model / SAGEMAKER_MULTI_MODEL"
         )
+    if not value["workers"]:
+        value["workers"] = 1 if value["multi_model"] else auto_workers(paths)
     if value["multi_model"] and value["workers"] > 1:
         raise ConfigError(
             "multi-model mode needs one worker (models are loaded into one process); "
@@ -564,7 +577,7 @@ def resolve_settings(
         version_labels=parse_version_labels(flags.get("version_labels") or ()),
         batching=resolve_batching(
             bool(flags.get("enable_batching")), flags.get("batching_parameters_file"), env,
-            bool(flags.get("batching_eager")),
+            bool(flags.get("batching_eager")), mode=_resolve("batching", flags, env), auto=auto_batching,
         ),
         execution_parameters=execution_parameters_from_env(env),
         in_sagemaker="SAGEMAKER_BIND_TO_PORT" in env,
@@ -610,20 +623,59 @@ def archive_limits_from_env(env: Mapping[str, str]) -> ArchiveLimits:
     return limits
 
 
-def resolve_batching(
-    enable: bool, parameters_file: str | None, env: Mapping[str, str], eager: bool = False
-) -> BatchingOptions | None:
-    """--enable-batching [--batching-parameters-file] or SAGEMAKER_TFS_ENABLE_BATCHING and friends.
+def auto_workers(paths: Sequence[str] = ()) -> int:
+    """Workers when none is asked for: one per two usable cores (a worker's event loop takes one,
+    its batch and TensorFlow threads the other), as long as each fits in 80 % of the memory with
+    its copy of the models (1 GB of TensorFlow and twice the bundles' size on disk, 4 GB per
+    worker when they are remote); at least one."""
+    size = _bundle_bytes(paths)
+    per_worker = 2**30 + 2 * size if size is not None else 4 * 2**30
+    limit = memory_limit_bytes() or 8 * 2**30
+    return max(1, min(usable_cores() // 2, int(limit * 0.8) // per_worker))
 
-    --batching-eager / TFSERVO_BATCHING_EAGER closes a batch as soon as a batch thread is free
-    instead of waiting for the timeout (a lone request runs at once; batches form under load).
+
+def _bundle_bytes(paths: Sequence[str]) -> int | None:
+    """The bundles' size on disk (weights barely compress: an archive counts as its size); None
+    when one is remote."""
+    total = 0
+    try:
+        for path in paths:
+            if os.path.isfile(path):
+                total += os.path.getsize(path)
+            elif os.path.isdir(path):
+                total += sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+            else:
+                return None
+    except OSError:  # a file gone or a dangling link: size unknown
+        return None
+    return total
+
+
+def resolve_batching(
+    enable: bool, parameters_file: str | None, env: Mapping[str, str], eager: bool = False,
+    *, mode: str = "auto", auto: bool = True,
+) -> BatchingOptions | None:
+    """The batching `mode` (--batching), or what TF Serving's and SageMaker's settings ask for.
+
+    auto, when nothing else asks for batching: adaptive batching (BatchingOptions.adaptive; off
+    when `auto` is False). --enable-batching [--batching-parameters-file],
+    SAGEMAKER_TFS_ENABLE_BATCHING=true, or --batching timeout: TF Serving's batching; with
+    --batching-eager / TFSERVO_BATCHING_EAGER (or --batching eager) a batch closes as soon as a
+    batch thread is free. SAGEMAKER_TFS_ENABLE_BATCHING=false or --batching off: none.
     """
-    eager = eager or bool(_from_env(_BY_NAME["batching_eager"], env)[0])
+    if mode == "off":
+        return None
+    forced = enable or eager or bool(parameters_file) or mode in ("timeout", "eager")  # flags (or TFSERVO_BATCHING)
+    env_eager = bool(_from_env(_BY_NAME["batching_eager"], env)[0])
+    eager = eager or env_eager or mode == "eager"
+    said = env.get(ENABLE_VAR, "").strip()  # SageMaker's variable, when set, wins over auto and env_eager
+    if not forced and not said and not env_eager:
+        return BatchingOptions(max_batch_size=AUTO_MAX_BATCH_SIZE, adaptive=True) if auto else None
     options: BatchingOptions | None
     try:
         if parameters_file:
             options = BatchingOptions.from_parameters_file(parameters_file)
-        elif enable:
+        elif forced or not said:
             options = BatchingOptions.from_env({**env, "SAGEMAKER_TFS_ENABLE_BATCHING": "true"})
         else:
             options = BatchingOptions.from_env(env)

@@ -295,6 +295,6 @@ def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
         service.default_model(),
         os.getpid(),
         settings.workers,
-        "on" if settings.batching else "off",
+        settings.batching.mode if settings.batching else "off",
         resident_bytes() / 2**20,
     )

@@ -5,6 +5,13 @@ and input keys/dtypes/non-batch shapes share a queue of batches; a batch closes 
 `batch_timeout_micros` after its first task arrived; `num_batch_threads` threads (shared by
 every batcher of one `BatchScheduler`) run closed batches, oldest first; a queue holding
 `max_enqueued_batches` batches refuses new calls at once with ResourceExhausted.
+
+The adaptive mode (tfservo's default) is eager when idle and batched under load: a batch whose
+first call finds none of its batcher's batches queued or running is ready at once (a lone
+request runs without waiting); a batch started while others are queued or running waits to
+fill, up to the timeout, as TF Serving's does. It never changes an answer: calls larger than a batch run alone, a
+model whose outputs are not batch-major is run one call at a time from its first such batch on,
+and a merged batch that fails is rerun call by call so that each caller gets its own result.
 """
 
 from __future__ import annotations
@@ -78,9 +85,12 @@ class _Task:
 class _Queue:
     """Batches of one batcher that can be merged: same signature, outputs and input layout."""
 
-    __slots__ = ("owner", "signature", "output_keys", "batches")
+    __slots__ = ("key", "owner", "signature", "output_keys", "batches")
 
-    def __init__(self, owner: Batcher, signature: str, output_keys: tuple[str, ...] | None) -> None:
+    def __init__(
+        self, key: tuple[Any, ...], owner: Batcher, signature: str, output_keys: tuple[str, ...] | None
+    ) -> None:
+        self.key = key
         self.owner = owner
         self.signature = signature
         self.output_keys = output_keys
@@ -88,14 +98,15 @@ class _Queue:
 
 
 class _Batch:
-    __slots__ = ("queue", "tasks", "size", "created", "closed")
+    __slots__ = ("queue", "tasks", "size", "created", "closed", "at_once")
 
-    def __init__(self, queue: _Queue) -> None:
+    def __init__(self, queue: _Queue, at_once: bool = False) -> None:
         self.queue = queue
         self.tasks: list[_Task] = []
         self.size = 0
         self.created = time.monotonic()
         self.closed = False
+        self.at_once = at_once  # ready now, though it may still grow until a thread takes it
 
 
 class BatchScheduler:
@@ -142,7 +153,12 @@ class BatchScheduler:
                 if self._queues:  # more may be ready; let another idle thread look
                     self._work.notify()
                 self._space.notify_all()
-            batch.queue.owner._process(batch)
+            owner = batch.queue.owner
+            try:
+                owner._process(batch)
+            finally:
+                with self._lock:
+                    owner._busy -= 1
 
     def _take_ready(self, now: float) -> tuple[_Batch | None, float | None]:
         """Pop the oldest ready head batch; else None and how long until one times out."""
@@ -151,7 +167,7 @@ class BatchScheduler:
         for key, q in self._queues.items():
             head = q.batches[0]
             due = head.created + q.owner._timeout
-            if head.closed or q.owner._eager or due <= now:
+            if head.closed or head.at_once or q.owner._eager or due <= now:
                 if best is None or head.created < best[1].batches[0].created:
                     best = (key, q)
             elif wait is None or due - now < wait:
@@ -180,6 +196,9 @@ class Batcher:
     batches are smaller, so there are more model calls per request and (with
     `allowed_batch_sizes`) more padding, and batch sizes depend on `num_batch_threads`; the
     timeout instead trades a fixed latency for fuller batches.
+
+    `adaptive=True` (see the module's docstring): eager when none of this batcher's batches is
+    queued or running, the timeout otherwise.
     """
 
     def __init__(
@@ -198,6 +217,10 @@ class Batcher:
         self._max = options.max_batch_size
         self._timeout = options.batch_timeout_seconds
         self._eager = options.eager
+        self._adaptive = options.adaptive
+        self._busy = 0  # batches of this batcher queued or running (under the scheduler's lock)
+        # Queue keys whose outputs proved not batch-major (adaptive mode runs those calls alone).
+        self._solo: set[tuple[Any, ...]] = set()
         self._owns_scheduler = scheduler is None
         self._scheduler = scheduler or BatchScheduler(
             options.num_batch_threads, name=f"tfservo-batch-{name}".replace(" ", "-")
@@ -224,6 +247,8 @@ class Batcher:
             return self._runner(signature_name, arrays, output_keys)
         outs = tuple(output_keys) if output_keys is not None else None
         key = self._queue_key(signature_name, outs, arrays)
+        if self._alone(key, size):
+            return self._runner(signature_name, arrays, output_keys)
         if size <= self._max:
             tasks = [_Task(arrays, size)]
         else:
@@ -267,9 +292,16 @@ class Batcher:
         if not size or size > self._max:
             return False
         outs = tuple(output_keys) if output_keys is not None else None
-        self._enqueue(self._queue_key(signature_name, outs, arrays), signature_name, outs,
-                      _Task(arrays, size, callback), block=False)
+        key = self._queue_key(signature_name, outs, arrays)
+        if self._alone(key, size):
+            return False
+        self._enqueue(key, signature_name, outs, _Task(arrays, size, callback), block=False)
         return True
+
+    def _alone(self, key: tuple[Any, ...], size: int) -> bool:
+        """Adaptive mode runs a call outside any batch when it fills one by itself, or when its
+        kind of call proved not batchable."""
+        return self._adaptive and (size >= self._max or key in self._solo)
 
     def _batch_rows(self, signature_name: str, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         """The inputs as arrays and their common batch size (0: scalars or no rows, not batched)."""
@@ -303,6 +335,7 @@ class Batcher:
             for key in [k for k, q in sched._queues.items() if q.owner is self]:
                 for batch in sched._queues.pop(key).batches:
                     batch.closed = True
+                    self._busy -= 1
                     dropped.extend(batch.tasks)
             sched._space.notify_all()
         self._fail(dropped)
@@ -336,8 +369,9 @@ class Batcher:
                 waiting = len(q.batches) if q is not None else 0
                 if waiting < self._options.max_enqueued_batches:
                     if q is None:
-                        q = sched._queues[key] = _Queue(self, signature, outs)
-                    batch = _Batch(q)
+                        q = sched._queues[key] = _Queue(key, self, signature, outs)
+                    batch = _Batch(q, at_once=self._adaptive and self._busy == 0)
+                    self._busy += 1
                     q.batches.append(batch)
                     self._add(batch, task)
                     sched._work.notify()
@@ -405,19 +439,32 @@ class Batcher:
             seconds = time.perf_counter() - t0
             self._trace(tasks, q.signature, size, padded, started_ns)
             outputs = {k: np.asarray(v) for k, v in outputs.items()}
-            for k, v in outputs.items():
-                if v.ndim == 0 or v.shape[0] != padded:
-                    raise InvalidArgument(
-                        f"output '{k}' of signature '{q.signature}' of model {self._name} has shape "
-                        f"{list(v.shape)}, but batching needs every output's first dimension to be "
-                        f"the batch size ({padded}); request only batch-major outputs or disable "
-                        "batching (SAGEMAKER_TFS_ENABLE_BATCHING=false)"
-                    )
-            offset = 0
-            for t in tasks:
-                t.finish({k: v[offset : offset + t.size] for k, v in outputs.items()}, None)
-                offset += t.size
+            misfit = next((k for k, v in outputs.items() if v.ndim == 0 or v.shape[0] != padded), None)
+            if misfit is not None and self._adaptive:
+                if len(tasks) > 1 or padded != size:
+                    with self._scheduler._lock:
+                        self._solo.add(q.key)
+                    log.info("model %s (signature '%s'): output '%s' is not batch-major; its calls now "
+                             "run one at a time", self._name, q.signature, misfit)
+                    self._run_each(tasks, q)
+                    return
+                tasks[0].finish(outputs, None)  # a lone call gets the model's answer as it is
+            elif misfit is not None:
+                raise InvalidArgument(
+                    f"output '{misfit}' of signature '{q.signature}' of model {self._name} has shape "
+                    f"{list(outputs[misfit].shape)}, but batching needs every output's first dimension "
+                    f"to be the batch size ({padded}); request only batch-major outputs or disable "
+                    "batching (SAGEMAKER_TFS_ENABLE_BATCHING=false)"
+                )
+            else:
+                offset = 0
+                for t in tasks:
+                    t.finish({k: v[offset : offset + t.size] for k, v in outputs.items()}, None)
+                    offset += t.size
         except BaseException as exc:
+            if self._adaptive and len(tasks) > 1 and isinstance(exc, Exception):
+                self._run_each(tasks, batch.queue)  # one caller's bad rows fail only that caller
+                return
             for t in tasks:
                 t.finish(None, exc)
             if not isinstance(exc, Exception):
@@ -431,6 +478,16 @@ class Batcher:
                 self._on_batch(size, padded, seconds, queued)
             except Exception:
                 log.exception("batch hook failed for model %s", self._name)
+
+    def _run_each(self, tasks: list[_Task], q: _Queue) -> None:
+        """Run each task as a call of its own (adaptive mode's answer to a batch that failed or
+        whose outputs cannot be split)."""
+        keys_arg = list(q.output_keys) if q.output_keys is not None else None
+        for t in tasks:
+            try:
+                t.finish(self._runner(q.signature, t.inputs, keys_arg), None)
+            except Exception as exc:
+                t.finish(None, exc)
 
 
 def _padded_size(size: int, allowed: Sequence[int]) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ENABLE_VAR", "BatchingOptions"]
+__all__ = ["AUTO_MAX_BATCH_SIZE", "ENABLE_VAR", "BatchingOptions"]
 
 
 def _cores() -> int:
@@ -16,6 +16,9 @@ def _cores() -> int:
 
 
 ENABLE_VAR = "SAGEMAKER_TFS_ENABLE_BATCHING"
+# The largest batch of the default (adaptive) batching: batch 32 costs a small model little more
+# than batch 1 per call (bench/ceiling.py), and it is what the serving benchmark batches.
+AUTO_MAX_BATCH_SIZE = 32
 # Single-row requests the default queue holds before it refuses with 429.
 QUEUED_REQUESTS = 1024
 _INT_VARS = {
@@ -44,6 +47,7 @@ class BatchingOptions:
     max_enqueued_batches: int = 0
     allowed_batch_sizes: tuple[int, ...] = ()
     eager: bool = False
+    adaptive: bool = False  # tfservo's default: see tfservo.models.batching.batcher
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_batch_sizes", tuple(self.allowed_batch_sizes))
@@ -68,6 +72,11 @@ class BatchingOptions:
                     f"the last of allowed_batch_sizes {list(sizes)} must equal max_batch_size "
                     f"({self.max_batch_size}); add it or change max_batch_size"
                 )
+
+    @property
+    def mode(self) -> str:
+        """--batching's name for these options: auto, eager or timeout."""
+        return "auto" if self.adaptive else "eager" if self.eager else "timeout"
 
     @property
     def batch_timeout_seconds(self) -> float:
