@@ -175,3 +175,25 @@ def test_following_new_version_dirs_without_a_side_input(tmp_path) -> None:
             break
         assert time.monotonic() < deadline, "version 2 was not picked up"
         time.sleep(0.5)
+
+
+def test_events_naming_bundles_on_s3_switch_to_them(bundles, s3_endpoint, s3_bucket, tmp_path) -> None:
+    """The same switch with the new bundles on S3 (moto's server): an archive, then a bundle dir
+    under a prefix; each is downloaded, loaded with its code/, and named in model_id."""
+    from s3_server import upload_dir, upload_file
+
+    archive = upload_file(s3_endpoint, s3_bucket, "updates/b.tar.gz", bundles["b"])
+    prefix = upload_dir(s3_endpoint, s3_bucket, "updates/c", _bundle(tmp_path / "c", "C", 3.0))
+    events = [(1, archive), (11, prefix)]
+
+    with beam.Pipeline() as p:
+        side = (p | "events" >> beam.Create(events)
+                | "stamp events" >> beam.Map(lambda e: window.TimestampedValue(ModelMetadata(e[1], e[1]), e[0]))
+                | "event windows" >> beam.WindowInto(window.FixedWindows(10)))
+        answers = (p | "elements" >> beam.Create([(2, b"2"), (12, b"12")])
+                   | "stamp" >> beam.Map(lambda e: window.TimestampedValue(e[1], e[0]))
+                   | "windows" >> beam.WindowInto(window.FixedWindows(10))
+                   | RunInference(BundleModelHandler(str(bundles["a"]), content_type="text/csv"),
+                                  model_metadata_pcoll=side)
+                   | beam.Map(lambda r: (r.example.decode(), r.inference.decode(), r.model_id)))
+        assert_that(answers, equal_to([("2", "B 20", f"{archive}:model/1"), ("12", "C 36", f"{prefix}:model/1")]))

@@ -158,3 +158,42 @@ def test_data_capture_on_ray_matches_the_local_engines(cluster, hp3, tmp_path):
     local, on_ray = lines(capture["local"]), lines(capture["ray"])
     assert on_ray == local and len(local) == 3  # the object that failed has none
     assert len(local["quotes.csv.jsonl"]) >= 2  # its requests from both workers, in order
+
+
+def test_follow_on_ray_transforms_objects_as_they_land_with_its_actors_kept(cluster, hp3, tmp_path, caplog):
+    """`transform --follow --runner ray`: each poll's new objects run on the same model actors,
+    and the outputs are the local engine's."""
+    import logging
+    import threading
+
+    from tfservo.batch.engines.ray import RayPasses
+    from tfservo.batch.follow import follow_transform
+
+    flags = {"content_type": "text/csv", "split_type": "Line", "assemble_with": "Line"}
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    write(inputs / "a.csv", "1.0\n2.0\n")
+    stop, result = threading.Event(), {}
+    job = TransformJob(str(HALF_PLUS_THREE), str(inputs), str(out), **flags)
+    caplog.set_level(logging.INFO, logger="tfservo.batch")
+    follower = threading.Thread(target=lambda: result.setdefault("summary", follow_transform(
+        job, stop, poll_seconds=0.3, passes=lambda j: RayPasses(j, RaySettings()))))
+    follower.start()
+    try:
+        deadline = time.monotonic() + 180
+        for name, text in (("b.csv", "3.0\n"), ("sub/c.csv", "4.0\n5.0\n6.0\n")):
+            while not (out / "a.csv.out").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            write(inputs / name, text)  # lands after the first pass
+        while not (out / "sub" / "c.csv.out").exists() or not (out / "b.csv.out").exists():
+            assert time.monotonic() < deadline and follower.is_alive(), "the later objects were not transformed"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        follower.join(120)
+    summary = result["summary"]
+    assert (summary.done, summary.records, summary.failed) == (3, 6, []) and summary.workers
+    starts = [r for r in caplog.records if "model workers on Ray" in r.getMessage()]
+    assert len(starts) == 1, [r.getMessage() for r in starts]  # one set of actors for every pass
+    run_transform(TransformJob(str(HALF_PLUS_THREE), str(inputs), str(tmp_path / "local"), **flags),
+                  service=hp3, progress="none")
+    assert tree(out) == tree(tmp_path / "local")

@@ -68,6 +68,13 @@ def make(model: FakeModel, **kw: object) -> Batcher:
     return Batcher(model.run, opts(**kw), name="fake version 1")
 
 
+def wait_until(check, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "waited too long"
+        time.sleep(0.001)
+
+
 def test_concurrent_callers_get_exactly_their_own_rows(model: FakeModel) -> None:
     hook: list[tuple[int, int, float]] = []
     batcher = Batcher(model.run, opts(), name="fake", on_batch=lambda *a: hook.append(a))
@@ -392,10 +399,7 @@ def test_submit_reports_model_errors_and_refuses_when_full(model: FakeModel) -> 
         with pytest.raises(ResourceExhausted, match="batch queue full"):
             batcher.submit("serving_default", {"x": x}, None, lambda o, e: errors.append(e))
         model.gate.set()
-        deadline = time.monotonic() + 5
-        while len(errors) < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        wait_until(lambda: len(errors) == 2)
     finally:
         model.gate.set()
         batcher.close()
@@ -510,3 +514,28 @@ def test_adaptive_reruns_a_failed_merged_batch_call_by_call(model: FakeModel) ->
     assert [type(e.error).__name__ if e.error else None for e in events] == [None, None, "ValueError", None]  # type: ignore[attr-defined]
     np.testing.assert_array_equal(events[3].outputs["y"], xs[3] * 2 + 1)  # type: ignore[attr-defined]
     assert model.batch_sizes == [1, 3, 1, 1, 1]
+
+
+def test_adaptive_runs_a_call_alone_in_the_callers_thread_only_when_idle(model: FakeModel) -> None:
+    batcher = make(model, adaptive=True, batch_timeout_micros=300_000)
+    threads: list[str] = []
+
+    def callback(outputs, error) -> None:
+        threads.append(threading.current_thread().name)
+
+    x = np.ones((1, 2), np.float32)
+    try:
+        assert batcher.submit("serving_default", {"x": x}, None, callback, alone=True)
+        assert threads == [threading.current_thread().name]  # answered before submit returned
+        model.gate, model.entered = threading.Event(), threading.Event()
+        (held,) = submit_all(batcher, [x])  # a batch running now
+        assert model.entered.wait(10)
+        assert batcher.submit("serving_default", {"x": x}, None, callback, alone=True)
+        assert len(threads) == 1  # not idle: queued behind the running batch, not run here
+        model.gate.set()
+        assert held.wait(10)
+        wait_until(lambda: len(threads) == 2)
+    finally:
+        model.gate.set()
+        batcher.close()
+    assert threads[1] != threading.current_thread().name and model.batch_sizes == [1, 1, 1]

@@ -1,6 +1,7 @@
 """`tfservo transform --follow`: keep watching INPUT and run each new object through the bundle
 as it lands, with a batch job's outputs, resume state and semantics — the model loaded once,
-every poll a pass of the local engine over the objects not done yet.
+every poll a pass over the objects not done yet: of the local engine (LocalPasses), or of the
+Ray engine with its model actors kept from pass to pass (tfservo.batch.engines.ray.RayPasses).
 
 An object is taken once it has stood still for a poll (same size in two listings), so a local
 file still being written is not read half-way; S3 objects appear whole. Each object's .out is
@@ -14,7 +15,8 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from tfservo.batch.engines.local import TransformEngine, list_job_inputs
 from tfservo.batch.job import TransformJob
@@ -24,7 +26,7 @@ from tfservo.batch.sources import InputObject, NoInputObjects
 from tfservo.batch.state import TransformSummary, bundle_versions, check_settings, job_description
 from tfservo.server.loopback import start_handler_endpoints
 
-__all__ = ["FollowMetrics", "follow_transform"]
+__all__ = ["FollowMetrics", "LocalPasses", "Passes", "follow_transform"]
 
 log = logging.getLogger("tfservo.batch")
 
@@ -58,16 +60,46 @@ class FollowMetrics:
             self._server.shutdown()
 
 
+class Passes(Protocol):
+    """What runs follow mode's passes: the model loaded once, then `run` per poll that finds work."""
+
+    def run(self, job: TransformJob, objects: list[InputObject]) -> TransformSummary: ...
+
+    def close(self) -> None: ...
+
+
+class LocalPasses:
+    """Passes on this machine: the bundle loaded once, the local engine over each pass's objects."""
+
+    def __init__(self, job: TransformJob) -> None:
+        apply_env(job.env)
+        self.service = load_service(job.model, job.env)
+        self.loopback = start_handler_endpoints(self.service)
+        self.versions = bundle_versions(self.service.bundles)
+        self._engines: dict[bool, TransformEngine] = {}
+
+    def run(self, job: TransformJob, objects: list[InputObject]) -> TransformSummary:
+        engine = self._engines.get(job.overwrite)
+        if engine is None:
+            engine = self._engines[job.overwrite] = TransformEngine(
+                job, self.service.invoker, progress="none", versions=self.versions)
+        return engine.run(objects)
+
+    def close(self) -> None:
+        if self.loopback is not None:
+            self.loopback.stop()
+        self.service.close()
+
+
 def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: float = 10.0,
-                     metrics: FollowMetrics | None = None) -> TransformSummary:
+                     metrics: FollowMetrics | None = None,
+                     passes: Callable[[TransformJob], Passes] = LocalPasses) -> TransformSummary:
     """Transform INPUT's objects as they land until `stop` is set (the pass running then
     finishes its objects first); the summary of every pass together. Each poll that finds work
     logs the backlog (objects listed, not done) and the lag (how long the oldest has waited)."""
     job = job.validated()
     check_settings(OutputStore(job.state_url), job, job_description(job))  # changed flags stop it before loading
-    apply_env(job.env)
-    service = load_service(job.model, job.env)
-    loopback = start_handler_endpoints(service)
+    runner = passes(job)
     total = TransformSummary()
     started = time.monotonic()
     seen: dict[str, int | None] = {}
@@ -75,14 +107,11 @@ def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: 
     first_listed: dict[str, float] = {}  # object → when a listing first showed it (for the lag)
     metrics = metrics or FollowMetrics()
     try:
-        versions = bundle_versions(service.bundles)
-        first = TransformEngine(job, service.invoker, progress="none", versions=versions)
         # --overwrite redoes what is there once, at the start; later passes only add new objects
-        later = TransformEngine(dataclasses.replace(job, overwrite=False), service.invoker, progress="none",
-                                versions=versions)
+        first, later = job, dataclasses.replace(job, overwrite=False)
         log.info("following %s every %gs; SIGINT or SIGTERM stops once the objects in flight are done",
                  job.input, poll_seconds)
-        engine = first
+        this = first
         while True:
             listed = _listed(job)
             metrics.polls.inc()
@@ -94,10 +123,10 @@ def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: 
             if ready:
                 log.info("follow: backlog %d object(s), the oldest listed %.1fs ago; transforming %d",
                          waiting, lag, len(ready))
-                passed = engine.run(ready)
-                if engine is first:
+                passed = runner.run(this, ready)
+                if this is first:
                     total.skipped = passed.skipped
-                engine = later
+                this = later
                 _add(total, passed)
                 taken.update(obj.rel for obj in ready)
                 metrics.objects.labels("done").inc(passed.done)
@@ -110,9 +139,7 @@ def follow_transform(job: TransformJob, stop: threading.Event, *, poll_seconds: 
             if stop.wait(poll_seconds):
                 break
     finally:
-        if loopback is not None:
-            loopback.stop()
-        service.close()
+        runner.close()
         metrics.close()
     total.seconds = time.monotonic() - started
     return total
@@ -152,3 +179,4 @@ def _add(total: TransformSummary, passed: TransformSummary) -> None:
     total.failed.extend(passed.failed)
     total.dead_lettered.extend(passed.dead_lettered)
     total.report = passed.report or total.report
+    total.workers = sorted(set(total.workers) | set(passed.workers))

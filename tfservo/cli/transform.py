@@ -147,13 +147,13 @@ def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, met
         raise click.UsageError("--workers needs --runner ray or --runner spark")
     if workers < 0:
         raise click.UsageError("--workers must be 0 (one per core) or more")
-    if follow and runner != "local":
-        raise click.UsageError("--follow runs on the local engine; drop --runner")
+    if follow and runner not in ("local", "ray"):
+        raise click.UsageError("--follow runs on the local engine or on Ray; drop --runner or use --runner ray")
     if metrics_port is not None and not follow:
         raise click.UsageError("--metrics-port needs --follow (a batch run reports in its summary)")
     try:
         if follow:
-            summary = _follow(job, poll_seconds, metrics_port)
+            summary = _follow(job, poll_seconds, metrics_port, (ray_address, workers) if runner == "ray" else None)
         elif beam is not None:
             from tfservo.batch.engines.beam import run_beam_transform
 
@@ -192,8 +192,9 @@ def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, met
         sys.exit(1)
 
 
-def _follow(job, poll_seconds: float, metrics_port: int | None):  # -> TransformSummary
-    """--follow until SIGINT or SIGTERM, which let the pass in flight finish its objects."""
+def _follow(job, poll_seconds: float, metrics_port: int | None, ray: tuple[str | None, int] | None):  # -> TransformSummary
+    """--follow until SIGINT or SIGTERM, which let the pass in flight finish its objects; with
+    `ray` (--ray-address, --workers), each pass on Ray."""
     import signal
     import threading
 
@@ -209,4 +210,10 @@ def _follow(job, poll_seconds: float, metrics_port: int | None):  # -> Transform
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stopping)
+    if ray is not None:
+        from tfservo.batch.engines.ray import RayPasses, RaySettings
+
+        settings = RaySettings(*ray)
+        return follow_transform(job, stop, poll_seconds=poll_seconds, metrics=FollowMetrics(metrics_port),
+                                passes=lambda job: RayPasses(job, settings))
     return follow_transform(job, stop, poll_seconds=poll_seconds, metrics=FollowMetrics(metrics_port))

@@ -174,9 +174,12 @@ class TFServingAPI:
         label: str | None,
         body: bytes,
         done: Callable[[bytes | None, BaseException | None], None],
+        *,
+        alone: bool = False,
     ) -> bool:
         """A REST `:predict` that does not wait for its batch: decodes and queues it, and `done`
-        gets the encoded answer (or the error) from a batch thread.
+        gets the encoded answer (or the error) from a batch thread — or at once, in this thread,
+        when the call is `alone` and the model's batcher idle (see Batcher.submit).
 
         False, with nothing queued, when the call must go through `rest` instead (no batching,
         or more rows than one batch holds). Request errors raise here, as in `rest`.
@@ -210,7 +213,7 @@ class TFServingAPI:
             done(answer, None)
 
         try:
-            queued = sv.submit(call.signature_name or DEFAULT_SIGNATURE, call.inputs, encode)
+            queued = sv.submit(call.signature_name or DEFAULT_SIGNATURE, call.inputs, encode, alone=alone)
         except BaseException:
             handle.release()
             raise

@@ -137,14 +137,15 @@ class CallPlacement:
             return fn()
         finally:
             del self._started[key]
-            self._note(kind, time.perf_counter() - started)
+            self.note(kind, time.perf_counter() - started)
 
     def longest_running(self) -> float:
         """Seconds the longest call still running has been running (0 when none is)."""
         starts = list(self._started.values())
         return time.perf_counter() - min(starts) if starts else 0.0
 
-    def _note(self, kind: Hashable, seconds: float) -> None:
+    def note(self, kind: Hashable, seconds: float) -> None:
+        """One call of `kind` took `seconds` (calls timed by their caller, e.g. batched predicts)."""
         old = self._cost.get(kind)
         if old is None and len(self._cost) >= _MAX_KINDS:
             self._cost.clear()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -27,7 +29,7 @@ from tfservo.core.dataplane import parse_version
 from tfservo.core.errors import InvalidArgument, NotFound, ServingError
 from tfservo.core.invocation import InvocationResult, error_result
 from tfservo.core.service import ModelService
-from tfservo.http.call_placement import INLINE_BODY_BYTES, CallPlacement
+from tfservo.http.call_placement import INLINE_BODY_BYTES, INLINE_SECONDS, CallPlacement
 from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.routes import ROUTE_KEY
 from tfservo.http.runtime_api import (
@@ -231,6 +233,7 @@ class HotRoutes:
         self.v2 = v2  # the Open Inference Protocol's data plane (build_app makes the one the server has)
         self.sigv4 = sigv4  # --sigv4-credentials: the runtime API takes only requests signed with its keys
         self.async_intake = async_intake  # --async-inference-config: InvokeEndpointAsync's queue
+        self._predicting = 0  # small predicts between arrival and answer (on the loop: no lock)
 
     async def tfs_method(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/models/{name}[/versions/{v}|/labels/{l}]:{predict|classify|regress}."""
@@ -269,16 +272,34 @@ class HotRoutes:
     async def _predict_queued(self, name: str, version: int | None, label: str | None, body: bytes) -> bytes | None:
         """A small :predict decoded on the loop and queued for its batch; the batch thread hands
         the answer straight back to the loop (one thread hand-off instead of three). None: the
-        call needs the thread path (see TFServingAPI.submit_predict)."""
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[bytes | None] = loop.create_future()
+        call needs the thread path (see TFServingAPI.submit_predict).
 
-        def done(result: bytes | None, error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(_settle, answer, result, error)
+        A predict that is the only one in flight runs at once on the loop when its model's
+        batcher is idle too (adaptive batching's "eager when idle", without a hand-off)."""
+        self._predicting += 1
+        try:
+            # One turn of the loop first: requests that arrived with this one count themselves.
+            await asyncio.sleep(0)
+            kind = (name, "predict")
+            alone = self._predicting == 1 and (self.calls.estimate(kind) or 1.0) < INLINE_SECONDS
+            started = time.perf_counter()
+            loop = asyncio.get_running_loop()
+            loop_thread = threading.get_ident()
+            answer: asyncio.Future[bytes | None] = loop.create_future()
 
-        if not self.service.api.submit_predict(name, version, label, body, done):
-            return None
-        return await answer
+            def done(result: bytes | None, error: BaseException | None) -> None:
+                if threading.get_ident() == loop_thread:
+                    _settle(answer, result, error)
+                else:
+                    loop.call_soon_threadsafe(_settle, answer, result, error)
+
+            if not self.service.api.submit_predict(name, version, label, body, done, alone=alone):
+                return None
+            result = await answer
+            self.calls.note(kind, time.perf_counter() - started)  # quick calls may run on the loop
+            return result
+        finally:
+            self._predicting -= 1
 
     async def invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /invocations, or /models/{name}/invoke: through the service's one Invoker."""

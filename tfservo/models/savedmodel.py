@@ -39,6 +39,7 @@ from tfservo.core.errors import (
 from tfservo.models import QUIET_TENSORFLOW  # sets TF_CPP_MIN_LOG_LEVEL before TF loads
 from tfservo.models.captured_variables import UnrestorableVariables, restore_captured_variables
 from tfservo.models.profiling import annotation
+from tfservo.models.session_callable import make_session_callable
 from tfservo.models.signatures import SignatureDef, TensorSpec, signature_from_proto, tensor_info_name
 
 __all__ = ["INIT_OP_SIGNATURE", "Feeds", "load_saved_model", "LoadedModel"]
@@ -362,9 +363,7 @@ class _SessionBackend(_Backend):
         options = config_pb2.CallableOptions()
         options.feed.extend(sig.inputs[k].tensor_name for k in in_keys)
         options.fetch.extend(sig.outputs[k].tensor_name for k in out_keys)
-        # `_make_callable_from_options` is the C++ MakeCallable; the public make_callable with
-        # a feed list falls back to the slow `Session.run` path.
-        callable_ = self.session._make_callable_from_options(options)
+        callable_ = make_session_callable(self.session, options)
         return lambda values: callable_(*values)
 
     def close(self) -> None:

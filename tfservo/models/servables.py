@@ -122,8 +122,11 @@ class ServableVersion:
         signature_name: str,
         inputs: dict[str, np.ndarray],
         callback: Callable[[dict[str, np.ndarray] | None, BaseException | None], None],
+        *,
+        alone: bool = False,
     ) -> bool:
-        """Queue a call on this version's batcher without waiting (see Batcher.submit).
+        """Queue a call on this version's batcher without waiting (see Batcher.submit; `alone`:
+        no other request of the caller's is in flight, so an idle batcher may run it at once).
 
         False, with nothing queued, when the call has to go through `run` instead: no batcher,
         or a call the batcher only takes blocking.
@@ -132,7 +135,7 @@ class ServableVersion:
         if submit is None:
             return False
         self.loaded  # noqa: B018 - refuses a version that is gone
-        return bool(submit(signature_name, inputs, None, callback))
+        return bool(submit(signature_name, inputs, None, callback, alone=alone))
 
     def _take(self) -> bool:
         """One more handle, if the version still takes requests (AVAILABLE)."""

@@ -38,6 +38,18 @@ __all__ = ["Session"]
 log = logging.getLogger("tfservo.sagemaker_sdk")
 
 _DEFAULT_REGION = "us-east-1"
+
+
+def _with_region(session: boto3.session.Session, region: str) -> boto3.session.Session:
+    """A session with the same credentials and a region (boto3 sets a region only when a session
+    is made): keys given in code are carried over, anything else is found again the same way."""
+    credentials = session.get_credentials()
+    if credentials is not None and credentials.method == "explicit":
+        keys = credentials.get_frozen_credentials()
+        return boto3.Session(aws_access_key_id=keys.access_key, aws_secret_access_key=keys.secret_key,
+                             aws_session_token=keys.token, region_name=region)
+    profile = session.profile_name
+    return boto3.Session(profile_name=None if profile == "default" else profile, region_name=region)
 # Keys for a session that has none (local S3); a server checks signatures only with --sigv4-credentials.
 _LOCAL_KEYS = {"aws_access_key_id": "tfservo", "aws_secret_access_key": "tfservo"}
 
@@ -65,7 +77,7 @@ class Session(LocalSession):
         self.endpoint_url = endpoint_url or os.environ.get("TFSERVO_ENDPOINT_URL") or None
         boto_session = boto_session or boto3.Session()
         if boto_session.region_name is None:
-            boto_session = boto3.Session(region_name=_DEFAULT_REGION, botocore_session=boto_session._session)
+            boto_session = _with_region(boto_session, _DEFAULT_REGION)
         s3_endpoint_url = s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if local_s3 is None:
             local_s3 = s3_endpoint_url is None and boto_session.get_credentials() is None

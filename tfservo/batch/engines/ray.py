@@ -17,7 +17,7 @@ import itertools
 import logging
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,13 +32,13 @@ from tfservo.batch.engines.distributed import (
     worker_service,
     write_wired,
 )
-from tfservo.batch.engines.driver import DriverRun
+from tfservo.batch.engines.driver import DriverRun, start_driver_run
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.sources import InputObject
 from tfservo.batch.state import ObjectOutcome, RecordFailure, TransformSummary
 from tfservo.core.extras import require
 
-__all__ = ["RaySettings", "run_ray_transform"]
+__all__ = ["RayPasses", "RaySettings", "run_ray_transform"]
 
 log = logging.getLogger("tfservo.batch")
 
@@ -131,18 +131,69 @@ def run_ray_transform(
     )
 
 
-def _drive(
-    ray: Any, run: DriverRun, settings: RaySettings, progress_mode: str, interval: float
-) -> tuple[list[ObjectOutcome], set[str]]:
-    job = run.job
+class RayPasses:
+    """`transform --follow --runner ray`: the connection and the model actors kept from one pass
+    to the next, each pass a driver run over the objects that landed (see tfservo.batch.follow)."""
+
+    def __init__(self, job: TransformJob, settings: RaySettings | None = None) -> None:
+        from tfservo.batch.state import bundle_versions
+        from tfservo.core.settings import archive_limits_from_env, environment
+        from tfservo.models.bundle import open_bundle
+
+        self.settings = settings or RaySettings()
+        self.versions = bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(environment(job.env)))])
+        self._exit = ExitStack()
+        try:
+            self._ray = self._exit.enter_context(_connected(self.settings))
+            self._actors = _start_actors(self._ray, job, self.settings)
+            self._exit.callback(lambda: [self._ray.kill(actor) for actor in self._actors])
+        except BaseException:
+            self._exit.close()
+            raise
+
+    def run(self, job: TransformJob, objects: list[InputObject]) -> TransformSummary:
+        run = start_driver_run(job, objects, self.versions)
+        if not run.todo:
+            return run.finish([])
+        outcomes, workers = _drive_objects(self._ray, run, self._actors, "none", 10.0)
+        return run.finish(outcomes, workers)
+
+    def close(self) -> None:
+        self._exit.close()
+
+
+def _start_actors(ray: Any, job: TransformJob, settings: RaySettings) -> list[Any]:
+    """The model actors, one per CPU of the cluster unless --workers says, each with the model loaded."""
     count = settings.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     ModelWorker = _actor_class(ray, job.concurrency)
     actors = [ModelWorker.options(scheduling_strategy="SPREAD").remote(job) for _ in range(count)]
     try:
         ids = ray.get([a.ready.remote() for a in actors])
     except ray.exceptions.RayActorError as exc:
+        for actor in actors:
+            ray.kill(actor)
         raise JobError(f"the Ray workers could not load {job.model}: {exc}") from None
-    log.info("running %d objects on Ray: %d model workers (%s)", len(run.todo), count, ", ".join(sorted(set(ids))))
+    log.info("%d model workers on Ray (%s)", count, ", ".join(sorted(set(ids))))
+    return actors
+
+
+def _drive(
+    ray: Any, run: DriverRun, settings: RaySettings, progress_mode: str, interval: float
+) -> tuple[list[ObjectOutcome], set[str]]:
+    actors = _start_actors(ray, run.job, settings)
+    try:
+        return _drive_objects(ray, run, actors, progress_mode, interval)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def _drive_objects(
+    ray: Any, run: DriverRun, actors: list[Any], progress_mode: str, interval: float
+) -> tuple[list[ObjectOutcome], set[str]]:
+    """The objects of `run` through the actors: split, called and written on them."""
+    job, count = run.job, len(actors)
+    log.info("running %d objects on Ray", len(run.todo))
     meter = run.progress(progress_mode, interval)
     busy = {i: 0 for i in range(count)}
     limit = 2 * job.concurrency  # requests queued per actor before splitting waits
@@ -200,8 +251,6 @@ def _drive(
         raise JobError(f"the Ray job failed: {exc}; run the same command again to resume") from None
     finally:
         meter.close()
-        for actor in actors:
-            ray.kill(actor)
     return outcomes, workers
 
 

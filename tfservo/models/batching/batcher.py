@@ -281,12 +281,16 @@ class Batcher:
         inputs: dict[str, np.ndarray],
         output_keys: Sequence[str] | None,
         callback: Callback,
+        *,
+        alone: bool = False,
     ) -> bool:
         """Queue `inputs` without waiting; `callback` gets this call's rows from a batch thread.
 
         For callers that must not block (the event loop). False, with nothing queued, when the
         call needs the blocking path (more rows than max_batch_size, no batch dimension): use
-        `run` then. A full queue raises ResourceExhausted here, as `run` does.
+        `run` then. A full queue raises ResourceExhausted here, as `run` does. `alone`: the
+        caller has no other request in flight; in adaptive mode, with this batcher idle too,
+        the call runs at once in the caller's thread (no hand-off to a batch thread and back).
         """
         arrays, size = self._batch_rows(signature_name, inputs)
         if not size or size > self._max:
@@ -295,8 +299,43 @@ class Batcher:
         key = self._queue_key(signature_name, outs, arrays)
         if self._alone(key, size):
             return False
+        if alone and self._adaptive and self._run_now(signature_name, arrays, outs, callback):
+            return True
         self._enqueue(key, signature_name, outs, _Task(arrays, size, callback), block=False)
         return True
+
+    def _run_now(
+        self, signature: str, arrays: dict[str, np.ndarray], outs: tuple[str, ...] | None, callback: Callback
+    ) -> bool:
+        """Run one call in this thread if no batch of this batcher is queued or running (calls
+        arriving meanwhile wait to merge, as behind any running batch); False if not idle."""
+        sched = self._scheduler
+        with sched._lock:
+            if self._busy or self._closed or sched._stopped:
+                return False
+            self._busy += 1
+        size = next(iter(arrays.values())).shape[0]
+        try:
+            t0 = time.perf_counter()
+            outputs = self._runner(signature, arrays, list(outs) if outs is not None else None)
+            seconds = time.perf_counter() - t0
+        except Exception as exc:
+            callback(None, exc)
+            return True
+        finally:
+            with sched._lock:
+                self._busy -= 1
+        callback({k: np.asarray(v) for k, v in outputs.items()}, None)
+        self._report(size, size, seconds, 0.0)
+        return True
+
+    def _report(self, size: int, padded: int, seconds: float, queued: float) -> None:
+        """The batch hook (the metrics), which must never fail a call."""
+        if self._on_batch is not None:
+            try:
+                self._on_batch(size, padded, seconds, queued)
+            except Exception:
+                log.exception("batch hook failed for model %s", self._name)
 
     def _alone(self, key: tuple[Any, ...], size: int) -> bool:
         """Adaptive mode runs a call outside any batch when it fills one by itself, or when its
@@ -473,11 +512,7 @@ class Batcher:
         finally:
             for t in tasks:  # never leave a caller waiting, whatever happened
                 t.finish(None, Unavailable(f"model {self._name}: batch was abandoned; retry"))
-        if self._on_batch is not None:
-            try:
-                self._on_batch(size, padded, seconds, queued)
-            except Exception:
-                log.exception("batch hook failed for model %s", self._name)
+        self._report(size, padded, seconds, queued)
 
     def _run_each(self, tasks: list[_Task], q: _Queue) -> None:
         """Run each task as a call of its own (adaptive mode's answer to a batch that failed or
