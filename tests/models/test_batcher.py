@@ -539,3 +539,23 @@ def test_adaptive_runs_a_call_alone_in_the_callers_thread_only_when_idle(model: 
         model.gate.set()
         batcher.close()
     assert threads[1] != threading.current_thread().name and model.batch_sizes == [1, 1, 1]
+
+
+def test_adaptive_blocking_calls_run_in_their_own_thread_when_idle_and_merge_under_load(model: FakeModel) -> None:
+    ran_in: list[str] = []
+    runs = model.run
+
+    def recording(sig, inputs, keys=None):
+        ran_in.append(threading.current_thread().name)
+        return runs(sig, inputs, keys)
+
+    batcher = Batcher(recording, opts(adaptive=True, batch_timeout_micros=300_000))
+    try:
+        batcher("serving_default", {"x": np.ones((1, 2), np.float32)})
+        assert ran_in == [threading.current_thread().name]  # idle: no hand-off to a batch thread
+        model.delay = 0.2
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: batcher("serving_default", {"x": np.full((1, 2), i, np.float32)}), range(8)))
+    finally:
+        batcher.close()
+    assert max(model.batch_sizes) > 1  # the calls that came while one ran were merged

@@ -198,6 +198,8 @@ class TFServingAPI:
                 handle.release()
                 raise
 
+        within = tracing.parent()  # the request's, for the encode span (None when tracing is off)
+
         def encode(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
             handle.release()
             if error is not None:
@@ -206,7 +208,11 @@ class TFServingAPI:
             assert outputs is not None
             prediction = Prediction(sv.model_name, sv.version, call.signature_name or DEFAULT_SIGNATURE, outputs, call.row_format)
             try:
-                answer = json_codec.encode_answer(prediction)
+                if within is None:
+                    answer = json_codec.encode_answer(prediction)
+                else:  # on a batch thread: the span goes under the request
+                    with tracing.activate(within), tracing.span("encode", {"tfservo.content_type": "application/json"}):
+                        answer = json_codec.encode_answer(prediction)
             except Exception as exc:
                 done(None, exc)
                 return

@@ -28,7 +28,12 @@ from typing import Any
 from tfservo.core import tracing
 from tfservo.core.errors import InvalidArgument
 from tfservo.core.memory import memory_limit_bytes, usable_cores
-from tfservo.models.batching.options import AUTO_MAX_BATCH_SIZE, ENABLE_VAR, BatchingOptions
+from tfservo.models.batching.options import (
+    AUTO_BATCH_THREADS,
+    AUTO_MAX_BATCH_SIZE,
+    ENABLE_VAR,
+    BatchingOptions,
+)
 from tfservo.models.bundle import ArchiveLimits
 
 __all__ = [
@@ -670,7 +675,8 @@ def resolve_batching(
     eager = eager or env_eager or mode == "eager"
     said = env.get(ENABLE_VAR, "").strip()  # SageMaker's variable, when set, wins over auto and env_eager
     if not forced and not said and not env_eager:
-        return BatchingOptions(max_batch_size=AUTO_MAX_BATCH_SIZE, adaptive=True) if auto else None
+        return BatchingOptions(max_batch_size=AUTO_MAX_BATCH_SIZE, num_batch_threads=AUTO_BATCH_THREADS,
+                               adaptive=True) if auto else None
     options: BatchingOptions | None
     try:
         if parameters_file:

@@ -245,14 +245,17 @@ def parent() -> Parent:
     return context.get_current()
 
 
-def record(name: str, within: Parent, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> None:
-    """A span already over (the batch queue's wait, a batched model run), under `within`."""
+def record(name: str, within: Parent, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> Parent:
+    """A span already over (the batch queue's wait, a batched model run), under `within`; the
+    context to record its own children under (None when off or not sampled)."""
     if _PHASES is None or within is None:
-        return
+        return None
     parent = _PHASES.trace.get_current_span(within).get_span_context()
     child = _PHASES.child_of(parent)
-    if child is not None:
-        _PHASES.finish(name, child, parent, attributes, start_ns, end_ns)
+    if child is None:
+        return None
+    _PHASES.finish(name, child, parent, attributes, start_ns, end_ns)
+    return _PHASES.trace.set_span_in_context(_PHASES.trace.NonRecordingSpan(child))
 
 
 def now_ns() -> int:

@@ -59,6 +59,8 @@ class _Task:
     """One caller's rows (a chunk of them when the call was split), and where its result goes."""
 
     __slots__ = ("inputs", "size", "done", "outputs", "error", "callback", "deadline", "trace", "queued_ns")
+    # A task with a callback was submitted from a caller with no "model" span of its own open
+    # (the event loop's queued predicts): its batch spans get one around them.
 
     def __init__(self, inputs: dict[str, np.ndarray], size: int, callback: Callback | None = None) -> None:
         self.inputs = inputs
@@ -209,11 +211,13 @@ class Batcher:
         name: str = "model",
         on_batch: BatchHook | None = None,
         scheduler: BatchScheduler | None = None,
+        span_attributes: dict[str, Any] | None = None,
     ) -> None:
         self._runner = runner
         self._options = options
         self._name = name
         self._on_batch = on_batch
+        self._span_attributes = span_attributes or {}  # the model's name and version, for "model" spans
         self._max = options.max_batch_size
         self._timeout = options.batch_timeout_seconds
         self._eager = options.eager
@@ -249,6 +253,10 @@ class Batcher:
         key = self._queue_key(signature_name, outs, arrays)
         if self._alone(key, size):
             return self._runner(signature_name, arrays, output_keys)
+        if self._adaptive:  # a blocking caller (a thread of its own) runs an idle batcher's call itself
+            outputs = self._run_now(signature_name, arrays, outs)
+            if outputs is not None:
+                return outputs
         if size <= self._max:
             tasks = [_Task(arrays, size)]
         else:
@@ -299,35 +307,42 @@ class Batcher:
         key = self._queue_key(signature_name, outs, arrays)
         if self._alone(key, size):
             return False
-        if alone and self._adaptive and self._run_now(signature_name, arrays, outs, callback):
-            return True
+        if alone and self._adaptive:
+            try:
+                outputs = self._run_now(signature_name, arrays, outs, span=True)
+            except Exception as exc:
+                callback(None, exc)
+                return True
+            if outputs is not None:
+                callback(outputs, None)
+                return True
         self._enqueue(key, signature_name, outs, _Task(arrays, size, callback), block=False)
         return True
 
     def _run_now(
-        self, signature: str, arrays: dict[str, np.ndarray], outs: tuple[str, ...] | None, callback: Callback
-    ) -> bool:
+        self, signature: str, arrays: dict[str, np.ndarray], outs: tuple[str, ...] | None, *, span: bool = False
+    ) -> dict[str, np.ndarray] | None:
         """Run one call in this thread if no batch of this batcher is queued or running (calls
-        arriving meanwhile wait to merge, as behind any running batch); False if not idle."""
+        arriving meanwhile wait to merge, as behind any running batch); None if not idle.
+        `span`: record its "model" span (a submitted call; a blocking caller has its own)."""
         sched = self._scheduler
         with sched._lock:
             if self._busy or self._closed or sched._stopped:
-                return False
+                return None
             self._busy += 1
         size = next(iter(arrays.values())).shape[0]
+        within, started_ns = (tracing.parent(), tracing.now_ns()) if span else (None, 0)
         try:
             t0 = time.perf_counter()
             outputs = self._runner(signature, arrays, list(outs) if outs is not None else None)
             seconds = time.perf_counter() - t0
-        except Exception as exc:
-            callback(None, exc)
-            return True
         finally:
             with sched._lock:
                 self._busy -= 1
-        callback({k: np.asarray(v) for k, v in outputs.items()}, None)
+        if within is not None:
+            self._model_span(within, signature, started_ns, tracing.now_ns())
         self._report(size, size, seconds, 0.0)
-        return True
+        return {k: np.asarray(v) for k, v in outputs.items()}
 
     def _report(self, size: int, padded: int, seconds: float, queued: float) -> None:
         """The batch hook (the metrics), which must never fail a call."""
@@ -442,11 +457,19 @@ class Batcher:
         ended_ns = tracing.now_ns()
         for t in tasks:
             if t.trace is not None:
+                within = t.trace
+                if t.callback is not None:
+                    within = self._model_span(t.trace, signature, t.queued_ns, ended_ns)
                 attributes = {"tfservo.batcher": self._name, "tfservo.model.signature": signature,
                               "tfservo.batch.size": size, "tfservo.batch.padded_size": padded,
                               "tfservo.batch.callers": len(tasks), "tfservo.batch.rows": t.size}
-                tracing.record("batch.queue", t.trace, t.queued_ns, started_ns, attributes)
-                tracing.record("batch.run", t.trace, started_ns, ended_ns, attributes)
+                tracing.record("batch.queue", within, t.queued_ns, started_ns, attributes)
+                tracing.record("batch.run", within, started_ns, ended_ns, attributes)
+
+    def _model_span(self, within: tracing.Parent, signature: str, start_ns: int, end_ns: int) -> tracing.Parent:
+        """The "model" span a submitted call gets (a blocking caller's ServableVersion.run opens its own)."""
+        attributes = {**self._span_attributes, "tfservo.model.signature": signature, "tfservo.batched": True}
+        return tracing.record("model", within, start_ns, end_ns, attributes)
 
     def _process(self, batch: _Batch) -> None:
         """Run one closed batch and hand every task its rows (or the batch's error); rows of
@@ -571,6 +594,7 @@ class BatchingRunnerFactory:
             name=f"{sv.model_name} version {sv.version}",
             on_batch=functools.partial(self.on_batch, sv.model_name) if self.on_batch else None,
             scheduler=scheduler,
+            span_attributes={"tfservo.model.name": sv.model_name, "tfservo.model.version": sv.version},
         )
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AUTO_MAX_BATCH_SIZE", "ENABLE_VAR", "BatchingOptions"]
+__all__ = ["AUTO_BATCH_THREADS", "AUTO_MAX_BATCH_SIZE", "ENABLE_VAR", "BatchingOptions"]
 
 
 def _cores() -> int:
@@ -19,6 +19,10 @@ ENABLE_VAR = "SAGEMAKER_TFS_ENABLE_BATCHING"
 # The largest batch of the default (adaptive) batching: batch 32 costs a small model little more
 # than batch 1 per call (bench/ceiling.py), and it is what the serving benchmark batches.
 AUTO_MAX_BATCH_SIZE = 32
+# Its batch threads, shared by every model: as many as the thread pool that runs calls without
+# batching, so that one model's slow batches never hold up another model's (TF Serving's
+# num_batch_threads, the core count, would: two 2-second batches stall every other model).
+AUTO_BATCH_THREADS = 64
 # Single-row requests the default queue holds before it refuses with 429.
 QUEUED_REQUESTS = 1024
 _INT_VARS = {
