@@ -88,7 +88,7 @@ def test_batching_is_adaptive_unless_a_sagemaker_or_tf_serving_setting_says_othe
     assert mode({"TFSERVO_BATCHING": "off"}) == "off" and mode(batching="eager") == "eager"
     assert mode({"TFSERVO_BATCHING_EAGER": "1"}) == "eager"
     assert mode({"TFSERVO_BATCHING": "off"}, batching="auto") == "auto"  # the flag wins
-    assert resolve_settings(paths=["m"], env={}, auto_batching=False).batching is None
+    assert resolve_settings(paths=["m"], env={}, serving=False).batching is None
     with pytest.raises(ConfigError, match="environment variable TFSERVO_BATCHING is one of auto, timeout, eager, off"):
         mode({"TFSERVO_BATCHING": "sometimes"})
 
@@ -110,5 +110,6 @@ def test_workers_default_to_one_per_two_cores_that_memory_allows(tmp_path, monke
     assert resolve_settings(paths=[str(small)], env={"SAGEMAKER_GUNICORN_WORKERS": "3"}).workers == 3
     assert resolve_settings(paths=[str(small)], env={}, workers=1).workers == 1
     assert resolve_settings(multi_model=True, env={}).workers == 1
+    assert resolve_settings(paths=[str(small)], env={}, serving=False).workers == 1  # invoke, transform
     monkeypatch.setattr(settings_module, "usable_cores", lambda: 1)
     assert resolve_settings(paths=[str(small)], env={}).workers == 1

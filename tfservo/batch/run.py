@@ -29,7 +29,7 @@ def load_service(model: str, env: dict[str, str] | None = None) -> ModelService:
     """Load a bundle through the one service factory, with the settings `serve` would use and
     a job's `--env` over this process's environment."""
     try:
-        settings = resolve_settings(paths=[model], multi_model=False, auto_batching=False, env=environment(env))
+        settings = resolve_settings(paths=[model], multi_model=False, serving=False, env=environment(env))
     except ConfigError as exc:
         raise JobError(exc.message) from None
     service = build_service(settings)

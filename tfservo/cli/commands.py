@@ -71,7 +71,7 @@ def inspect(path: str) -> None:
     from tfservo.core.settings import resolve_settings
 
     setup_logging("warning")
-    settings = _settings(resolve_settings, paths=[path], multi_model=False, grpc_port=None)
+    settings = _settings(resolve_settings, paths=[path], multi_model=False, grpc_port=None, serving=False)
     try:
         click.echo(describe_bundle(settings))
     except ServingError as exc:
@@ -103,7 +103,7 @@ def invoke(
 
     setup_logging("info" if watch else "warning")
     body = sys.stdin.buffer.read()
-    settings = _settings(resolve_settings, paths=[path], multi_model=False)
+    settings = _settings(resolve_settings, paths=[path], multi_model=False, serving=False)
     try:
         with open_service(settings) as service:
             def run() -> int:

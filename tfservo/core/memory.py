@@ -4,8 +4,9 @@ uses, read from /proc and /sys (Linux; None or 0 where unknown)."""
 from __future__ import annotations
 
 import os
+import stat
 
-__all__ = ["available_memory_bytes", "memory_limit_bytes", "resident_bytes", "usable_cores"]
+__all__ = ["available_memory_bytes", "memory_limit_bytes", "resident_bytes", "tree_bytes", "usable_cores"]
 
 _CGROUP_FILES = (  # (limit, usage): cgroup v2, then v1
     ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
@@ -27,6 +28,34 @@ def available_memory_bytes() -> int | None:
         headroom = max(cgroup[0] - cgroup[1], 0)
         available = headroom if available is None else min(available, headroom)
     return available
+
+
+def tree_bytes(path: str) -> int:
+    """Bytes of the files under `path` (or of the file itself), links followed, each real file
+    counted once: a model's size on disk, from which its memory is estimated."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total, seen, stack = 0, set(), [os.path.realpath(path)]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue
+        for entry in entries:
+            real = os.path.realpath(entry.path)
+            if real in seen:
+                continue
+            seen.add(real)
+            try:
+                st = os.stat(real)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(real)
+            elif stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
 
 
 def usable_cores() -> int:

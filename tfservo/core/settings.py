@@ -27,7 +27,7 @@ from typing import Any
 
 from tfservo.core import tracing
 from tfservo.core.errors import InvalidArgument
-from tfservo.core.memory import memory_limit_bytes, usable_cores
+from tfservo.core.memory import memory_limit_bytes, tree_bytes, usable_cores
 from tfservo.models.batching.options import (
     AUTO_BATCH_THREADS,
     AUTO_MAX_BATCH_SIZE,
@@ -44,13 +44,13 @@ __all__ = [
     "Settings",
     "TfsFlag",
     "archive_limits_from_env",
+    "auto_workers",
     "environment",
     "log_level_from_env",
     "execution_parameters_from_env",
     "is_loopback",
     "options",
     "parse_version_labels",
-    "auto_workers",
     "resolve_batching",
     "resolve_settings",
     "tfs_flags",
@@ -187,8 +187,8 @@ class Settings:
     workers: int = setting(  # 0 (the default): auto_workers()
         0, "--workers", env="SAGEMAKER_GUNICORN_WORKERS", check="at_least_one",
         help="Serving processes sharing the port, each with its own copy of the models "
-        "[default: $SAGEMAKER_GUNICORN_WORKERS, else one per two cores and 2 GB of memory, at least 1; "
-        "1 with --multi-model].")
+        "[default: $SAGEMAKER_GUNICORN_WORKERS, else one per two cores as long as each copy of the models "
+        "fits in memory, at least 1; 1 with --multi-model].")
     no_supervisor: bool = setting(
         False, "--no-supervisor", env="TFSERVO_NO_SUPERVISOR",
         help="Serve in this process alone, without the supervisor that replaces a worker that dies "
@@ -521,7 +521,7 @@ def resolve_settings(
     paths: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     serve_default_path: bool = True,
-    auto_batching: bool = True,
+    serving: bool = True,
     **flags: Any,
 ) -> Settings:
     """Merge flags (keyword arguments named as the declarations; None: not given) over the
@@ -529,8 +529,10 @@ def resolve_settings(
 
     `multi_model=None` reads SAGEMAKER_MULTI_MODEL (serve); callers that always bring a
     bundle (invoke, transform, pipelines) pass False. With no PATH, `serve_default_path`
-    serves /opt/ml/model as the SageMaker container does. In-process batch paths, which send
-    their own batches, pass `auto_batching=False`: there `--batching auto` means off.
+    serves /opt/ml/model as the SageMaker container does. In-process callers (invoke, inspect,
+    transform, pipelines) pass `serving=False`: the defaults chosen for a server — adaptive
+    batching, workers from the machine — do not apply there (batching off unless asked for,
+    one worker).
     """
     unknown = sorted(set(flags) - set(_BY_NAME))
     if unknown:
@@ -543,7 +545,7 @@ def resolve_settings(
             "drop PATH and load models with POST /models, or drop --multi-model / SAGEMAKER_MULTI_MODEL"
         )
     if not value["workers"]:
-        value["workers"] = 1 if value["multi_model"] else auto_workers(paths)
+        value["workers"] = auto_workers(paths, value["memory_factor"]) if serving and not value["multi_model"] else 1
     if value["multi_model"] and value["workers"] > 1:
         raise ConfigError(
             "multi-model mode needs one worker (models are loaded into one process); "
@@ -582,7 +584,7 @@ def resolve_settings(
         version_labels=parse_version_labels(flags.get("version_labels") or ()),
         batching=resolve_batching(
             bool(flags.get("enable_batching")), flags.get("batching_parameters_file"), env,
-            bool(flags.get("batching_eager")), mode=_resolve("batching", flags, env), auto=auto_batching,
+            bool(flags.get("batching_eager")), mode=_resolve("batching", flags, env), auto=serving,
         ),
         execution_parameters=execution_parameters_from_env(env),
         in_sagemaker="SAGEMAKER_BIND_TO_PORT" in env,
@@ -628,32 +630,17 @@ def archive_limits_from_env(env: Mapping[str, str]) -> ArchiveLimits:
     return limits
 
 
-def auto_workers(paths: Sequence[str] = ()) -> int:
+def auto_workers(paths: Sequence[str] = (), memory_factor: float = DEFAULT_MEMORY_FACTOR) -> int:
     """Workers when none is asked for: one per two usable cores (a worker's event loop takes one,
     its batch and TensorFlow threads the other), as long as each fits in 80 % of the memory with
-    its copy of the models (1 GB of TensorFlow and twice the bundles' size on disk, 4 GB per
-    worker when they are remote); at least one."""
-    size = _bundle_bytes(paths)
-    per_worker = 2**30 + 2 * size if size is not None else 4 * 2**30
+    its copy of the models (1 GB of TensorFlow plus the bundles' size on disk × `memory_factor`,
+    as multi-model loads estimate it; an archive counts as its size, since weights barely
+    compress; 4 GB per worker when a bundle is remote); at least one."""
+    local = all(os.path.exists(path) for path in paths)
+    factor = memory_factor if memory_factor > 0 else DEFAULT_MEMORY_FACTOR
+    per_worker = 2**30 + int(factor * sum(tree_bytes(p) for p in paths)) if local else 4 * 2**30
     limit = memory_limit_bytes() or 8 * 2**30
     return max(1, min(usable_cores() // 2, int(limit * 0.8) // per_worker))
-
-
-def _bundle_bytes(paths: Sequence[str]) -> int | None:
-    """The bundles' size on disk (weights barely compress: an archive counts as its size); None
-    when one is remote."""
-    total = 0
-    try:
-        for path in paths:
-            if os.path.isfile(path):
-                total += os.path.getsize(path)
-            elif os.path.isdir(path):
-                total += sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
-            else:
-                return None
-    except OSError:  # a file gone or a dangling link: size unknown
-        return None
-    return total
 
 
 def resolve_batching(

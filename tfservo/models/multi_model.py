@@ -34,7 +34,7 @@ from tfservo.core.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from tfservo.core.memory import available_memory_bytes
+from tfservo.core.memory import available_memory_bytes, tree_bytes
 from tfservo.core.service import ModelService
 from tfservo.core.settings import DEFAULT_MEMORY_FACTOR, DEFAULT_MODEL_ROOT
 from tfservo.models.bundle import CODE_DIR_NAME, ModelSource, discover_versions, is_model_name
@@ -293,7 +293,7 @@ class MultiModelEndpoint:
         """507 when size on disk × memory factor exceeds the memory available now."""
         if self.memory_factor <= 0:
             return
-        on_disk = sum(_tree_size(p) for p in versions.values())
+        on_disk = sum(tree_bytes(p) for p in versions.values())
         needed = math.ceil(on_disk * self.memory_factor)
         available = available_memory_bytes()
         if available is not None and needed > available:
@@ -338,31 +338,6 @@ def parse_load_request(body: bytes) -> tuple[str, str]:
 def _numeric_versions(path: str) -> dict[int, str]:
     """Numeric version subdirs only (a bare SavedModel dir is not a multi-model base path)."""
     return {v: p for v, p in discover_versions(path).items() if p != path}
-
-
-def _tree_size(path: str) -> int:
-    """Bytes of the files under `path`, links followed, each real file counted once."""
-    total, seen, stack = 0, set(), [os.path.realpath(path)]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except OSError:
-            continue
-        for entry in entries:
-            real = os.path.realpath(entry.path)
-            if real in seen:
-                continue
-            seen.add(real)
-            try:
-                st = os.stat(real)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                stack.append(real)
-            elif stat.S_ISREG(st.st_mode):
-                total += st.st_size
-    return total
 
 
 def _inside(path: str, root: str) -> bool:

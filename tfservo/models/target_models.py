@@ -29,7 +29,7 @@ from tfservo.core.errors import (
     PermissionDenied,
     ServingError,
 )
-from tfservo.core.memory import available_memory_bytes
+from tfservo.core.memory import available_memory_bytes, tree_bytes
 from tfservo.models.bundle import ArchiveLimits, ModelSource, open_bundle
 from tfservo.models.multi_model import InsufficientMemory, MultiModelEndpoint
 from tfservo.models.snapshot import copy_file_confined
@@ -122,7 +122,7 @@ class TargetModels:
             except BaseException:
                 shutil.rmtree(private, ignore_errors=True)
                 raise
-            estimate = math.ceil(_files_bytes(source) * self.endpoint.memory_factor)
+            estimate = math.ceil(sum(tree_bytes(p) for p in source.versions.values()) * self.endpoint.memory_factor)
             self._make_room(name, target, estimate)
             self.endpoint.load_private(name, target, source, private)
             with self._lock:
@@ -209,9 +209,3 @@ def check_target(target: str) -> None:
         )
 
 
-def _files_bytes(source: ModelSource) -> int:
-    total = 0
-    for path in source.versions.values():
-        for folder, _, files in os.walk(path):
-            total += sum(os.path.getsize(os.path.join(folder, f)) for f in files)
-    return total

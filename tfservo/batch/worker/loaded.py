@@ -66,7 +66,7 @@ class LoadedBundle(LoadedTarget):
         settings = resolve_settings(
             paths=[bundle],
             multi_model=False,
-            auto_batching=False,
+            serving=False,
             intra_op_threads=intra_op_threads or None,
             inter_op_threads=inter_op_threads or None,
             file_system_poll_wait_seconds=poll_seconds or None,
