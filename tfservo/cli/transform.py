@@ -76,7 +76,8 @@ class _AnyCase(click.Choice):
               help="Redo every object; by default objects whose .out exists are skipped (resume).")
 @click.option("--follow", is_flag=True, default=False,
               help="Keep watching INPUT and transform each new object as it lands (once it has stood still for "
-              "a poll), until SIGINT or SIGTERM, which stop once the objects in flight are done; local engine.")
+              "a poll), until SIGINT or SIGTERM, which stop once the objects in flight are done; on the local engine or "
+              "--runner ray.")
 @click.option("--poll-seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="With --follow: how often INPUT is listed.")
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None, metavar="PORT",

@@ -32,7 +32,7 @@ from tfservo.batch.state import (
 )
 from tfservo.core import tracing
 
-__all__ = ["DriverRun", "publish", "start_driver_run"]
+__all__ = ["DriverRun", "job_bundle_versions", "publish", "start_driver_run"]
 
 
 @dataclass
@@ -93,8 +93,6 @@ def start_driver_run(
     the bundle's, when the caller has it loaded (else, with `read_versions`, the bundle is
     opened to read them)."""
     from tfservo.batch.engines.local import list_job_inputs
-    from tfservo.core.settings import archive_limits_from_env, environment
-    from tfservo.models.bundle import open_bundle
 
     started, started_ns = time.monotonic(), tracing.now_ns()
     job = job.validated()
@@ -103,7 +101,7 @@ def start_driver_run(
     store, state = OutputStore(job.output), OutputStore(job.state_url)
     check_settings(state, job, job_description(job))  # changed flags stop the job before the bundle is read
     if versions is None and read_versions:
-        versions = bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(environment(job.env)))])
+        versions = job_bundle_versions(job)
     existing, todo, done = open_output(store, state, job, objects, versions)
     summary = TransformSummary(objects=len(objects), skipped=len(done))
     stale = {dead_letter_name(o) for o in todo} & existing
@@ -115,6 +113,13 @@ def start_driver_run(
     job = dataclasses.replace(job, trace_parent=tracing.traceparent(tracing.context_of(span)))
     return DriverRun(job, store, state, todo, stale, summary, started, span)
 
+
+def job_bundle_versions(job: TransformJob) -> dict[str, list[int]]:
+    """The versions of each model of the job's bundle, read without loading it (a driver's view)."""
+    from tfservo.core.settings import archive_limits_from_env, environment
+    from tfservo.models.bundle import open_bundle
+
+    return bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(environment(job.env)))])
 
 
 def publish(

@@ -32,7 +32,7 @@ from tfservo.batch.engines.distributed import (
     worker_service,
     write_wired,
 )
-from tfservo.batch.engines.driver import DriverRun, start_driver_run
+from tfservo.batch.engines.driver import DriverRun, job_bundle_versions, start_driver_run
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.sources import InputObject
 from tfservo.batch.state import ObjectOutcome, RecordFailure, TransformSummary
@@ -136,12 +136,8 @@ class RayPasses:
     to the next, each pass a driver run over the objects that landed (see tfservo.batch.follow)."""
 
     def __init__(self, job: TransformJob, settings: RaySettings | None = None) -> None:
-        from tfservo.batch.state import bundle_versions
-        from tfservo.core.settings import archive_limits_from_env, environment
-        from tfservo.models.bundle import open_bundle
-
         self.settings = settings or RaySettings()
-        self.versions = bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(environment(job.env)))])
+        self.versions = job_bundle_versions(job)
         self._exit = ExitStack()
         try:
             self._ray = self._exit.enter_context(_connected(self.settings))
