@@ -268,8 +268,8 @@ def test_inconsistent_batch_sizes_scalars_and_closing(model: FakeModel) -> None:
 def test_runner_factory_wraps_each_version_with_shared_threads(model: FakeModel) -> None:
     seen: list[tuple[str, int, int]] = []
     factory = make_runner_factory(opts(batch_timeout_micros=0), on_batch=lambda m, s, p, t, q: seen.append((m, s, p)))
-    sv1 = SimpleNamespace(model_name="m", version=1, model=model)
-    sv2 = SimpleNamespace(model_name="m", version=2, model=model)
+    sv1 = SimpleNamespace(model_name="m", version=1, model=model, span_attributes=lambda signature: {})
+    sv2 = SimpleNamespace(model_name="m", version=2, model=model, span_attributes=lambda signature: {})
     b1, b2 = factory(sv1), factory(sv2)  # type: ignore[arg-type]
     try:
         assert b1.name == "m version 1" and b1._scheduler is b2._scheduler

@@ -98,11 +98,14 @@ class ServableVersion:
     ) -> dict[str, np.ndarray]:
         """Run a signature through this version's runner (the batcher when batching is on)."""
         if tracing.enabled():
-            attributes = {"tfservo.model.name": self.model_name, "tfservo.model.version": self.version,
-                          "tfservo.model.signature": signature_name, "tfservo.batched": self.runner is not None}
-            with tracing.span("model", attributes):
+            with tracing.span("model", self.span_attributes(signature_name)):
                 return self._run(signature_name, inputs, output_keys)
         return self._run(signature_name, inputs, output_keys)
+
+    def span_attributes(self, signature_name: str) -> dict[str, Any]:
+        """The "model" span's attributes for a call of this version (the batcher's spans too)."""
+        return {"tfservo.model.name": self.model_name, "tfservo.model.version": self.version,
+                "tfservo.model.signature": signature_name, "tfservo.batched": self.runner is not None}
 
     def _run(
         self, signature_name: str, inputs: dict[str, np.ndarray], output_keys: Sequence[str] | None

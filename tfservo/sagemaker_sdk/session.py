@@ -39,6 +39,9 @@ log = logging.getLogger("tfservo.sagemaker_sdk")
 
 _DEFAULT_REGION = "us-east-1"
 
+# Keys for a session that has none (local S3); a server checks signatures only with --sigv4-credentials.
+_LOCAL_KEYS = {"aws_access_key_id": "tfservo", "aws_secret_access_key": "tfservo"}
+
 
 def _with_region(session: boto3.session.Session, region: str) -> boto3.session.Session:
     """A session with the same credentials and a region (boto3 sets a region only when a session
@@ -50,8 +53,6 @@ def _with_region(session: boto3.session.Session, region: str) -> boto3.session.S
                              aws_session_token=keys.token, region_name=region)
     profile = session.profile_name
     return boto3.Session(profile_name=None if profile == "default" else profile, region_name=region)
-# Keys for a session that has none (local S3); a server checks signatures only with --sigv4-credentials.
-_LOCAL_KEYS = {"aws_access_key_id": "tfservo", "aws_secret_access_key": "tfservo"}
 
 
 class Session(LocalSession):

@@ -9,9 +9,10 @@ every batcher of one `BatchScheduler`) run closed batches, oldest first; a queue
 The adaptive mode (tfservo's default) is eager when idle and batched under load: a batch whose
 first call finds none of its batcher's batches queued or running is ready at once (a lone
 request runs without waiting); a batch started while others are queued or running waits to
-fill, up to the timeout, as TF Serving's does. It never changes an answer: calls larger than a batch run alone, a
-model whose outputs are not batch-major is run one call at a time from its first such batch on,
-and a merged batch that fails is rerun call by call so that each caller gets its own result.
+fill, up to the timeout, as TF Serving's does. It never changes an answer: a call that fills a
+batch by itself runs alone, a model whose outputs are not batch-major is run one call at a time
+from its first such batch on, and a merged batch that fails is rerun call by call so that each
+caller gets its own result.
 """
 
 from __future__ import annotations
@@ -211,13 +212,14 @@ class Batcher:
         name: str = "model",
         on_batch: BatchHook | None = None,
         scheduler: BatchScheduler | None = None,
-        span_attributes: dict[str, Any] | None = None,
+        span_attributes: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
         self._runner = runner
         self._options = options
         self._name = name
         self._on_batch = on_batch
-        self._span_attributes = span_attributes or {}  # the model's name and version, for "model" spans
+        # A signature's "model" span attributes (ServableVersion.span_attributes)
+        self._span_attributes = span_attributes or (lambda signature: {"tfservo.model.signature": signature})
         self._max = options.max_batch_size
         self._timeout = options.batch_timeout_seconds
         self._eager = options.eager
@@ -468,8 +470,7 @@ class Batcher:
 
     def _model_span(self, within: tracing.Parent, signature: str, start_ns: int, end_ns: int) -> tracing.Parent:
         """The "model" span a submitted call gets (a blocking caller's ServableVersion.run opens its own)."""
-        attributes = {**self._span_attributes, "tfservo.model.signature": signature, "tfservo.batched": True}
-        return tracing.record("model", within, start_ns, end_ns, attributes)
+        return tracing.record("model", within, start_ns, end_ns, self._span_attributes(signature))
 
     def _process(self, batch: _Batch) -> None:
         """Run one closed batch and hand every task its rows (or the batch's error); rows of
@@ -594,7 +595,7 @@ class BatchingRunnerFactory:
             name=f"{sv.model_name} version {sv.version}",
             on_batch=functools.partial(self.on_batch, sv.model_name) if self.on_batch else None,
             scheduler=scheduler,
-            span_attributes={"tfservo.model.name": sv.model_name, "tfservo.model.version": sv.version},
+            span_attributes=sv.span_attributes,
         )
 
     def close(self) -> None:
