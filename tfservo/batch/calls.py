@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -24,6 +25,7 @@ from tfservo.batch.assemble import (
     whole_response,
 )
 from tfservo.batch.capture import request_capture
+from tfservo.batch.columnar import ColumnBatch, finish_columns
 from tfservo.batch.job import TransformJob
 from tfservo.batch.joiner import DataProcessing, FilterError
 from tfservo.batch.records import Item, RecordBatch, excerpt, payload, where
@@ -31,6 +33,7 @@ from tfservo.batch.state import DeadLetter, RecordFailure
 from tfservo.codecs.media_types import record_kind
 from tfservo.codecs.rows import answer_rows
 from tfservo.core import tracing
+from tfservo.core.dataplane import Answer
 from tfservo.core.invocation import InvocationResult, Invoker
 
 __all__ = ["BatchCaller", "BatchResult"]
@@ -70,11 +73,15 @@ class BatchCaller:
         self.line_end = b"\n" if job.assemble_with == "Line" else b""
         self.placeholder = job.placeholder.encode()
 
-    def run(self, batch: RecordBatch) -> BatchResult:
+    def run(self, batch: RecordBatch | ColumnBatch) -> BatchResult:
         """Transform one batch (a span under the current trace); never raises for bad records or
         model errors."""
         with tracing.span("request", {"tfservo.transform.object": self.rel, "tfservo.transform.records": len(batch),
                                       "tfservo.transform.first_record": batch.first}):
+            if isinstance(batch, ColumnBatch):
+                columns = self._columns(batch)
+                # what failed as columns fails the batch call the same way: straight to per record
+                return columns if columns is not None else self.run_items(batch.rows(self.processing).items())
             if self.per_record and not batch.errors and self.job.split_type != "None":
                 fast = self._fast(batch)
                 if fast is not None:
@@ -87,32 +94,45 @@ class BatchCaller:
         sent = batch.sent()
         if not sent:
             return None
-        body = batch.body()
+
+        def finish(answer: Answer, kind: str) -> bytes | None:
+            rows = answer_rows(answer)
+            if rows is None or len(rows) != len(sent):
+                return None
+            lines = self.processing.finish_rows([batch.data[i] for i in sent], rows.json, rows.csv, kind)
+            if lines is None:
+                return None
+            end = self.line_end
+            if len(sent) == len(batch):
+                return end.join(lines) + end if end else b"".join(lines)
+            pieces = [end] * len(batch)
+            for i, line in zip(sent, lines):
+                pieces[i] = line + end
+            return b"".join(pieces)
+
+        return self._whole(batch.body(), batch.first + sent[0], len(batch), finish)
+
+    def _columns(self, batch: ColumnBatch) -> BatchResult | None:
+        """`_fast` for records as columns."""
+        return self._whole(batch.body(), batch.first, len(batch),
+                           lambda answer, kind: finish_columns(self.processing, batch, answer, kind, self.line_end))
+
+    def _whole(self, body: bytes, first: int, records: int, finish: Callable[[Answer, str], bytes | None]) -> BatchResult | None:
+        """A batch in one request, its output written by `finish` from an answer left as arrays in
+        a CSV or JSON type; None for any failure (the per-record path then words it)."""
         sent_at = time.time()
         try:
             result = self.invoker.call(body, self.content_type, self.job.accept, self.job.custom_attributes)
         except Exception:
             return None
-        if not result.ok or result.answer is None:
-            return None
-        rows = answer_rows(result.answer)
         kind = record_kind(result.content_type)
-        if rows is None or len(rows) != len(sent) or kind is None:
+        if not result.ok or result.answer is None or kind is None:
             return None
-        records = [batch.data[i] for i in sent]
-        lines = self.processing.finish_rows(records, rows.json, rows.csv, kind)
-        if lines is None:
+        out = finish(result.answer, kind)
+        if out is None:
             return None
-        end = self.line_end
-        if len(sent) == len(batch):
-            out = end.join(lines) + end if end else b"".join(lines)
-        else:
-            pieces = [end] * len(batch)
-            for i, line in zip(sent, lines):
-                pieces[i] = line + end
-            out = b"".join(pieces)
-        done = BatchResult([out], len(batch))
-        self._capture(done, body, result, sent_at, batch.first + sent[0])
+        done = BatchResult([out], records)
+        self._capture(done, body, result, sent_at, first)
         return done
 
     def run_items(self, batch: list[Item]) -> BatchResult:

@@ -54,7 +54,9 @@ class DataProcessing:
         return self.input_filter is not None or self.output_filter is not None or self.join_input
 
     @functools.cached_property
-    def _pickers(self) -> tuple[Callable[[list[Any]], list[Any]] | None, Callable[[list[Any]], list[Any]] | None]:
+    def pickers(self) -> tuple[Callable[[list[Any]], list[Any]] | None, Callable[[list[Any]], list[Any]] | None]:
+        """The input and output filters as field pickers (JsonPath.field_picker), None where a
+        filter is not set or is not a list of field indexes."""
         return (
             self.input_filter.field_picker() if self.input_filter is not None else None,
             self.output_filter.field_picker() if self.output_filter is not None else None,
@@ -82,7 +84,7 @@ class DataProcessing:
         return payloads, errors
 
     def _pick_csv(self, records: list[bytes], blank: Callable[[bytes], bool]) -> list[bytes | None] | None:
-        pick = self._pickers[0]
+        pick = self.pickers[0]
         if pick is None or not _plain_csv(records):
             return None
         try:
@@ -97,7 +99,7 @@ class DataProcessing:
             return rows if kind == "json" else csv_rows
         if not (self.record_format == "csv" or (not self.join_input and kind == "csv")):
             return None
-        pick = self._pickers[1]
+        pick = self.pickers[1]
         if self.output_filter is not None and pick is None:
             return None
         if self.join_input and not _plain_csv(records):

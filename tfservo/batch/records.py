@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -18,11 +18,14 @@ from tfservo.core.errors import InvalidArgument
 __all__ = [
     "CHUNK_BYTES",
     "CHUNK_RECORDS",
+    "blank_test",
     "RECORDIO_MAGIC",
     "excerpt",
     "Item",
     "iter_record_chunks",
     "iter_records",
+    "iter_text_blocks",
+    "line_chunk",
     "pack",
     "pack_batches",
     "payload",
@@ -64,6 +67,19 @@ class Record:
     @property
     def blank(self) -> bool:
         return not self.data.strip()
+
+
+def blank_test(split_type: str) -> Callable[[bytes], bool]:
+    """Which records of a split type are kept in the output but not sent: blank lines, an empty
+    object; no RecordIO or TFRecord record."""
+    return _BLANK.get(split_type, _never_blank)
+
+
+def _never_blank(record: bytes) -> bool:
+    return False
+
+
+_BLANK: dict[str, Callable[[bytes], bool]] = {"Line": lambda record: not record.strip(), "None": lambda record: not record}
 
 
 def where(record: Record, split_type: str) -> str:
@@ -322,8 +338,9 @@ def iter_record_chunks(stream: BinaryIO, split_type: str, name: str) -> Iterator
         yield chunk
 
 
-def _line_chunks(stream: BinaryIO) -> Iterator[RecordChunk]:
-    """Lines as `_lines` reads them (a trailing CR is dropped with its LF), a megabyte at a time."""
+def iter_text_blocks(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """A Line-split object a megabyte at a time, cut after a line ending: (number of the block's
+    first line, its text). Every block but an object's last ends with b"\n"."""
     index, pending = 1, []
     while True:
         block = stream.read(CHUNK_BYTES)
@@ -335,16 +352,28 @@ def _line_chunks(stream: BinaryIO) -> Iterator[RecordChunk]:
             continue
         text = b"".join([*pending, block[: cut + 1]]) if pending else block[: cut + 1]
         pending = [block[cut + 1 :]] if cut + 1 < len(block) else []
-        lines = text[:-1].split(b"\n")
-        endings: dict[int, bytes] = {}
-        if b"\r\n" in text:
-            endings = {i: b"\r\n" for i, line in enumerate(lines) if line.endswith(b"\r")}
-            lines = [line[:-1] if i in endings else line for i, line in enumerate(lines)]
-        yield RecordChunk(index, lines, nbytes=len(text), endings=endings)
-        index += len(lines)
+        yield index, text
+        index += text.count(b"\n")
     if pending:
-        last = b"".join(pending)  # no line ending after the last line: kept as it is
-        yield RecordChunk(index, [last], nbytes=len(last), endings={0: b""})
+        yield index, b"".join(pending)  # no line ending after the last line: kept as it is
+
+
+def line_chunk(index: int, text: bytes) -> RecordChunk:
+    """One text block's lines as `_lines` reads them (a trailing CR is dropped with its LF)."""
+    if not text.endswith(b"\n"):
+        return RecordChunk(index, [text], nbytes=len(text), endings={0: b""})
+    lines = text[:-1].split(b"\n")
+    endings: dict[int, bytes] = {}
+    if b"\r\n" in text:
+        endings = {i: b"\r\n" for i, line in enumerate(lines) if line.endswith(b"\r")}
+        lines = [line[:-1] if i in endings else line for i, line in enumerate(lines)]
+    return RecordChunk(index, lines, nbytes=len(text), endings=endings)
+
+
+def _line_chunks(stream: BinaryIO) -> Iterator[RecordChunk]:
+    """Lines as `_lines` reads them, a megabyte at a time."""
+    for index, text in iter_text_blocks(stream):
+        yield line_chunk(index, text)
 
 
 def pack(

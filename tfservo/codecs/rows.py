@@ -16,7 +16,7 @@ import orjson
 
 from tfservo.core.dataplane import Answer, Prediction, Regression
 
-__all__ = ["AnswerRows", "answer_rows"]
+__all__ = ["AnswerRows", "answer_columns", "answer_rows"]
 
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
@@ -37,14 +37,12 @@ class AnswerRows:
         return len(self.json)
 
 
-def answer_rows(answer: Answer) -> AnswerRows | None:
-    """The records of `answer` as text, or None when they are not all plain finite numbers."""
+def _numeric_outputs(answer: Answer) -> tuple[list[str], list[np.ndarray]] | None:
+    """(names, arrays) of an answer whose records are all plain finite numbers, batch first, in
+    name order (a regression's values as one unnamed float output); None for anything else."""
     if isinstance(answer, Regression):
         values = np.asarray(answer.results, dtype=np.float32)  # TF Serving writes them as float
-        if not np.isfinite(values).all():
-            return None
-        tokens = _tokens(values)
-        return AnswerRows(tokens, tokens)
+        return ([""], [values]) if values.ndim == 1 and np.isfinite(values).all() else None
     if not isinstance(answer, Prediction) or not answer.row_format or not answer.outputs:
         return None
     names = sorted(answer.outputs)
@@ -58,6 +56,36 @@ def answer_rows(answer: Answer) -> AnswerRows | None:
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             return None
         batch = arr.shape[0]
+    return names, arrays
+
+
+def answer_columns(answer: Answer, *, json: bool = False) -> list[bytes] | None:
+    """The records' CSV fields by column: for each flattened value (outputs in name order, as in
+    `AnswerRows.csv`), its tokens for every record, comma-separated; None when `answer_rows`
+    would be None. A column of n records holds exactly n tokens (numbers never hold commas).
+    With `json`, None too unless the columns also read as the records' JSON (`AnswerRows.json`):
+    one output of one number per record."""
+    found = _numeric_outputs(answer)
+    if found is None or (json and (len(found[1]) != 1 or found[1][0].ndim != 1)):
+        return None
+    columns: list[bytes] = []
+    for arr in found[1]:
+        flat = arr.reshape(arr.shape[0], -1)
+        if flat.shape[0] == 0 or flat.shape[1] == 0:
+            return None
+        columns.extend(orjson.dumps(np.ascontiguousarray(flat[:, j]), option=_NUMPY)[1:-1] for j in range(flat.shape[1]))
+    return columns
+
+
+def answer_rows(answer: Answer) -> AnswerRows | None:
+    """The records of `answer` as text, or None when they are not all plain finite numbers."""
+    found = _numeric_outputs(answer)
+    if found is None:
+        return None
+    names, arrays = found
+    if isinstance(answer, Regression):
+        tokens = _tokens(arrays[0])
+        return AnswerRows(tokens, tokens)
     columns = [_output_rows(arr) for arr in arrays]
     if any(c is None for c in columns):
         return None

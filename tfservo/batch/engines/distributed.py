@@ -22,8 +22,9 @@ import orjson
 
 from tfservo.batch.calls import BatchCaller, BatchResult
 from tfservo.batch.capture import capture_writer
+from tfservo.batch.columnar import ColumnBatch
 from tfservo.batch.engines.driver import DriverRun, publish, start_driver_run
-from tfservo.batch.engines.local import failure_from, object_format, request_batches
+from tfservo.batch.engines.local import failure_from, object_format, object_requests
 from tfservo.batch.job import TransformJob
 from tfservo.batch.joiner import DataProcessing
 from tfservo.batch.records import RecordBatch, where
@@ -70,7 +71,7 @@ class Request:
     seq: int
     content_type: str
     record_format: str | None
-    batch: RecordBatch
+    batch: RecordBatch | ColumnBatch
 
     @property
     def nbytes(self) -> int:
@@ -83,7 +84,7 @@ class Request:
     @staticmethod
     def unwire(wire: tuple) -> Request:
         _, seq, content_type, fmt, batch = wire
-        return Request(seq, content_type, fmt, RecordBatch.unwire(batch))
+        return Request(seq, content_type, fmt, ColumnBatch.unwire(batch) if batch[0] == "c" else RecordBatch.unwire(batch))
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def split_object(obj: InputObject, job: TransformJob) -> Iterator[tuple[str, tup
         processing = _processing(job, fmt)
         opened = OpenedInput(obj, job.compression_type)
         try:
-            for batch in request_batches(opened, job, processing):
+            for batch in object_requests(opened, job, processing, columns=True):
                 yield obj.rel, Request(seq, content_type, fmt, batch).wire()
                 seq += 1
         finally:

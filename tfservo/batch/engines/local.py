@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tfservo.batch.calls import BatchCaller, BatchResult
 from tfservo.batch.capture import capture_writer
+from tfservo.batch.columnar import ColumnBatch, column_batches, columns_apply
 from tfservo.batch.engines.driver import publish, start_driver_run
 from tfservo.batch.job import JobError, TransformJob, record_format
 from tfservo.batch.joiner import DataProcessing
@@ -25,7 +26,9 @@ from tfservo.batch.records import (
     RecordBatch,
     RecordChunk,
     RecordError,
+    blank_test,
     iter_record_chunks,
+    iter_text_blocks,
     pack_batches,
     where,
 )
@@ -56,6 +59,7 @@ __all__ = [
     "failure_from",
     "list_job_inputs",
     "object_format",
+    "object_requests",
     "request_batches",
     "TransformEngine",
 ]
@@ -76,8 +80,10 @@ class TransformEngine:
         progress: str = "auto",
         progress_interval: float = 10.0,
         versions: dict[str, list[int]] | None = None,
+        columns: bool = True,
     ) -> None:
         self.job = job.validated()
+        self.columns = columns  # plain CSV records as Arrow columns (batch.columnar) where the job allows
         self.invoker = invoker
         self.versions = versions  # the bundle's, for the job's description in OUTPUT
         self.progress_mode = progress
@@ -195,7 +201,7 @@ class _ObjectRun:
         opened = OpenedInput(self.obj, job.compression_type)
         seen = 0
         try:
-            for batch in request_batches(opened, job, processing):
+            for batch in object_requests(opened, job, processing, engine.columns):
                 if self.failure is not None or self.read_failure is not None or engine.stopping.is_set():
                     return
                 consumed = opened.consumed
@@ -219,7 +225,7 @@ class _ObjectRun:
 
     # -- answers (model threads) -------------------------------------------------------------
 
-    def _call(self, seq: int, caller: BatchCaller, batch: RecordBatch) -> None:
+    def _call(self, seq: int, caller: BatchCaller, batch: RecordBatch | ColumnBatch) -> None:
         try:
             with tracing.activate(tracing.context_of(self.span)):
                 result = caller.run(batch)
@@ -312,36 +318,44 @@ def object_format(job: TransformJob, obj: InputObject) -> tuple[str, str | None]
     return content_type, fmt
 
 
-def request_batches(
-    opened: OpenedInput, job: TransformJob, processing: DataProcessing
-) -> Iterator[RecordBatch]:
+def request_batches(opened: OpenedInput, job: TransformJob, processing: DataProcessing) -> Iterator[RecordBatch]:
     """One object's requests in order: its records, filtered and packed up to --max-payload.
     Every engine sends exactly these."""
-    obj = opened.obj
-    split = job.split_type
-    blank = _BLANK.get(split, _never_blank)
+    blank = blank_test(job.split_type)
 
     def prepared() -> Iterator[tuple[RecordChunk, list[bytes | None], dict[int, str]]]:
-        for chunk in iter_record_chunks(opened.stream, split, obj.url):
+        for chunk in iter_record_chunks(opened.stream, job.split_type, opened.obj.url):
             payloads, errors = processing.prepare_many(chunk.framed or chunk.data, blank)  # framing kept
             yield chunk, payloads, errors
 
-    yield from pack_batches(
-        prepared(),
-        split_type=split,
+    return _pack(job, opened.obj.url, prepared())
+
+
+def object_requests(
+    opened: OpenedInput, job: TransformJob, processing: DataProcessing, columns: bool
+) -> Iterator[RecordBatch | ColumnBatch]:
+    """`request_batches`, with `columns` plain CSV records travelling as Arrow columns
+    (batch.columnar) where the job allows it, in the same requests."""
+    if not (columns and columns_apply(processing, job.split_type, job.batch_strategy, job.per_record)):
+        return request_batches(opened, job, processing)
+
+    def pack_rows(chunks: Iterable[tuple[RecordChunk, list[bytes | None], dict[int, str]]]) -> Iterator[RecordBatch]:
+        return _pack(job, opened.obj.url, chunks)
+
+    return column_batches(iter_text_blocks(opened.stream), processing, max_bytes=job.max_payload_bytes, pack_rows=pack_rows)
+
+
+def _pack(
+    job: TransformJob, name: str, chunks: Iterable[tuple[RecordChunk, list[bytes | None], dict[int, str]]]
+) -> Iterator[RecordBatch]:
+    return pack_batches(
+        chunks,
+        split_type=job.split_type,
         batch_strategy=job.batch_strategy,
         max_bytes=job.max_payload_bytes,
-        name=obj.url,
+        name=name,
         limit_mb=job.max_payload_mb,
     )
-
-
-def _never_blank(record: bytes) -> bool:
-    return False
-
-
-# Records kept in the output but not sent: blank lines, and an empty object.
-_BLANK = {"Line": lambda record: not record.strip(), "None": lambda record: not record}
 
 
 class _WriteError(Exception):
