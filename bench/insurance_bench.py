@@ -154,7 +154,7 @@ def main() -> None:
             "job s": f"{seconds:.2f}", "command wall s": f"{wall:.1f}",
         })
     doc = {
-        "title": f"Batch transform: insurance-style CSV job, {records:,} records in 4 objects",
+        "title": f"Batch transform: insurance-style CSV job, {records:,} records in 4 objects, against {args.baseline}",
         "rows": rows,
         "notes": [
             "Flags: " + " ".join(FLAGS[:-3]) + " (MultiRecord, 6 MB requests, 2 concurrent requests).",
@@ -162,14 +162,17 @@ def main() -> None:
             f"records/s is the job's own figure (its summary line: model load excluded), best of {repeats} "
             "interleaved runs; 'command wall s' includes process start and model load.",
             f"Outputs of the baseline and this checkout are byte-identical: {same}.",
-            "Where the time went before: per-record Python objects, filters and joins per record, and "
-            "four parse/serialize round trips per record; now records move as columns, CSV → array in "
-            "one simdjson call, and output lines are cut from the arrays (docs/decisions.md).",
+            "Against e76b8e9 (issue 10): per-record Python objects, filters and joins per record and four "
+            "parse/serialize round trips per record gave way to CSV → array in one simdjson call and output "
+            "lines cut from the arrays. Against 541a753 (issue 28): plain lines read, filtered, joined and "
+            "written as Arrow columns (tfservo/batch/columnar.py) instead of a Python list operation per "
+            "record (docs/decisions.md).",
         ],
         "raw": {name: [list(r) for r in r_] for name, r_ in runs.items()},
     }
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "insurance.json").write_text(json.dumps(doc, indent=2))
+    name = "insurance.json" if args.baseline == BASELINE else f"insurance-{args.baseline}.json"
+    (args.results / name).write_text(json.dumps(doc, indent=2))
     for row in rows:
         print(row)
     if not same:
