@@ -1,11 +1,13 @@
 """The transform job on Spark (`tfservo transform --runner spark`).
 
 The same steps as the Beam pipeline, as RDD stages: the objects not done yet are split into
-requests where they are read, the requests are repartitioned across the executors, each
-Python worker holds one loaded ModelService (Spark reuses its Python workers, so the model is
-loaded once per worker process) and answers its partition --max-concurrent-transforms at a
-time, and the answers are grouped per object, put in order and written atomically
-(distributed.write_object). Without a master URL it runs on local[N], this machine's cores.
+requests where they are read, each Python worker holds one loaded ModelService (Spark reuses
+its Python workers, so the model is loaded once per worker process) and answers its partition
+--max-concurrent-transforms at a time, and each object's answers are put in order and written
+atomically (distributed.write_object). With at least two objects per worker, a task takes
+whole objects from reading to writing, and nothing is shuffled; with fewer, the requests are
+repartitioned across the workers (one object's requests spread over all of them) and the
+answers grouped per object again. Without a master URL it runs on local[N], this machine's cores.
 """
 
 from __future__ import annotations
@@ -129,16 +131,28 @@ def _drive(
 
     follower = threading.Thread(target=follow, daemon=True, name="tfservo-spark-progress")
     follower.start()
+    whole_objects = len(run.todo) >= 2 * parallel
     try:
-        results = (
-            sc.parallelize(run.todo, len(run.todo))
-            .flatMap(lambda obj: split_object(obj, job))
-            .repartition(max(parallel * 2, 1))  # spread one object's requests over the workers
-            .mapPartitions(lambda parts: _call_partition(job, parts, records, nbytes, seen))
-            .groupByKey(max(parallel, 1))
-            .map(lambda grouped: _write(job, stale, grouped))
-            .collect()
-        )
+        if whole_objects:
+            # Each task: its objects read, answered and written in order; no shuffle. Four
+            # tasks per worker, not one per object: a PySpark task costs tens of milliseconds.
+            results = (
+                sc.parallelize(run.todo, min(len(run.todo), 4 * parallel))
+                .flatMap(lambda obj: split_object(obj, job))
+                .mapPartitions(lambda parts: _call_partition(job, parts, records, nbytes, seen))
+                .mapPartitions(lambda answers: _write_in_order(job, stale, answers))
+                .collect()
+            )
+        else:
+            results = (
+                sc.parallelize(run.todo, len(run.todo))
+                .flatMap(lambda obj: split_object(obj, job))
+                .repartition(max(parallel * 2, 1))  # spread one object's requests over the workers
+                .mapPartitions(lambda parts: _call_partition(job, parts, records, nbytes, seen))
+                .groupByKey(max(parallel, 1))
+                .map(lambda grouped: _write(job, stale, grouped))
+                .collect()
+            )
     except Exception as exc:  # Py4JJavaError and friends: the job did not finish
         raise JobError(f"the Spark job failed: {type(exc).__name__}: {str(exc)[:2000]}; "
                        "run the same command again to resume") from None
@@ -157,7 +171,7 @@ def _call_partition(
     job: TransformJob, parts: Iterable[tuple[str, tuple | Tail]], records: Any, nbytes: Any, seen: Any
 ) -> Iterator[tuple[str, tuple | Tail]]:
     """One partition's requests through this Python worker's model, --max-concurrent-transforms
-    at a time, in order; Tails pass through."""
+    at a time; answers and Tails come out in the order their requests and Tails came in."""
     invoker = worker_service(job).invoker
     seen.add({worker_id()})
     pending: list[Future] = []
@@ -171,13 +185,27 @@ def _call_partition(
     with ThreadPoolExecutor(job.concurrency, thread_name_prefix="tfservo-spark-model") as pool:
         for rel, wire in parts:
             if isinstance(wire, Tail):
-                yield rel, wire
-                continue
-            pending.append(pool.submit(call, rel, Request.unwire(wire)))
+                passed: Future = Future()
+                passed.set_result((rel, wire))
+                pending.append(passed)
+            else:
+                pending.append(pool.submit(call, rel, Request.unwire(wire)))
             while pending and (pending[0].done() or len(pending) > 2 * job.concurrency):
                 yield pending.pop(0).result()
         while pending:
             yield pending.pop(0).result()
+
+
+def _write_in_order(job: TransformJob, stale: set[str], parts: Iterable[tuple[str, tuple | Tail]]) -> Iterator[tuple[str, bytes]]:
+    """Write each object of a partition whose objects arrive whole, in order: its answers, then
+    its Tail (split_object's order, kept by _call_partition)."""
+    answers: list[tuple] = []
+    for rel, part in parts:
+        if isinstance(part, Tail):
+            yield _write(job, stale, (rel, [*answers, part]))
+            answers = []
+        else:
+            answers.append(part)
 
 
 def _write(job: TransformJob, stale: set[str], grouped: tuple[str, Iterable[tuple | Tail]]) -> tuple[str, bytes]:
