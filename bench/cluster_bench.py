@@ -88,9 +88,9 @@ def main(work: Path, results: Path, quick: bool) -> dict:
     make_jpegs(one_image, small_images)
     records = 10_000_000 if quick else 30_000_000
     small_records = records // 4
-    csv, one_csv = work / "clusters" / f"csv-{records}", work / "clusters" / f"csv-{small_records}"
+    csv, one_csv = work / "clusters" / f"csv-{records}", work / "clusters" / f"csv-{small_records}-in-8"
     csv_input(csv, records, 8)
-    csv_input(one_csv, small_records, 2)
+    csv_input(one_csv, small_records, 8)  # the same shape as the full input: the same engine path
     model = REPO / "examples" / "models" / "half_plus_ten"
     if not model.is_dir():
         subprocess.run([str(PYTHON), str(REPO / "examples" / "build_models.py"), str(REPO / "examples" / "models")],

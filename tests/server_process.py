@@ -102,6 +102,22 @@ class ServerProcess:
                 self.proc.wait()
         return self.proc.returncode
 
+    def descendants(self) -> list[int]:
+        """Pids of the server's processes below the one started (its workers and theirs), from /proc."""
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        found, todo = [], [self.proc.pid] if self.proc is not None else []
+        while todo:
+            for child in children.get(todo.pop(), []):
+                found.append(child)
+                todo.append(child)
+        return found
+
     def __enter__(self) -> ServerProcess:
         return self.start()
 

@@ -292,8 +292,15 @@ def test_a_hanging_handler_gets_504_and_others_keep_answering(tmp_path):
             metrics = http.get("/metrics").text
         assert 'tfservo_timeouts_total{model="half_plus_two",route="/invocations"} 3.0' in metrics
         assert sum("timeout: /invocations for model half_plus_two" in line for line in server.lines) == 3
+        workers = server.descendants()
+        assert workers
     finally:
         server.stop(timeout=5)
+    # the three handler threads still sleep: the worker leaves without waiting for them
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived its server"
 
 
 def test_a_hung_handler_is_answered_at_the_containers_30_s_by_default(tmp_path):

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -106,8 +107,14 @@ def test_input_and_output_handler_spans_and_batching_over_otlp_http(tmp_path) ->
             assert answer.json() == {"predictions": [3.5]}
             spans = received.wait_for(lambda spans: {"input_handler", "output_handler", "batch.run"} <= {
                 s.name for s in in_trace(spans, TRACE_ID)})
+            below = server.descendants()  # its worker, and the worker's span exporter process
+            assert len(below) >= 2, below
     finally:
         http_server.shutdown()
+    deadline = time.monotonic() + 30  # the exporter ends with its worker, the worker with the server
+    while any(os.path.exists(f"/proc/{pid}") for pid in below) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in below if os.path.exists(f"/proc/{pid}")]
     trace = in_trace(spans, TRACE_ID)
     by_name = {s.name: s for s in trace}
     entry = by_name["POST /invocations"]

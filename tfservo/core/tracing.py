@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
+from tfservo.core.trace_export import ChildExport, exporter_class, phase_wire
+
 __all__ = [
     "Parent",
     "activate",
@@ -106,7 +108,13 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: "tfservo"}))
         provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
-        processors = [BatchSpanProcessor(_exporter(name, env)) for name in exporters]
+        for name in exporters:
+            exporter_class(name, env)  # a wrong protocol fails here, in this process
+        # OTLP is encoded and sent by a child process (core.trace_export: the GIL stays with
+        # requests); the console exporter prints from this one, under the SDK's batch processor.
+        otlp = [name for name in exporters if name != "console"]
+        processors: list[Any] = [ChildExport(otlp, resource, env)] if otlp else []
+        processors += [BatchSpanProcessor(exporter_class(name, env)()) for name in exporters if name == "console"]
         for processor in processors:
             provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)
@@ -117,25 +125,6 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         _PHASES = _PhaseRecorder(resource, processors)
         log.info("tracing on: %s exporter(s), service %s", ",".join(exporters), resource.attributes[SERVICE_NAME])
         return True
-
-
-def _exporter(name: str, environ: Mapping[str, str]) -> Any:
-    if name == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter()
-    protocol = (
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
-    ).strip()
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
-        return GrpcExporter()
-    if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-        return HttpExporter()
-    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: use grpc or http/protobuf")
 
 
 def flush(timeout_seconds: float = 5.0) -> None:
@@ -166,18 +155,24 @@ class _PhaseRecorder:
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self.resource = resource
-        self.processors = processors
+        self.wired = [p.add for p in processors if isinstance(p, ChildExport)]  # plain values, no ReadableSpan
+        self.processors = [p for p in processors if not isinstance(p, ChildExport)]
         self.scope = InstrumentationScope("tfservo")
         self.context, self.trace, self.readable = context, trace, ReadableSpan  # bound once: a phase is hot
         self.unset = trace.Status(trace.StatusCode.UNSET)
 
     def finish(self, name: str, context: Any, parent: Any, attributes: Mapping[str, Any] | None,
                start_ns: int, end_ns: int, error: str | None = None) -> None:
-        status = self.unset if error is None else self.trace.Status(self.trace.StatusCode.ERROR, error)
-        done = self.readable(name, context, parent, self.resource, attributes, status=status,
-                             start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope)
-        for processor in self.processors:
-            processor.on_end(done)
+        if self.wired:
+            wire = phase_wire(name, context, parent, attributes, start_ns, end_ns, error)
+            for add in self.wired:
+                add(wire)
+        if self.processors:
+            status = self.unset if error is None else self.trace.Status(self.trace.StatusCode.ERROR, error)
+            done = self.readable(name, context, parent, self.resource, attributes, status=status,
+                                 start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope)
+            for processor in self.processors:
+                processor.on_end(done)
 
     def child_of(self, parent: Any) -> Any:
         """A new span context in `parent`'s trace (None when there is no sampled parent)."""

@@ -118,11 +118,14 @@ def _worker_main(
     link = WorkerLink(conn, replacements)
     try:
         target(settings, sock, link)
-        if link.recycled:  # a stuck thread would hold the interpreter's exit forever
-            logging.shutdown()
-            os._exit(0)
+        # Everything is closed and flushed now. A thread still stuck in a handler or a model call
+        # would hold the interpreter's exit forever (it joins executor threads), leaving this
+        # worker behind its supervisor: leave without waiting for it.
+        logging.shutdown()
+        os._exit(0)
     except KeyboardInterrupt:  # Ctrl-C reaches every worker of the terminal's process group
-        sys.exit(130)
+        logging.shutdown()
+        os._exit(130)  # closed and flushed by then too (serve_process's finally)
     except Exception as exc:
         if link.is_ready:
             raise

@@ -1,0 +1,257 @@
+"""OTLP export in a child process: finished spans leave the serving process as plain tuples.
+
+The SDK's BatchSpanProcessor encodes and sends spans on a thread of the serving process, and
+that thread's Python (protobuf encoding, the HTTP or gRPC client) takes the GIL from the
+requests: a quarter of the GIL's time at 100 % sampling in a py-spy profile of `tfservo serve`
+under load. Here a span processor keeps each finished span as a tuple of plain values, a sender
+thread pickles them to a child process in batches, and the child rebuilds ReadableSpans and
+hands them to the SDK's own OTLP exporter (endpoint, headers, protocol, timeouts and retries
+from the OTEL_* variables as before). OTEL_BSP_SCHEDULE_DELAY (how often batches leave, ms),
+OTEL_BSP_MAX_QUEUE_SIZE (spans held before new ones are dropped, and counted) and
+OTEL_BSP_MAX_EXPORT_BATCH_SIZE keep their meaning. The child ends when the pipe closes, so it
+never outlives its parent; it ignores SIGINT and SIGTERM, which its parent handles (flushing
+first).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import multiprocessing
+import multiprocessing.util
+import os
+import signal
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["ChildExport", "exporter_class", "phase_wire", "span_wire"]
+
+log = logging.getLogger("tfservo.tracing")
+
+# (name, trace id, span id, trace flags, trace state, parent span id or 0, parent is remote,
+#  kind, start ns, end ns, attributes, status code, status description, events, links, scope)
+Wire = tuple[Any, ...]
+
+
+def span_wire(span: Any) -> Wire:
+    """A finished SDK ReadableSpan as plain values."""
+    ctx, parent, scope = span.context, span.parent, span.instrumentation_scope
+    return (
+        span.name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.trace_state.to_header(),
+        parent.span_id if parent is not None else 0, bool(parent is not None and parent.is_remote),
+        span.kind.value, span.start_time, span.end_time, dict(span.attributes or {}),
+        span.status.status_code.value, span.status.description,
+        tuple((e.name, e.timestamp, dict(e.attributes or {})) for e in span.events),
+        tuple((link.context.trace_id, link.context.span_id, int(link.context.trace_flags), dict(link.attributes or {}))
+              for link in span.links),
+        (scope.name, scope.version) if scope is not None else ("", None),
+    )
+
+
+def phase_wire(name: str, context: Any, parent: Any, attributes: Mapping[str, Any] | None,
+               start_ns: int, end_ns: int, error: str | None) -> Wire:
+    """A phase span (tracing._PhaseRecorder) as plain values, without a ReadableSpan in between."""
+    return (
+        name, context.trace_id, context.span_id, int(context.trace_flags), context.trace_state.to_header(),
+        parent.span_id, bool(parent.is_remote), 0, start_ns, end_ns, dict(attributes or {}),
+        0 if error is None else 2, error, (), (), ("tfservo", None),
+    )
+
+
+class ChildExport:
+    """A span processor (the SDK's SpanProcessor interface) whose exporters run in a child process."""
+
+    def __init__(self, names: list[str], resource: Any, environ: Mapping[str, str]) -> None:
+        self.delay = _number(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.max_queue = int(_number(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048))
+        self.batch = int(_number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
+        self.dropped = 0
+        self.pending: collections.deque[Wire] = collections.deque()
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_end = context.Pipe(duplex=True)
+        self.process = context.Process(
+            target=_child, args=(child_end, names, dict(environ), dict(resource.attributes), resource.schema_url, self.batch),
+            name="tfservo-trace-export", daemon=False,
+        )
+        self.process.start()
+        child_end.close()
+        self._send_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._tokens = itertools.count(1)
+        self._wake = threading.Event()
+        self._closed = False
+        self._sender = threading.Thread(target=self._send_loop, name="tfservo-trace-send", daemon=True)
+        self._sender.start()
+        # Before multiprocessing joins its children at exit (in a process it started, that comes
+        # before atexit and the SDK's own shutdown): the child ends only once its pipe closes.
+        multiprocessing.util.Finalize(self, self.shutdown, exitpriority=100)
+
+    # -- the SpanProcessor interface -------------------------------------------------------------
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def _on_ending(self, span: Any) -> None:
+        pass
+
+    def on_end(self, span: Any) -> None:
+        if span.context is not None and span.context.trace_flags.sampled:
+            self.add(span_wire(span))
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Send what is held and wait until the child has exported it."""
+        if self._closed:
+            return True
+        with self._flush_lock:
+            token = next(self._tokens)
+            try:
+                self._send()
+                with self._send_lock:
+                    self.conn.send(("flush", token))
+                while self.conn.poll(timeout_millis / 1000):
+                    if self.conn.recv() == ("flushed", token):
+                        return True
+            except (OSError, EOFError):
+                log.warning("the trace exporter process has gone; spans are no longer exported")
+            return False
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self.force_flush()
+        self._closed = True
+        self._wake.set()
+        with self._send_lock:
+            self.conn.close()  # the child exports what it has, then ends at end of pipe
+        self.process.join(10)
+        if self.dropped:
+            log.warning("%d spans were dropped: more than OTEL_BSP_MAX_QUEUE_SIZE=%d waited to be exported",
+                        self.dropped, self.max_queue)
+
+    # -- this side ------------------------------------------------------------------------------
+
+    def add(self, wire: Wire) -> None:
+        """Hold a finished span for the next batch (dropped, and counted, past the queue size)."""
+        if len(self.pending) >= self.max_queue:
+            self.dropped += 1
+            return
+        self.pending.append(wire)
+        if len(self.pending) >= self.batch:
+            self._wake.set()
+
+    def _send_loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.delay)
+            self._wake.clear()
+            try:
+                self._send()
+            except (OSError, EOFError):
+                if not self._closed:
+                    log.warning("the trace exporter process has gone; spans are no longer exported")
+                return
+
+    def _send(self) -> None:
+        pop, batch = self.pending.popleft, []
+        try:
+            while True:
+                batch.append(pop())
+        except IndexError:
+            pass
+        if batch:
+            with self._send_lock:
+                self.conn.send(("spans", batch))
+
+
+def _child(conn: Any, names: list[str], environ: dict[str, str], resource_attributes: dict[str, Any],
+           schema_url: str | None, batch: int) -> None:
+    """The exporter process: spans in from the pipe, out through the SDK's exporters."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from opentelemetry.sdk.resources import Resource
+
+    resource = Resource(resource_attributes, schema_url)
+    exporters = [exporter_class(name, environ)() for name in names]
+    build = _Rebuild(resource)
+    while True:
+        try:
+            kind, payload = conn.recv()
+        except (EOFError, OSError):
+            break
+        if kind == "spans":
+            spans = [build(wire) for wire in payload]
+            for start in range(0, len(spans), batch):
+                for exporter in exporters:
+                    try:
+                        exporter.export(spans[start:start + batch])
+                    except Exception:  # an exporter's bug must not end the export of later spans
+                        log.exception("exporting spans failed")
+        elif kind == "flush":
+            try:
+                conn.send(("flushed", payload))
+            except OSError:
+                break
+    for exporter in exporters:
+        exporter.shutdown()
+    os._exit(0)  # nothing of the parent's (atexit handlers, the SDK's) runs here
+
+
+class _Rebuild:
+    """Plain values → the SDK's ReadableSpan, in the child."""
+
+    def __init__(self, resource: Any) -> None:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        self.resource, self.trace, self.event, self.readable = resource, trace, Event, ReadableSpan
+        self.scope = InstrumentationScope
+        self.scopes: dict[tuple[str, str | None], Any] = {}
+
+    def __call__(self, wire: Sequence[Any]) -> Any:
+        (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes,
+         code, description, events, links, scope) = wire
+        trace = self.trace
+        trace_flags, trace_state = trace.TraceFlags(flags), trace.TraceState.from_header([state] if state else [])
+        context = trace.SpanContext(trace_id, span_id, False, trace_flags, trace_state)
+        parent = trace.SpanContext(trace_id, parent_id, parent_remote, trace_flags, trace_state) if parent_id else None
+        if scope not in self.scopes:
+            self.scopes[scope] = self.scope(*scope)
+        return self.readable(
+            name, context, parent, self.resource, attributes,
+            events=[self.event(n, a, t) for n, t, a in events],
+            links=[trace.Link(trace.SpanContext(t, s, True, trace.TraceFlags(f)), a) for t, s, f, a in links],
+            kind=trace.SpanKind(kind), status=trace.Status(trace.StatusCode(code), description),
+            start_time=start, end_time=end, instrumentation_scope=self.scopes[scope],
+        )
+
+
+def exporter_class(name: str, environ: Mapping[str, str]) -> Any:
+    """The SDK's exporter class for an OTEL_TRACES_EXPORTER name (made with no arguments, it
+    reads its settings from the OTEL_* variables); ValueError for a protocol it does not know."""
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    ).strip()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter
+    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: use grpc or http/protobuf")
+
+
+def _number(environ: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        value = float(environ.get(name, "") or default)
+    except ValueError:
+        log.warning("%s=%r is not a number; using %g", name, environ.get(name), default)
+        return default
+    return value if value > 0 else default
