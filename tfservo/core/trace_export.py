@@ -169,6 +169,7 @@ def _child(conn: Any, names: list[str], environ: dict[str, str], resource_attrib
     """The exporter process: spans in from the pipe, out through the SDK's exporters."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(10)  # on a busy machine the requests' processes come first; spans wait in the pipe
     from opentelemetry.sdk.resources import Resource
 
     resource = Resource(resource_attributes, schema_url)
