@@ -120,7 +120,7 @@ def test_plain_blocks_become_columns_and_others_records_in_order():
     assert (wired.first, wired.payload, wired.nbytes, wired.body()) == (5, [1], batches[2].nbytes, b"4\n5\n")
     # packed across blocks, by the per-record rule: a request ends before the body passes 6 bytes
     across = list(column_batches([(1, b"a,1\nb,2\n"), (3, b"c,3\nd,4\n")], processing, max_bytes=6, pack_rows=pack))
-    assert [(b.first, b.body()) for b in across] == [(1, b"1\n2\n3\n"), (4, b"4\n")]
+    assert [(b.first, b.body(), b.nbytes) for b in across] == [(1, b"1\n2\n3\n", 12), (4, b"4\n", 4)]
 
 
 @pytest.mark.parametrize(("bad", "failed"), [("Q3,oops", ["line 3"]), ("Q3", ["line 3"]), ('Q3,"4"', ["line 3"]), ("Q3,4,5", [])])

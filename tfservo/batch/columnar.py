@@ -1,9 +1,10 @@
-"""Plain CSV records as Arrow string columns: a Line-split CSV job cut, filtered, packed and
-joined a block at a time, without a Python object per record.
+"""Plain CSV records as Arrow columns: a Line-split CSV job cut, filtered, packed and joined a
+block at a time, without a Python object per record.
 
 Where a block of lines is plain CSV — UTF-8, no quote, no CR, no blank line, no byte order
 mark, the same number of fields on every line, every field the input filter names present,
-no line over --max-payload — Arrow's CSV reader keeps it as columns of text as written: the
+no line over --max-payload — Arrow's CSV reader keeps it as binary columns of the text as
+written: the
 input filter selects columns, a request is a run of rows packed by the same rule as
 `records.pack_batches`, the answer's values come back as columns (`codecs.rows.answer_columns`)
 and --join-source Input and the output filter select columns again. Any other block, and any
@@ -53,7 +54,7 @@ class ColumnBatch:
     """One request of plain CSV records: their fields as Arrow columns (text as written)."""
 
     first: int  # line number of the first record
-    table: pa.Table  # one string column per field, one row per record
+    table: pa.Table  # one binary column per field (the text as written), one row per record
     payload: list[int]  # the columns the request sends, in order (the input filter applied)
     nbytes: int = 0  # bytes of the object the records span, for progress
     errors: dict[int, str] = field(default_factory=dict)  # always empty: rows with errors never get here
@@ -119,15 +120,14 @@ def column_batches(
             payloads, errors = processing.prepare_many(chunk.data, blank_test("Line"))
             yield from pack_rows([(chunk, payloads, errors)])
             continue
-        table, payload, sizes = read
+        table, payload, sizes, lines = read
         rows, start = table.num_rows, 0
-        bytes_per_row = len(text) / rows
         while start < rows:
             fits = int(np.searchsorted(np.cumsum(sizes[start:]) + size, max_bytes, side="right"))
             end = start + max(fits, 0 if pending else 1)
             if end > start:
                 pending.append(ColumnBatch(index + start, table.slice(start, end - start), payload,
-                                           round(bytes_per_row * (end - start))))
+                                           int(lines[start:end].sum())))
                 size += int(sizes[start:end].sum())
             if end < rows:
                 yield from flush()
@@ -159,8 +159,11 @@ def finish_columns(processing: DataProcessing, batch: ColumnBatch, answer: Answe
     return _joined_lines(_fields(fields), line_end)
 
 
-def _read_block(text: bytes, processing: DataProcessing, max_bytes: int) -> tuple[pa.Table, list[int], np.ndarray] | None:
-    """(columns, the columns sent, each record's body bytes) of a plain block, else None."""
+def _read_block(
+    text: bytes, processing: DataProcessing, max_bytes: int
+) -> tuple[pa.Table, list[int], np.ndarray, np.ndarray] | None:
+    """(columns, the columns sent, each record's bytes in a request body, each line's bytes in
+    the object) of a plain block, else None."""
     if not text.endswith(b"\n") or b'"' in text or b"\r" in text or text.startswith((b"\n", b"\xef\xbb\xbf")) or b"\n\n" in text:
         return None
     try:
@@ -192,11 +195,11 @@ def _read_block(text: bytes, processing: DataProcessing, max_bytes: int) -> tupl
         return None
     if not payload:
         return None
-    lengths = [pc.binary_length(table.column(i)).to_numpy() for i in payload]
-    sizes = np.asarray(np.sum(lengths, axis=0, dtype=np.int64)) + len(payload)  # commas between fields, b"\n" after
+    lengths = [pc.binary_length(column).to_numpy() for column in table.columns]
+    sizes = np.asarray(np.sum([lengths[i] for i in payload], axis=0, dtype=np.int64)) + len(payload)  # commas, b"\n"
     if int(sizes.max()) > max_bytes:
         return None  # the per-record path names the record over --max-payload
-    return table, payload, sizes
+    return table, payload, sizes, np.asarray(np.sum(lengths, axis=0, dtype=np.int64)) + width
 
 
 def _concat(parts: list[ColumnBatch]) -> ColumnBatch:
