@@ -1,25 +1,26 @@
 """KServe's inference logger: each request and its answer sent as CloudEvents over HTTP (binary
 mode) with KServe's attributes, so a receiver written for KServe's logger works unchanged.
 
-Events go through a bounded queue to one sender thread; a receiver that is slow or down slows
-no request: past the queue's bound events are dropped and counted, and a failed send is
-counted and not retried.
+Events go through a bounded queue to a sender process (core.offload: the HTTP client's Python
+does not take the interpreter's lock from requests); a receiver that is slow or down slows no
+request: past the queue's bound events are dropped and counted, and a failed send is counted
+and not retried.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-import queue
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from tfservo.capture.writer import CaptureEvent
 from tfservo.core.extras import require
+from tfservo.core.offload import Offload
 from tfservo.core.settings import ConfigError
 
 __all__ = ["PayloadLogger"]
@@ -61,40 +62,65 @@ class PayloadLogger:
     ) -> None:
         if mode not in _MODES:
             raise ConfigError(f"--payload-log-mode must be one of {', '.join(_MODES)}, got {mode!r}")
-        events = require("--payload-log-url", "payload-log", "cloudevents.http")
-        CloudEvent, to_binary = events.CloudEvent, events.to_binary
-        self._event_class, self._to_binary = CloudEvent, to_binary
+        require("--payload-log-url", "payload-log", "cloudevents.http")  # here: a missing extra stops the start
         self.url = url
         self.mode = mode
-        self.identity = _Identity(source, service, namespace, component, endpoint)
         self.on_event = on_event
-        self._queue: queue.Queue[CaptureEvent | None] = queue.Queue(max_queued)
-        self._client = httpx.Client(timeout=timeout)
-        self._failed_once = False
-        self._thread = threading.Thread(target=self._run, name="tfservo-payload-log", daemon=True)
-        self._thread.start()
+        identity = _Identity(source, service, namespace, component, endpoint)
+        self._offload = Offload(
+            _Sender, (url, mode, identity, timeout), name="tfservo-payload-log",
+            delay=0.05, max_queue=max_queued, batch=64, on_message=self._note,
+        )
 
     def submit(self, event: CaptureEvent) -> None:
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
+        item = (event.inference_id, event.request_type, event.request_body, event.response_type,
+                event.response_body, event.time)
+        if not self._offload.add(item):
             self.on_event("payload_dropped", 1)
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued (within `timeout`), then stop."""
-        self._queue.put(None)
-        self._thread.join(timeout)
+        self._offload.close(timeout)
+
+    def _note(self, message: tuple[str, ...]) -> None:
+        """What the sender process tells: counts of events sent and failed, a warning to log."""
+        if message[0] == "counts":
+            _, sent, failed = message
+            if sent:
+                self.on_event("payload_sent", int(sent))
+            if failed:
+                self.on_event("payload_failed", int(failed))
+        elif message[0] == "warning":
+            log.warning("%s", message[1])
+
+
+class _Sender:
+    """The child's side: each event as one or two CloudEvents POSTed to the receiver."""
+
+    def __init__(self, reply: Callable[[tuple[object, ...]], None], url: str, mode: str, identity: _Identity,
+                 timeout: float) -> None:
+        events = require("--payload-log-url", "payload-log", "cloudevents.http")
+        self._event_class, self._to_binary = events.CloudEvent, events.to_binary
+        self.reply, self.url, self.mode, self.identity = reply, url, mode, identity
+        self._client = httpx.Client(timeout=timeout)
+        self._failed_once = False
+
+    def handle(self, batch: list[tuple[Any, ...]]) -> None:
+        sent = failed = 0
+        for inference_id, request_type, request_body, response_type, response_body, when in batch:
+            request_id = inference_id or str(uuid.uuid4())
+            if self.mode in ("all", "request"):
+                ok = self._send(REQUEST_TYPE, request_id, request_type, request_body, when)
+                sent, failed = sent + ok, failed + (not ok)
+            if self.mode in ("all", "response"):
+                ok = self._send(RESPONSE_TYPE, request_id, response_type, response_body, when)
+                sent, failed = sent + ok, failed + (not ok)
+        self.reply(("counts", sent, failed))
+
+    def close(self) -> None:
         self._client.close()
 
-    def _run(self) -> None:
-        while (event := self._queue.get()) is not None:
-            request_id = event.inference_id or str(uuid.uuid4())
-            if self.mode in ("all", "request"):
-                self._send(REQUEST_TYPE, request_id, event.request_type, event.request_body, event.time)
-            if self.mode in ("all", "response"):
-                self._send(RESPONSE_TYPE, request_id, event.response_type, event.response_body, event.time)
-
-    def _send(self, kind: str, request_id: str, content_type: str | None, body: bytes, when: float) -> None:
+    def _send(self, kind: str, request_id: str, content_type: str | None, body: bytes, when: float) -> bool:
         identity = self.identity
         attributes = {
             "type": kind, "source": identity.source, "id": request_id,
@@ -108,10 +134,10 @@ class PayloadLogger:
             answer = self._client.post(self.url, headers=headers, content=data)
             answer.raise_for_status()
         except httpx.HTTPError as exc:
-            self.on_event("payload_failed", 1)
             if not self._failed_once:  # one line, not one per event
                 self._failed_once = True
-                log.warning("payload log: sending to %s failed (%s); events are dropped while it fails", self.url, exc)
-            return
+                self.reply(("warning", f"payload log: sending to {self.url} failed ({exc}); "
+                                       "events are dropped while it fails"))
+            return False
         self._failed_once = False
-        self.on_event("payload_sent", 1)
+        return True

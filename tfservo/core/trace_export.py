@@ -3,28 +3,21 @@
 The SDK's BatchSpanProcessor encodes and sends spans on a thread of the serving process, and
 that thread's Python (protobuf encoding, the HTTP or gRPC client) takes the GIL from the
 requests: a quarter of the GIL's time at 100 % sampling in a py-spy profile of `tfservo serve`
-under load. Here a span processor keeps each finished span as a tuple of plain values, a sender
-thread pickles them to a child process in batches, and the child rebuilds ReadableSpans and
-hands them to the SDK's own OTLP exporter (endpoint, headers, protocol, timeouts and retries
-from the OTEL_* variables as before). OTEL_BSP_SCHEDULE_DELAY (how often batches leave, ms),
+under load. Here a span processor keeps each finished span as a tuple of plain values and hands
+them to a child process (core.offload), which rebuilds ReadableSpans and gives them to the
+SDK's own OTLP exporter (endpoint, headers, protocol, timeouts and retries from the OTEL_*
+variables as before). OTEL_BSP_SCHEDULE_DELAY (how often batches leave, ms),
 OTEL_BSP_MAX_QUEUE_SIZE (spans held before new ones are dropped, and counted) and
-OTEL_BSP_MAX_EXPORT_BATCH_SIZE keep their meaning. The child ends when the pipe closes, so it
-never outlives its parent; it ignores SIGINT and SIGTERM, which its parent handles (flushing
-first).
+OTEL_BSP_MAX_EXPORT_BATCH_SIZE keep their meaning.
 """
 
 from __future__ import annotations
 
-import collections
-import itertools
 import logging
-import multiprocessing
-import multiprocessing.util
-import os
-import signal
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from tfservo.core.offload import Offload
 
 __all__ = ["ChildExport", "exporter_class", "phase_wire", "span_wire"]
 
@@ -64,31 +57,14 @@ class ChildExport:
     """A span processor (the SDK's SpanProcessor interface) whose exporters run in a child process."""
 
     def __init__(self, names: list[str], resource: Any, environ: Mapping[str, str]) -> None:
-        self.delay = _number(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
         self.max_queue = int(_number(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048))
-        self.batch = int(_number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
+        batch = int(_number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
         self.dropped = 0
-        self.pending: collections.deque[Wire] = collections.deque()
-        context = multiprocessing.get_context("spawn")
-        self.conn, child_end = context.Pipe(duplex=True)
-        self.process = context.Process(
-            target=_child, args=(child_end, names, dict(environ), dict(resource.attributes), resource.schema_url, self.batch),
-            name="tfservo-trace-export", daemon=False,
+        self.offload = Offload(
+            _Exporters, (names, dict(environ), dict(resource.attributes), resource.schema_url, batch),
+            name="tfservo-trace-export", delay=_number(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000,
+            max_queue=self.max_queue, batch=batch,
         )
-        self.process.start()
-        child_end.close()
-        self._send_lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._tokens = itertools.count(1)
-        self._wake = threading.Event()
-        self._closed = False
-        self._sender = threading.Thread(target=self._send_loop, name="tfservo-trace-send", daemon=True)
-        self._sender.start()
-        # Before multiprocessing joins its children at exit (in a process it started, that comes
-        # before atexit and the SDK's own shutdown): the child ends only once its pipe closes.
-        multiprocessing.util.Finalize(self, self.shutdown, exitpriority=100)
-
-    # -- the SpanProcessor interface -------------------------------------------------------------
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         pass
@@ -100,102 +76,45 @@ class ChildExport:
         if span.context is not None and span.context.trace_flags.sampled:
             self.add(span_wire(span))
 
+    def add(self, wire: Wire) -> None:
+        """Hold a finished span for the next batch (dropped, and counted, past the queue size)."""
+        if not self.offload.add(wire):
+            self.dropped += 1
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Send what is held and wait until the child has exported it."""
-        if self._closed:
-            return True
-        with self._flush_lock:
-            token = next(self._tokens)
-            try:
-                self._send()
-                with self._send_lock:
-                    self.conn.send(("flush", token))
-                while self.conn.poll(timeout_millis / 1000):
-                    if self.conn.recv() == ("flushed", token):
-                        return True
-            except (OSError, EOFError):
-                log.warning("the trace exporter process has gone; spans are no longer exported")
-            return False
+        return self.offload.flush(timeout_millis / 1000)
 
     def shutdown(self) -> None:
-        if self._closed:
-            return
-        self.force_flush()
-        self._closed = True
-        self._wake.set()
-        with self._send_lock:
-            self.conn.close()  # the child exports what it has, then ends at end of pipe
-        self.process.join(10)
+        self.offload.close()
         if self.dropped:
             log.warning("%d spans were dropped: more than OTEL_BSP_MAX_QUEUE_SIZE=%d waited to be exported",
                         self.dropped, self.max_queue)
 
-    # -- this side ------------------------------------------------------------------------------
 
-    def add(self, wire: Wire) -> None:
-        """Hold a finished span for the next batch (dropped, and counted, past the queue size)."""
-        if len(self.pending) >= self.max_queue:
-            self.dropped += 1
-            return
-        self.pending.append(wire)
-        if len(self.pending) >= self.batch:
-            self._wake.set()
+class _Exporters:
+    """The child's side: spans rebuilt and handed to the SDK's exporters."""
 
-    def _send_loop(self) -> None:
-        while not self._closed:
-            self._wake.wait(self.delay)
-            self._wake.clear()
-            try:
-                self._send()
-            except (OSError, EOFError):
-                if not self._closed:
-                    log.warning("the trace exporter process has gone; spans are no longer exported")
-                return
+    def __init__(self, reply: Any, names: list[str], environ: dict[str, str], resource_attributes: dict[str, Any],
+                 schema_url: str | None, batch: int) -> None:
+        from opentelemetry.sdk.resources import Resource
 
-    def _send(self) -> None:
-        pop, batch = self.pending.popleft, []
-        try:
-            while True:
-                batch.append(pop())
-        except IndexError:
-            pass
-        if batch:
-            with self._send_lock:
-                self.conn.send(("spans", batch))
+        self.exporters = [exporter_class(name, environ)() for name in names]
+        self.build = _Rebuild(Resource(resource_attributes, schema_url))
+        self.batch = batch
 
+    def handle(self, wires: list[Wire]) -> None:
+        spans = [self.build(wire) for wire in wires]
+        for start in range(0, len(spans), self.batch):
+            for exporter in self.exporters:
+                try:
+                    exporter.export(spans[start:start + self.batch])
+                except Exception:  # an exporter's bug must not end the export of later spans
+                    log.exception("exporting spans failed")
 
-def _child(conn: Any, names: list[str], environ: dict[str, str], resource_attributes: dict[str, Any],
-           schema_url: str | None, batch: int) -> None:
-    """The exporter process: spans in from the pipe, out through the SDK's exporters."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.nice(10)  # on a busy machine the requests' processes come first; spans wait in the pipe
-    from opentelemetry.sdk.resources import Resource
-
-    resource = Resource(resource_attributes, schema_url)
-    exporters = [exporter_class(name, environ)() for name in names]
-    build = _Rebuild(resource)
-    while True:
-        try:
-            kind, payload = conn.recv()
-        except (EOFError, OSError):
-            break
-        if kind == "spans":
-            spans = [build(wire) for wire in payload]
-            for start in range(0, len(spans), batch):
-                for exporter in exporters:
-                    try:
-                        exporter.export(spans[start:start + batch])
-                    except Exception:  # an exporter's bug must not end the export of later spans
-                        log.exception("exporting spans failed")
-        elif kind == "flush":
-            try:
-                conn.send(("flushed", payload))
-            except OSError:
-                break
-    for exporter in exporters:
-        exporter.shutdown()
-    os._exit(0)  # nothing of the parent's (atexit handlers, the SDK's) runs here
+    def close(self) -> None:
+        for exporter in self.exporters:
+            exporter.shutdown()
 
 
 class _Rebuild:

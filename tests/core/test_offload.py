@@ -1,0 +1,57 @@
+"""core.offload with a real child process: items arrive in order, a flush waits for them, the
+child's messages come back, and a child that dies makes `add` say its items are dropped."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from tfservo.core.offload import Offload
+
+
+class Recorder:
+    """The child's work: each item appended to a file, a count sent back per batch."""
+
+    def __init__(self, reply, path: str) -> None:
+        self.reply, self.path = reply, path
+
+    def handle(self, batch: list) -> None:
+        with open(self.path, "a") as f:
+            f.writelines(f"{item}\n" for item in batch)
+        self.reply(("handled", len(batch), os.getpid()))
+
+    def close(self) -> None:
+        with open(self.path, "a") as f:
+            f.write("closed\n")
+
+
+def test_items_reach_the_child_in_order_and_a_flush_waits_for_them(tmp_path: Path) -> None:
+    out = tmp_path / "items.txt"
+    messages: list[tuple] = []
+    offload = Offload(Recorder, (str(out),), name="test-offload", delay=60, max_queue=1000, batch=10_000,
+                      on_message=messages.append)
+    try:
+        assert all(offload.add(i) for i in range(250))
+        assert offload.flush(30)  # the delay is a minute: only the flush sent them
+        assert out.read_text().split() == [str(i) for i in range(250)]
+        assert sum(m[1] for m in messages) == 250 and messages[0][2] == offload.process.pid != os.getpid()
+    finally:
+        offload.close()
+    assert out.read_text().split()[-1] == "closed" and not offload.process.is_alive()
+
+
+def test_a_full_queue_and_a_dead_child_drop_items(tmp_path: Path) -> None:
+    offload = Offload(Recorder, (str(tmp_path / "items.txt"),), name="test-offload", delay=60, max_queue=3,
+                      batch=10_000)
+    try:
+        assert [offload.add(i) for i in range(4)] == [True, True, True, False]
+        offload.process.kill()
+        deadline = time.monotonic() + 10
+        while offload.add("after") and time.monotonic() < deadline:
+            offload.flush(0.5)  # sends what is held, into a pipe nobody reads
+            time.sleep(0.1)
+        assert not offload.add("after")
+        assert not offload.flush(1)
+    finally:
+        offload.close(1)

@@ -1,0 +1,195 @@
+"""Background work handed to a child process through a pipe, so its Python never takes the
+interpreter's lock from requests.
+
+The serving process keeps each item as plain values; a sender thread pickles what has gathered
+into the pipe every `delay` seconds (sooner once `batch` items wait), and past `max_queue`
+waiting items new ones are dropped (`add` says so). The child process — started with the spawn
+method, at nice 10, ignoring SIGINT and SIGTERM, which its parent handles — builds its worker
+with `make(reply, *args)` and hands it each batch; `reply(message)` sends a message back, which
+the parent's `on_message` gets on a reader thread. The child ends when the parent closes it or
+dies (end of pipe), so it never outlives its parent. Used by span export (core.trace_export)
+and the payload logger (capture.payload_log).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import multiprocessing
+import multiprocessing.util
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+__all__ = ["ChildWork", "Offload"]
+
+log = logging.getLogger("tfservo")
+
+
+class ChildWork(Protocol):
+    """What `make` returns in the child."""
+
+    def handle(self, batch: list[Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Offload:
+    """Items from any thread of this process to a ChildWork in a child process."""
+
+    def __init__(
+        self,
+        make: Callable[..., ChildWork],
+        args: tuple[Any, ...],
+        *,
+        name: str,
+        delay: float,
+        max_queue: int,
+        batch: int,
+        on_message: Callable[[Any], None] = lambda message: None,
+    ) -> None:
+        self.name, self.delay, self.max_queue, self.batch = name, delay, max_queue, batch
+        self.on_message = on_message
+        self.pending: collections.deque[Any] = collections.deque()
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_end = context.Pipe(duplex=True)
+        self.process = context.Process(target=_child, args=(child_end, make, args), name=name, daemon=False)
+        self.process.start()
+        child_end.close()
+        self._send_lock = threading.Lock()
+        self._tokens = itertools.count(1)
+        self._flushed: dict[int, threading.Event] = {}
+        self._wake = threading.Event()
+        self._closed = False
+        self._gone = False
+        threading.Thread(target=self._read_loop, name=f"{name}-read", daemon=True).start()
+        threading.Thread(target=self._send_loop, name=f"{name}-send", daemon=True).start()
+        # Before multiprocessing joins its children at exit (in a process it started, that comes
+        # before atexit): the child ends only once it is closed.
+        multiprocessing.util.Finalize(self, self.close, exitpriority=100)
+
+    def add(self, item: Any) -> bool:
+        """Hold `item` for the next batch; False when it was dropped (the queue is full, or the
+        child has gone)."""
+        if self._gone or len(self.pending) >= self.max_queue:
+            return False
+        self.pending.append(item)
+        if len(self.pending) >= self.batch:
+            self._wake.set()
+        return True
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Send what is held and wait (up to `timeout` s) until the child has handled it."""
+        if self._closed or self._gone:
+            return False
+        token = next(self._tokens)
+        done = self._flushed[token] = threading.Event()
+        try:
+            self._send()
+            self._put(("flush", token))
+            return done.wait(timeout) and not self._gone
+        except OSError:
+            self._went()
+            return False
+        finally:
+            self._flushed.pop(token, None)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Hand over what is held, let the child finish it, and end the child."""
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        self._wake.set()
+        if not self._gone:
+            try:
+                self._put(("close", None))
+            except OSError:
+                pass
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+        self.conn.close()
+
+    def _put(self, message: tuple[str, Any]) -> None:
+        with self._send_lock:
+            self.conn.send(message)
+
+    def _send(self) -> None:
+        pop, batch = self.pending.popleft, []
+        try:
+            while True:
+                batch.append(pop())
+        except IndexError:
+            pass
+        if batch:
+            self._put(("items", batch))
+
+    def _send_loop(self) -> None:
+        while not self._closed:
+            self._wake.wait(self.delay)
+            self._wake.clear()
+            try:
+                self._send()
+            except OSError:
+                self._went()
+                return
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                kind, payload = self.conn.recv()
+            except (EOFError, OSError):
+                if not self._closed:
+                    self._went()
+                return
+            if kind == "flushed":
+                event = self._flushed.get(payload)
+                if event is not None:
+                    event.set()
+            else:
+                try:
+                    self.on_message(payload)
+                except Exception:
+                    log.exception("%s: a message from the child process failed", self.name)
+
+    def _went(self) -> None:
+        if not self._gone and not self._closed:
+            log.warning("%s: the child process has gone (exit code %s); its work is dropped from now on",
+                        self.name, self.process.exitcode)
+        self._gone = True
+        for event in list(self._flushed.values()):
+            event.set()
+
+
+def _child(conn: Any, make: Callable[..., ChildWork], args: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(10)  # on a busy machine the requests' processes come first; items wait in the pipe
+
+    def reply(message: Any) -> None:
+        conn.send(("message", message))
+
+    work = make(reply, *args)
+    try:
+        while True:
+            try:
+                kind, payload = conn.recv()
+            except (EOFError, OSError):
+                break
+            if kind == "items":
+                try:
+                    work.handle(payload)
+                except Exception:  # a bug must not end the handling of later items
+                    log.exception("handling a batch failed")
+            elif kind == "flush":
+                conn.send(("flushed", payload))
+            elif kind == "close":
+                break
+    finally:
+        work.close()
+        conn.close()
+        os._exit(0)  # nothing of the parent's (atexit handlers, the SDK's) runs here
