@@ -17,12 +17,25 @@ from tfservo.server.loopback import start_handler_endpoints
 __all__ = ["apply_env", "load_service", "run_transform"]
 
 
+_APPLIED: dict[str, str | None] = {}  # keys an earlier apply_env set → their values before it
+
+
 def apply_env(env: dict[str, str]) -> None:
     """--env KEY=VALUE into this process's environment, as SageMaker's Environment is, for what
     reads it there: handler code, and the storage and AWS libraries (credentials, endpoints).
-    tfservo's own settings are resolved from the job's env passed to load_service, so a worker
-    reused by a later job with other --env values resolves that job's settings, not these."""
-    os.environ.update(env)
+    The job's keys replace an earlier job's: a worker process reused by a later job (Spark
+    reuses its Python workers) first gets back what the earlier --env changed. tfservo's own
+    settings never come from here: load_service resolves them from the job's env."""
+    for key, before in list(_APPLIED.items()):
+        if key not in env:
+            if before is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = before
+            del _APPLIED[key]
+    for key, value in env.items():
+        _APPLIED.setdefault(key, os.environ.get(key))
+        os.environ[key] = value
 
 
 def load_service(model: str, env: dict[str, str] | None = None) -> ModelService:
