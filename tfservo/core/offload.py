@@ -3,9 +3,11 @@ interpreter's lock from requests.
 
 The serving process keeps each item as plain values; a sender thread pickles what has gathered
 into the pipe every `delay` seconds (sooner once `batch` items wait), and past `max_queue`
-waiting items new ones are dropped (`add` says so). The child process — started with the spawn
-method, at nice 10, ignoring SIGINT and SIGTERM, which its parent handles — builds its worker
-with `make(reply, *args)` and hands it each batch; `reply(message)` sends a message back, which
+waiting items new ones are dropped (`add` says so). The child — `python -m tfservo.core.offload`
+on one end of a socket pair, at nice 10, ignoring SIGINT and SIGTERM, which its parent handles;
+not multiprocessing's spawn, which would run the parent's main script again in the child when
+it has no `if __name__ == "__main__"` guard — builds its worker with `make(reply, *args)` and
+hands it each batch; `reply(message)` sends a message back, which
 the parent's `on_message` gets on a reader thread. The child ends when the parent closes it or
 dies (end of pipe), so it never outlives its parent. Used by span export (core.trace_export)
 and the payload logger (capture.payload_log).
@@ -13,15 +15,19 @@ and the payload logger (capture.payload_log).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import logging
-import multiprocessing
-import multiprocessing.util
 import os
+import pickle
 import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 __all__ = ["ChildWork", "Offload"]
@@ -54,11 +60,15 @@ class Offload:
         self.name, self.delay, self.max_queue, self.batch = name, delay, max_queue, batch
         self.on_message = on_message
         self.pending: collections.deque[Any] = collections.deque()
-        context = multiprocessing.get_context("spawn")
-        self.conn, child_end = context.Pipe(duplex=True)
-        self.process = context.Process(target=_child, args=(child_end, make, args), name=name, daemon=False)
-        self.process.start()
-        child_end.close()
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tfservo.core.offload", str(theirs.fileno()), name],
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        # the child finds `make` where this process does (a test module, a source tree)
+        self.conn.send((list(sys.path), pickle.dumps((make, args))))
         self._send_lock = threading.Lock()
         self._tokens = itertools.count(1)
         self._flushed: dict[int, threading.Event] = {}
@@ -67,9 +77,7 @@ class Offload:
         self._gone = False
         threading.Thread(target=self._read_loop, name=f"{name}-read", daemon=True).start()
         threading.Thread(target=self._send_loop, name=f"{name}-send", daemon=True).start()
-        # Before multiprocessing joins its children at exit (in a process it started, that comes
-        # before atexit): the child ends only once it is closed.
-        multiprocessing.util.Finalize(self, self.close, exitpriority=100)
+        atexit.register(self.close)
 
     def add(self, item: Any) -> bool:
         """Hold `item` for the next batch; False when it was dropped (the queue is full, or the
@@ -109,9 +117,11 @@ class Offload:
                 self._put(("close", None))
             except OSError:
                 pass
-        self.process.join(timeout)
-        if self.process.is_alive():
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()
         self.conn.close()
 
     def _put(self, message: tuple[str, Any]) -> None:
@@ -159,16 +169,20 @@ class Offload:
     def _went(self) -> None:
         if not self._gone and not self._closed:
             log.warning("%s: the child process has gone (exit code %s); its work is dropped from now on",
-                        self.name, self.process.exitcode)
+                        self.name, self.process.poll())
         self._gone = True
         for event in list(self._flushed.values()):
             event.set()
 
 
-def _child(conn: Any, make: Callable[..., ChildWork], args: tuple[Any, ...]) -> None:
+def _child(fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(10)  # on a busy machine the requests' processes come first; items wait in the pipe
+    conn = Connection(fd)
+    path, payload = conn.recv()
+    sys.path[:] = path
+    make, args = pickle.loads(payload)
 
     def reply(message: Any) -> None:
         conn.send(("message", message))
@@ -193,3 +207,8 @@ def _child(conn: Any, make: Callable[..., ChildWork], args: tuple[Any, ...]) -> 
         work.close()
         conn.close()
         os._exit(0)  # nothing of the parent's (atexit handlers, the SDK's) runs here
+
+
+if __name__ == "__main__":
+    logging.basicConfig(format=f"{sys.argv[2]}: %(message)s")
+    _child(int(sys.argv[1]))
