@@ -219,3 +219,35 @@ def test_a_transform_traces_its_job_objects_and_requests(receiver, tmp_path) -> 
     models = [s for s in trace if s.name == "model"]
     assert len(models) == 3 and {m.parent_id for m in models} <= {r.span_id for r in requests}
     assert job.attributes["tfservo.transform.objects_done"] == 2
+
+
+SERVER_SPAN = """
+from tfservo.core import tracing
+tracing.configure()
+for flags in ("01", "00"):
+    carrier = {"traceparent": f"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}"}
+    with tracing.server_span("POST", carrier, {"url.path": "/x"}) as span:
+        span.update_name(f"POST /x {flags}")
+        span.set_attribute("http.response.status_code", 503)
+        span.set_status(tracing.error_status("503"))
+        with tracing.span("decode"):
+            pass
+tracing.flush()
+"""
+
+
+@pytest.mark.parametrize(("sampler", "names"), [
+    ("parentbased_always_on", ["decode", "POST /x 01"]),  # the caller's 00 is not sampled
+    ("always_on", ["decode", "POST /x 01", "decode", "POST /x 00"]),
+    ("always_off", []),  # a sampler the SDK decides for
+])
+def test_the_server_span_follows_the_sampler_and_the_callers_flag(sampler, names) -> None:
+    done = subprocess.run([sys.executable, "-c", SERVER_SPAN], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": sampler})
+    assert done.returncode == 0, done.stderr[-2000:]
+    spans = [json.loads(s) for s in done.stdout.replace("}\n{", "}\x00{").split("\x00") if s.strip()]
+    assert [s["name"] for s in spans] == names
+    for server in (s for s in spans if s["name"].startswith("POST")):
+        assert server["kind"] == "SpanKind.SERVER" and server["status"]["status_code"] == "ERROR"
+        assert server["context"]["trace_id"] == "0x4bf92f3577b34da6a3ce929d0e0e4736"
+        assert server["parent_id"] == "0x00f067aa0ba902b7" and server["attributes"]["http.response.status_code"] == 503

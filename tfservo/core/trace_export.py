@@ -44,12 +44,13 @@ def span_wire(span: Any) -> Wire:
 
 
 def phase_wire(name: str, context: Any, parent: Any, attributes: Mapping[str, Any] | None,
-               start_ns: int, end_ns: int, error: str | None) -> Wire:
-    """A phase span (tracing._PhaseRecorder) as plain values, without a ReadableSpan in between."""
+               start_ns: int, end_ns: int, error: str | None, kind: int = 0) -> Wire:
+    """A span recorded by tracing._PhaseRecorder (a phase, or a server span; `parent` None for a
+    root) as plain values, without a ReadableSpan in between."""
     return (
         name, context.trace_id, context.span_id, int(context.trace_flags), context.trace_state.to_header(),
-        parent.span_id, bool(parent.is_remote), 0, start_ns, end_ns, dict(attributes or {}),
-        0 if error is None else 2, error, (), (), ("tfservo", None),
+        parent.span_id if parent is not None else 0, bool(parent is not None and parent.is_remote), kind,
+        start_ns, end_ns, dict(attributes or {}), 0 if error is None else 2, error, (), (), ("tfservo", None),
     )
 
 
