@@ -107,6 +107,20 @@ class WorkerLink:
         self._go.set()
 
 
+def _leave(code: int) -> None:
+    """Exit now, the log lines written so far flushed. Handlers are flushed, not shut down:
+    another thread may still log a line before the exit, and a closed handler would print
+    "--- Logging error ---" instead."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def _worker_main(
     target: WorkerTarget, settings: Settings, sock: socket.socket, conn: Connection, replacements: dict[str, int],
 ) -> None:
@@ -121,11 +135,9 @@ def _worker_main(
         # Everything is closed and flushed now. A thread still stuck in a handler or a model call
         # would hold the interpreter's exit forever (it joins executor threads), leaving this
         # worker behind its supervisor: leave without waiting for it.
-        logging.shutdown()
-        os._exit(0)
+        _leave(0)
     except KeyboardInterrupt:  # Ctrl-C reaches every worker of the terminal's process group
-        logging.shutdown()
-        os._exit(130)  # closed and flushed by then too (serve_process's finally)
+        _leave(130)  # closed and flushed by then too (serve_process's finally)
     except Exception as exc:
         if link.is_ready:
             raise
