@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,17 +36,12 @@ PackRows = Callable[[Iterable[tuple[RecordChunk, list[bytes | None], dict[int, s
 
 def columns_apply(processing: DataProcessing, split_type: str, batch_strategy: str, per_record: bool) -> bool:
     """Whether a job's records can travel as columns: Line-split CSV, MultiRecord requests, one
-    output line per record, filters of field indexes only, and Arrow installed."""
+    output line per record, filters of field indexes only."""
     if processing.record_format != "csv" or split_type != "Line" or batch_strategy != "MultiRecord" or not per_record:
         return False
     pick_in, pick_out = processing.pickers
-    if (processing.input_filter is not None and pick_in is None) or (processing.output_filter is not None and pick_out is None):
-        return False
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return not ((processing.input_filter is not None and pick_in is None)
+                or (processing.output_filter is not None and pick_out is None))
 
 
 @dataclass(slots=True)
@@ -57,7 +52,6 @@ class ColumnBatch:
     table: pa.Table  # one binary column per field (the text as written), one row per record
     payload: list[int]  # the columns the request sends, in order (the input filter applied)
     nbytes: int = 0  # bytes of the object the records span, for progress
-    errors: dict[int, str] = field(default_factory=dict)  # always empty: rows with errors never get here
 
     def __len__(self) -> int:
         return self.table.num_rows

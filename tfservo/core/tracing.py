@@ -7,7 +7,8 @@ headers and timeouts of the OTLP exporter, `OTEL_SERVICE_NAME` and `OTEL_RESOURC
 `OTEL_TRACES_SAMPLER` and its argument, the batch processor's `OTEL_BSP_*`.
 
 Everything else in tfservo opens spans through this module's functions, which return a shared
-no-op when tracing is off: one global check per call. This is the one module that reads OTEL_*.
+no-op when tracing is off: one global check per call. Only this module reads OTEL_*, and passes
+what it read to its export process (core.trace_export).
 """
 
 from __future__ import annotations

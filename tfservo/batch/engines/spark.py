@@ -133,26 +133,18 @@ def _drive(
     follower.start()
     whole_objects = len(run.todo) >= 2 * parallel
     try:
+        # Whole objects: four tasks per worker, not one per object (a PySpark task costs tens
+        # of milliseconds), each reading, answering and writing its objects in order.
+        slices = min(len(run.todo), 4 * parallel) if whole_objects else len(run.todo)
+        requests = sc.parallelize(run.todo, slices).flatMap(lambda obj: split_object(obj, job))
+        if not whole_objects:
+            requests = requests.repartition(max(parallel * 2, 1))  # one object's requests over all workers
+        answers = requests.mapPartitions(lambda parts: _call_partition(job, parts, records, nbytes, seen))
         if whole_objects:
-            # Each task: its objects read, answered and written in order; no shuffle. Four
-            # tasks per worker, not one per object: a PySpark task costs tens of milliseconds.
-            results = (
-                sc.parallelize(run.todo, min(len(run.todo), 4 * parallel))
-                .flatMap(lambda obj: split_object(obj, job))
-                .mapPartitions(lambda parts: _call_partition(job, parts, records, nbytes, seen))
-                .mapPartitions(lambda answers: _write_in_order(job, stale, answers))
-                .collect()
-            )
+            written = answers.mapPartitions(lambda parts: _write_in_order(job, stale, parts))
         else:
-            results = (
-                sc.parallelize(run.todo, len(run.todo))
-                .flatMap(lambda obj: split_object(obj, job))
-                .repartition(max(parallel * 2, 1))  # spread one object's requests over the workers
-                .mapPartitions(lambda parts: _call_partition(job, parts, records, nbytes, seen))
-                .groupByKey(max(parallel, 1))
-                .map(lambda grouped: _write(job, stale, grouped))
-                .collect()
-            )
+            written = answers.groupByKey(max(parallel, 1)).map(lambda grouped: _write(job, stale, grouped))
+        results = written.collect()
     except Exception as exc:  # Py4JJavaError and friends: the job did not finish
         raise JobError(f"the Spark job failed: {type(exc).__name__}: {str(exc)[:2000]}; "
                        "run the same command again to resume") from None
