@@ -34,5 +34,5 @@ class BundlePredictor:
         quiet_libraries()  # an actor: TensorFlow's noise off there too
         self._predict = ColumnPredictor(bundle, **selection)
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, batch: dict[str, object]) -> dict[str, object]:
         return self._predict(batch)

@@ -14,7 +14,7 @@ inputs by column name, `body` with `content_type=`, `on_error="column"` for an `
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from tfservo.batch.worker.columns import ColumnPredictor
 from tfservo.batch.worker.once import load_once
 from tfservo.core.extras import require
 from tfservo.core.logs import quiet_libraries
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 require("tfservo.spark", "spark", "pyspark")
 
@@ -38,11 +41,11 @@ def _predictor(bundle: str, selection: dict[str, Any]) -> ColumnPredictor:
     return load_once(("columns", bundle, tuple(sorted(selection.items()))), load)
 
 
-def bundle_predict_frames(bundle: str, **selection: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def bundle_predict_frames(bundle: str, **selection: object) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """A function for `df.mapInPandas(fn, schema)`: each pandas DataFrame of the partition gets
     its prediction columns (other columns kept); `schema` names the columns it returns."""
 
-    def frames(batches: Iterator[Any]) -> Iterator[Any]:
+    def frames(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
         predict = _predictor(bundle, selection)
@@ -55,8 +58,8 @@ def bundle_predict_frames(bundle: str, **selection: Any) -> Callable[[Iterator[A
 
 def bundle_predict_udf(
     bundle: str, *, return_type: Any, output: str | None = None, input_names: Sequence[str] | None = None,
-    **selection: Any,
-) -> Any:
+    **selection: object,
+) -> Any:  # pyspark's UserDefinedFunctionLike
     """A pandas UDF: `udf(col, ...)` → one prediction column.
 
     The columns passed are the signature's inputs in `input_names` order (default: its one
@@ -90,7 +93,7 @@ def _default_inputs(predictor: ColumnPredictor, given: int) -> list[str]:
     return names
 
 
-def _only_output(predictor: ColumnPredictor, out: dict[str, Any]) -> str:
+def _only_output(predictor: ColumnPredictor, out: dict[str, object]) -> str:
     from tfservo.batch.worker.columns import ERROR_COLUMN
 
     names = predictor.output_columns()
@@ -100,7 +103,7 @@ def _only_output(predictor: ColumnPredictor, out: dict[str, Any]) -> str:
     return names[0]
 
 
-def _cells(values: Any) -> Any:
+def _cells(values: object) -> object:
     """A column for pandas: 1-D arrays as they are, higher ranks as one list per row."""
     if isinstance(values, np.ndarray) and values.ndim > 1:
         return list(values.tolist())

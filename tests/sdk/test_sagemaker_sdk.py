@@ -17,6 +17,7 @@ sagemaker = pytest.importorskip("sagemaker")
 from botocore.exceptions import ClientError  # noqa: E402
 from sagemaker.deserializers import BytesDeserializer, JSONDeserializer  # noqa: E402
 from sagemaker.exceptions import UnexpectedStatusException  # noqa: E402
+from sagemaker.inputs import BatchDataCaptureConfig  # noqa: E402
 from sagemaker.multidatamodel import MultiDataModel  # noqa: E402
 from sagemaker.predictor import Predictor  # noqa: E402
 from sagemaker.serializers import CSVSerializer, IdentitySerializer, JSONSerializer  # noqa: E402
@@ -204,6 +205,7 @@ def test_transform_job_with_filters_join_and_wait(session, s3_bucket, tmp_path, 
     transformer.transform(
         f"s3://{s3_bucket}/in/", content_type="text/csv", split_type="Line", input_filter="$[1:]",
         join_source="Input", output_filter="$[0,-1]", wait=False,
+        batch_data_capture_config=BatchDataCaptureConfig(f"s3://{s3_bucket}/capture/", generate_inference_id=True),
     )
     transformer.wait()
     assert "objects" in capsys.readouterr().out  # tfservo transform's progress, shown by wait()
@@ -212,6 +214,11 @@ def test_transform_job_with_filters_join_and_wait(session, s3_bucket, tmp_path, 
     out = s3.get_object(Bucket=s3_bucket, Key="out/part-2.csv.out")["Body"].read().decode()
     assert out.splitlines() == [f"id-2-{j},{j * 0.5 + 3.0}" for j in range(5)]
     assert session.describe_transform_job(transformer.latest_transform_job.name)["TransformJobStatus"] == "Completed"
+    captured = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket, Prefix="capture/")["Contents"]]
+    assert sorted(key.rsplit("/", 1)[1] for key in captured) == [f"part-{i}.csv.jsonl" for i in range(4)]
+    line = json.loads(s3.get_object(Bucket=s3_bucket, Key=captured[0])["Body"].read().splitlines()[0])
+    assert line["captureData"]["endpointInput"]["observedContentType"] == "text/csv"
+    assert line["eventMetadata"]["inferenceId"].endswith(".csv:1")  # BatchDataCaptureConfig's GenerateInferenceId
 
     s3.put_object(Bucket=s3_bucket, Key="bad/part.csv", Body=b"id,not-a-number\n")
     failing = model.transformer(instance_count=1, instance_type="local", output_path=f"s3://{s3_bucket}/bad-out/")

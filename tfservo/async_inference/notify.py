@@ -31,14 +31,14 @@ def _iso(when: float) -> str:
 def notification(
     request: AsyncRequest, *, endpoint: str, region: str, completed: bool, content_type: str,
     reason: str | None = None, body: bytes | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """SageMaker's InferenceResult event for one request; `body` included when given and small."""
-    response: dict[str, Any] = {"contentType": content_type}
+    response: dict[str, object] = {"contentType": content_type}
     if completed:
         response["outputLocation"] = request.output
     else:
         response["failureLocation"] = request.failure
-    message: dict[str, Any] = {
+    message: dict[str, object] = {
         "awsRegion": region,
         "eventTime": _iso(time.time()),
         "receivedTime": _iso(request.received),
@@ -70,7 +70,7 @@ class Notifier:
     def __init__(self) -> None:
         self._sns: dict[str, Any] = {}
 
-    def send(self, topic: str, message: dict[str, Any]) -> None:
+    def send(self, topic: str, message: dict[str, object]) -> None:
         """Deliver, retrying what may pass; a failure is logged, never raised (the answer is
         already in storage)."""
         try:
@@ -81,7 +81,7 @@ class Notifier:
         except Exception as exc:
             log.error("could not notify %s of %s: %s: %s", topic, message["inferenceId"], type(exc).__name__, exc)
 
-    def _publish(self, topic: str, message: dict[str, Any]) -> None:
+    def _publish(self, topic: str, message: dict[str, object]) -> None:
         client = self._sns.get(topic)
         if client is None:
             import boto3
@@ -92,7 +92,7 @@ class Notifier:
         client.publish(TopicArn=topic, Message=orjson.dumps(message).decode())
 
     @staticmethod
-    def _post(url: str, message: dict[str, Any]) -> None:
+    def _post(url: str, message: dict[str, object]) -> None:
         import httpx
 
         answer = httpx.post(url, content=orjson.dumps(message), headers={"Content-Type": "application/json"}, timeout=30)

@@ -14,7 +14,6 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from tfservo.core.errors import InvalidArgument
 from tfservo.core.processes import identity_alive, process_identity
@@ -80,7 +79,7 @@ class AsyncRequest(_Call):
     attempts: int
     reason: str | None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         """For GET /async-invocations/{id}: its state, times and locations."""
         return {
             "InferenceId": self.id, "State": self.state, "InputLocation": self.input,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -31,7 +30,7 @@ class RecordOutput:
 
     line: bytes
     kind: str  # "json", "csv" or "raw"
-    value: Any = _MISSING  # the parsed JSON value ("json" only)
+    value: object = _MISSING  # the parsed JSON value ("json" only)
 
     @property
     def has_value(self) -> bool:
@@ -75,7 +74,7 @@ def whole_response(body: bytes) -> RecordOutput:
     return _raw(body)
 
 
-def _split_json(doc: Any, count: int) -> list[RecordOutput]:
+def _split_json(doc: object, count: int) -> list[RecordOutput]:
     keyed = isinstance(doc, dict) and any(key in doc for key in TFS_RESPONSE_KEYS)
     if keyed:
         values = response_records(doc)

@@ -65,7 +65,7 @@ class ColumnBatch:
         """The request body: each record's sent fields and a line ending, as the per-record path sends them."""
         return _joined_lines(_fields([self.table.column(i) for i in self.payload]), b"\n")
 
-    def wire(self) -> tuple[Any, ...]:
+    def wire(self) -> tuple[object, ...]:
         """Plain bytes, ints and strings (what Beam's coder writes natively): the columns in
         Arrow's IPC stream format."""
         pa = _arrow()[0]

@@ -42,7 +42,7 @@ class Record:
     """One record's prediction: its name and what the model answered for it."""
 
     name: str
-    prediction: Any
+    prediction: object
 
 
 @dataclass
@@ -59,7 +59,7 @@ class Evaluation:
     unpredicted: list[str] = field(default_factory=list)  # labels with no record
     unusable: list[str] = field(default_factory=list)  # "record: why" (a prediction that is not one)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {
             "task": self.task, "matched": self.matched, "metrics": self.metrics, "classes": self.classes,
             "confusion_matrix_row_normalised": self.confusion,
@@ -93,7 +93,7 @@ def read_outputs(
     return records, unreadable
 
 
-def _parse_output(data: bytes, id_column: int | None) -> list[tuple[str | None, Any]]:
+def _parse_output(data: bytes, id_column: int | None) -> list[tuple[str | None, object]]:
     text = data.decode("utf-8", errors="strict") if data else ""
     stripped = text.strip()
     if not stripped:
@@ -113,7 +113,7 @@ def _parse_output(data: bytes, id_column: int | None) -> list[tuple[str | None, 
             return [(None, doc)]
         if doc is not None:
             return [(None, doc)]
-        out: list[tuple[str | None, Any]] = []
+        out: list[tuple[str | None, object]] = []
         for n, line in enumerate(stripped.splitlines(), start=1):
             if line.strip():
                 try:
@@ -141,11 +141,11 @@ def _parse_output(data: bytes, id_column: int | None) -> list[tuple[str | None, 
     return out
 
 
-def _as_list(value: Any) -> list[Any]:
+def _as_list(value: object) -> list[object]:
     return value if isinstance(value, list) else [value]
 
 
-def _rows_of_outputs(outputs: Any) -> list[Any]:
+def _rows_of_outputs(outputs: object) -> list[object]:
     """TF Serving's columnar answer → one prediction per row."""
     if not isinstance(outputs, dict):
         return _as_list(outputs)
@@ -277,7 +277,7 @@ def evaluate(
                 continue
             truth.append(float(label))
             predicted.append(value)
-        metrics: dict[str, Any] = (
+        metrics: dict[str, object] = (
             {
                 "mae": float(skm.mean_absolute_error(truth, predicted)),
                 "rmse": float(math.sqrt(skm.mean_squared_error(truth, predicted))),
@@ -338,7 +338,7 @@ def _is_number(text: Any) -> bool:
         return False
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     while isinstance(value, list) and len(value) == 1:
         value = value[0]
     if isinstance(value, dict) and len(value) == 1:
@@ -350,7 +350,7 @@ def _is_integer(text: Any) -> bool:
     return _is_number(text) and float(text).is_integer()
 
 
-def _class_index(label: Any, index: Mapping[str, int], names: Sequence[str]) -> int | None:
+def _class_index(label: object, index: Mapping[str, int], names: Sequence[str]) -> int | None:
     """A label or predicted class (a name, or an index into `names`) as an index into `names`."""
     if isinstance(label, int) and not isinstance(label, bool):
         return label if 0 <= label < len(names) else None
@@ -362,7 +362,7 @@ def _class_index(label: Any, index: Mapping[str, int], names: Sequence[str]) -> 
     return None
 
 
-def _raw_class(prediction: Any) -> str | int | None:
+def _raw_class(prediction: object) -> str | int | None:
     """What a prediction says the class is: a name (str) or an index into the model's classes
     (an id, or the argmax of scores); None when it says neither."""
     if isinstance(prediction, dict):
@@ -407,7 +407,7 @@ def _class_names(raw: Sequence[tuple[Record, str, str | int | None]]) -> list[st
     return sorted(named, key=_natural)
 
 
-def _argmax(values: Any) -> int | None:
+def _argmax(values: object) -> int | None:
     flat = values
     while isinstance(flat, list) and len(flat) == 1 and isinstance(flat[0], list):
         flat = flat[0]

@@ -1,13 +1,19 @@
 """A batch transform job: SageMaker's CreateTransformJob parameters as one validated value.
 
-The CLI turns flags into a TransformJob; the local engine (and any other runner) takes one.
-Names and values follow SageMaker's API (`Line`, `MultiRecord`, `Input`, ...).
+Each parameter is declared once, as a field of `TransformJob` made by `parameter(...)`: its
+default, `tfservo transform`'s flag, its help, its choices, where CreateTransformJob's request
+carries it and whether it decides what the outputs hold. The command's options
+(`tfservo.cli.transform`), the SageMaker SDK's CreateTransformJob (`sagemaker_sdk.control_plane`),
+the choice checks and the resume key all read `parameters()`. Names and values follow
+SageMaker's API (`Line`, `MultiRecord`, `Input`, ...).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tfservo.batch.jsonpath import JsonPath, JsonPathError, parse_jsonpath
@@ -23,6 +29,9 @@ __all__ = [
     "ON_RECORD_ERROR",
     "SPLIT_TYPES",
     "JobError",
+    "JobParameter",
+    "api_values",
+    "parameters",
     "parse_env",
     "record_format",
     "TransformJob",
@@ -37,9 +46,40 @@ DATA_TYPES = ("S3Prefix", "ManifestFile")
 ON_RECORD_ERROR = ("fail", "skip")
 
 
-
 class JobError(InvalidArgument):
     """A job parameter, or a combination of them, that cannot work; the message says which."""
+
+
+@dataclass(frozen=True)
+class JobParameter:
+    """One declared job parameter: everything but its value."""
+
+    name: str  # the TransformJob field
+    flag: str  # tfservo transform's
+    kind: type  # str, int, float, bool (a flag that only turns on) or dict (KEY=VALUE, repeatable)
+    default: object
+    help: str
+    choices: tuple[str, ...] | None = None  # SageMaker's spelling; any case is accepted
+    metavar: str | None = None
+    api: tuple[str, ...] = ()  # the keys of CreateTransformJob's request that lead to it
+    decides_output: bool = False  # a rerun with another value cannot resume the outputs
+
+
+def parameter(
+    default: object,
+    flag: str,
+    *,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+    api: tuple[str, ...] = (),
+    decides_output: bool = False,
+) -> Any:
+    """A TransformJob field with its declaration (name and kind come from the field)."""
+    spec = dict(flag=flag, help=help, choices=choices, metavar=metavar, api=api, decides_output=decides_output)
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata={"parameter": spec})
+    return field(default=default, metadata={"parameter": spec})
 
 
 @dataclass(frozen=True)
@@ -49,26 +89,75 @@ class TransformJob:
     model: str
     input: str
     output: str
-    content_type: str | None = None
-    accept: str | None = None
-    split_type: str = "None"
-    batch_strategy: str = "MultiRecord"
-    max_payload_mb: float = 6.0
-    max_concurrent_transforms: int = 0  # 0: one per CPU core
-    assemble_with: str = "None"
-    input_filter: str | None = None
-    output_filter: str | None = None
-    join_source: str = "None"
-    compression_type: str = "None"
-    data_type: str = "S3Prefix"
-    custom_attributes: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    on_record_error: str = "fail"
-    placeholder: str = ""
-    overwrite: bool = False
-    state_dir: str | None = None  # None: beside OUTPUT (see state_url)
-    data_capture: str | None = None  # BatchDataCaptureConfig's DestinationS3Uri: a folder or s3:// prefix
-    generate_inference_id: bool = False  # ... and its GenerateInferenceId
+    content_type: str | None = parameter(
+        None, "--content-type", api=("TransformInput", "ContentType"), decides_output=True,
+        help="Content type of every request, e.g. text/csv, application/jsonlines, application/x-image "
+        "[default: application/json, as SageMaker sends for a job without a ContentType].")
+    accept: str | None = parameter(
+        None, "--accept", api=("TransformOutput", "Accept"), decides_output=True,
+        help="Accept of each request [default: application/json].")
+    split_type: str = parameter(
+        "None", "--split-type", choices=SPLIT_TYPES, api=("TransformInput", "SplitType"), decides_output=True,
+        help="How objects are cut into records; None sends each object whole.")
+    batch_strategy: str = parameter(
+        "MultiRecord", "--batch-strategy", choices=BATCH_STRATEGIES, api=("BatchStrategy",),
+        help="MultiRecord packs records up to --max-payload per request; SingleRecord sends one each.")
+    max_payload_mb: float = parameter(
+        6.0, "--max-payload", metavar="MB", api=("MaxPayloadInMB",),
+        help="Largest request body in MB (fractions allowed); a bigger single record fails its object.")
+    max_concurrent_transforms: int = parameter(
+        0, "--max-concurrent-transforms", metavar="N", api=("MaxConcurrentTransforms",),
+        help="Requests in flight at once [default: one per CPU core].")
+    assemble_with: str = parameter(
+        "None", "--assemble-with", choices=ASSEMBLE_WITH, api=("TransformOutput", "AssembleWith"),
+        decides_output=True,
+        help="Line: one output line per record (answers split per record); None: bodies concatenated.")
+    input_filter: str | None = parameter(
+        None, "--input-filter", metavar="JSONPATH", api=("DataProcessing", "InputFilter"), decides_output=True,
+        help="Part of each CSV/JSON record to send, e.g. '$[1:]' (drop an id column) or '$.features'.")
+    output_filter: str | None = parameter(
+        None, "--output-filter", metavar="JSONPATH", api=("DataProcessing", "OutputFilter"), decides_output=True,
+        help="Part of each (joined) output record to keep, e.g. '$[0,-1]' or \"$['id','SageMakerOutput']\".")
+    join_source: str = parameter(
+        "None", "--join-source", choices=JOIN_SOURCES, api=("DataProcessing", "JoinSource"), decides_output=True,
+        help="Input: join each output to its input record (CSV: appended columns; JSON: SageMakerOutput).")
+    compression_type: str = parameter(
+        "None", "--compression-type", choices=COMPRESSION_TYPES, api=("TransformInput", "CompressionType"),
+        decides_output=True, help="Gzip: input objects are gzip files (outputs are not compressed).")
+    data_type: str = parameter(
+        "S3Prefix", "--data-type", choices=DATA_TYPES, api=("TransformInput", "DataSource", "S3DataSource", "S3DataType"),
+        help="S3Prefix: INPUT is a folder, file or prefix; ManifestFile: INPUT is a SageMaker manifest "
+        "([{\"prefix\": ...}, \"key\", ...]).")
+    custom_attributes: str | None = parameter(
+        None, "--custom-attributes", decides_output=True,
+        help="X-Amzn-SageMaker-Custom-Attributes sent with each request, e.g. 'tfs-model-name=m,tfs-method=regress'.")
+    env: dict[str, str] = parameter(
+        {}, "--env", metavar="KEY=VALUE", decides_output=True,
+        help="Environment for the model service, set before it loads (repeatable), "
+        "e.g. SAGEMAKER_TFS_DEFAULT_MODEL_NAME=half_plus_three.")
+    on_record_error: str = parameter(
+        "fail", "--on-record-error", choices=ON_RECORD_ERROR, decides_output=True,
+        help="fail: a bad record fails its object (SageMaker's way); skip: write --placeholder for it, "
+        "put it in <name>.deadletter.jsonl and go on.")
+    placeholder: str = parameter(
+        "", "--placeholder", metavar="TEXT", decides_output=True,
+        help="Output line written for a skipped record [default: an empty line].")
+    overwrite: bool = parameter(
+        False, "--overwrite",
+        help="Redo every object; by default objects whose .out exists are skipped (resume).")
+    state_dir: str | None = parameter(  # None: beside OUTPUT (see state_url)
+        None, "--state-dir", metavar="URL",
+        help="Where the job's description (for resume), failure report and dead letters go, so that "
+        "OUTPUT holds only .out files [default: <OUTPUT>.tfservo-state, beside OUTPUT].")
+    data_capture: str | None = parameter(
+        None, "--data-capture", metavar="DEST", api=("DataCaptureConfig", "DestinationS3Uri"),
+        help="Data Capture (SageMaker's BatchDataCaptureConfig DestinationS3Uri): each request and its answer "
+        "as a line of Model Monitor's format, one file per object under DEST/yyyy/mm/dd/hh/, published with "
+        "its .out; DEST is a folder or an s3:// prefix.")
+    generate_inference_id: bool = parameter(
+        False, "--generate-inference-id", api=("DataCaptureConfig", "GenerateInferenceId"),
+        help="With --data-capture (BatchDataCaptureConfig's GenerateInferenceId): each captured request's "
+        "inferenceId is OBJECT:RECORD, naming the object and its first record.")
     trace_parent: str | None = None  # the job span's W3C traceparent, for workers' request spans
 
     @property
@@ -115,38 +204,23 @@ class TransformJob:
             or self.join_source == "Input"
         )
 
-    def output_flags(self) -> dict[str, Any]:
+    def output_flags(self) -> dict[str, object]:
         """The flags that decide what the outputs hold, by flag name: a rerun with other values
         cannot resume these outputs. Request packing counts only where answers are concatenated."""
-        flags: dict[str, Any] = {
-            "--content-type": self.content_type,
-            "--accept": self.accept,
-            "--split-type": self.split_type,
-            "--assemble-with": self.assemble_with,
-            "--input-filter": self.input_filter,
-            "--output-filter": self.output_filter,
-            "--join-source": self.join_source,
-            "--compression-type": self.compression_type,
-            "--custom-attributes": self.custom_attributes,
-            "--env": dict(sorted(self.env.items())),
-            "--on-record-error": self.on_record_error,
-            "--placeholder": self.placeholder,
-        }
-        if self.split_type != "None" and not self.per_record:  # each request's answer is a piece of the .out
-            flags["--batch-strategy"] = self.batch_strategy
-            flags["--max-payload"] = self.max_payload_mb
+        packing = self.split_type != "None" and not self.per_record  # each answer is a piece of the .out
+        flags: dict[str, object] = {}
+        for declared in parameters():
+            if declared.decides_output or (packing and declared.name in ("batch_strategy", "max_payload_mb")):
+                value = getattr(self, declared.name)
+                flags[declared.flag] = dict(sorted(value.items())) if isinstance(value, dict) else value
         return flags
 
     def validated(self) -> TransformJob:
         """The job with canonical spellings, or JobError naming the flag that is wrong."""
         values = {
-            "split_type": _choice("--split-type", self.split_type, SPLIT_TYPES),
-            "batch_strategy": _choice("--batch-strategy", self.batch_strategy, BATCH_STRATEGIES),
-            "assemble_with": _choice("--assemble-with", self.assemble_with, ASSEMBLE_WITH),
-            "join_source": _choice("--join-source", self.join_source, JOIN_SOURCES),
-            "compression_type": _choice("--compression-type", self.compression_type, COMPRESSION_TYPES),
-            "data_type": _choice("--data-type", self.data_type, DATA_TYPES),
-            "on_record_error": _choice("--on-record-error", self.on_record_error, ON_RECORD_ERROR),
+            declared.name: _choice(declared.flag, getattr(self, declared.name), declared.choices)
+            for declared in parameters()
+            if declared.choices
         }
         job = TransformJob(**{**asdict(self), **values})
         job._check()
@@ -210,6 +284,38 @@ def default_state_dir(output: str) -> str:
     if not stripped:
         raise JobError(f"OUTPUT {output!r} is not a folder or prefix; pass --state-dir")
     return stripped + STATE_SUFFIX
+
+
+def parameters() -> tuple[JobParameter, ...]:
+    """Every declared parameter, in the order `tfservo transform --help` lists them."""
+    return _PARAMETERS
+
+
+def _declared() -> tuple[JobParameter, ...]:
+    declared = []
+    for item in fields(TransformJob):
+        spec = item.metadata.get("parameter")
+        if spec is None:
+            continue
+        default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+        kind = type(default) if default is not None else str
+        declared.append(JobParameter(name=item.name, kind=kind, default=default, **spec))
+    return tuple(declared)
+
+
+_PARAMETERS = _declared()
+
+
+def api_values(request: Mapping[str, object]) -> dict[str, object]:
+    """The declared parameters a CreateTransformJob request gives, by field name."""
+    values: dict[str, object] = {}
+    for declared in _PARAMETERS:
+        node: object = request
+        for key in declared.api:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if declared.api and node is not None:
+            values[declared.name] = node
+    return values
 
 
 def record_format(content_type: str | None) -> str | None:

@@ -128,7 +128,7 @@ class DataProcessing:
         if not self.join_input and self.output_filter is None:
             return output.line
         if self.record_format == "csv" or (not self.join_input and output.kind == "csv"):
-            joined: Any = (parse_csv(data) if self.join_input else []) + output_fields(output)
+            joined: object = (parse_csv(data) if self.join_input else []) + output_fields(output)
             if self.output_filter is not None:
                 joined = self._select(self.output_filter, joined, "output")
             return _write_csv(joined)
@@ -143,7 +143,7 @@ class DataProcessing:
             result = self._select(self.output_filter, result, "output")
         return orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
 
-    def _select(self, path: JsonPath, value: Any, which: str) -> Any:
+    def _select(self, path: JsonPath, value: object, which: str) -> object:
         try:
             return path.select(value)
         except JsonPathError as exc:
@@ -178,7 +178,7 @@ def parse_csv(data: bytes) -> Fields:
     return rows[0][1]
 
 
-def parse_json(data: bytes) -> Any:
+def parse_json(data: bytes) -> object:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -194,7 +194,7 @@ def output_fields(output: RecordOutput) -> Fields:
     return [(output.line.decode("utf-8", errors="replace"), False)]
 
 
-def output_value(output: RecordOutput) -> Any:
+def output_value(output: RecordOutput) -> object:
     """The output as a JSON value: parsed JSON, a CSV row as a list (numbers as numbers)."""
     if output.has_value:
         return output.value
@@ -204,7 +204,7 @@ def output_value(output: RecordOutput) -> Any:
     return output.line.decode("utf-8", errors="replace")
 
 
-def _write_csv(selected: Any) -> bytes:
+def _write_csv(selected: object) -> bytes:
     """A selection from a CSV record (one field or a list of them) as a CSV line."""
     if isinstance(selected, list):
         return csv_line([f if isinstance(f, tuple) else (_cell(f), False) for f in selected])
@@ -213,7 +213,7 @@ def _write_csv(selected: Any) -> bytes:
     return csv_line([(_cell(selected), False)])
 
 
-def _flatten(value: Any) -> list[Any]:
+def _flatten(value: object) -> list[object]:
     if isinstance(value, list):
         return [x for item in value for x in _flatten(item)]
     if isinstance(value, dict):
@@ -221,7 +221,7 @@ def _flatten(value: Any) -> list[Any]:
     return [value]
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if isinstance(value, str):
         return value
     if value is None:
@@ -229,7 +229,7 @@ def _cell(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _number(text: str) -> Any:
+def _number(text: str) -> object:
     try:
         return orjson.loads(text.strip())
     except orjson.JSONDecodeError:

@@ -11,7 +11,6 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["JsonPath", "JsonPathError", "parse_jsonpath"]
 
@@ -28,7 +27,7 @@ class _Key:
     name: str
     many = False
 
-    def apply(self, value: Any, text: str) -> Any:
+    def apply(self, value: object, text: str) -> object:
         return _get(value, self.name, text)
 
 
@@ -37,7 +36,7 @@ class _Keys:
     names: tuple[str, ...]
     many = False
 
-    def apply(self, value: Any, text: str) -> Any:
+    def apply(self, value: object, text: str) -> object:
         return {name: _get(value, name, text) for name in self.names}
 
 
@@ -46,7 +45,7 @@ class _Index:
     index: int
     many = False
 
-    def apply(self, value: Any, text: str) -> Any:
+    def apply(self, value: object, text: str) -> object:
         return _at(value, self.index, text)
 
 
@@ -55,8 +54,8 @@ class _Union:
     items: tuple[int | slice, ...]
     many = True
 
-    def apply(self, value: Any, text: str) -> Any:
-        out: list[Any] = []
+    def apply(self, value: object, text: str) -> object:
+        out: list[object] = []
         for item in self.items:
             if isinstance(item, slice):
                 if not isinstance(value, list):
@@ -71,7 +70,7 @@ class _Union:
 class _Wildcard:
     many = True
 
-    def apply(self, value: Any, text: str) -> Any:
+    def apply(self, value: object, text: str) -> object:
         if isinstance(value, dict):
             return list(value.values())
         if isinstance(value, list):
@@ -93,7 +92,7 @@ class JsonPath:
     def is_root(self) -> bool:
         return not self.steps
 
-    def field_picker(self) -> Callable[[list[Any]], list[Any]] | None:
+    def field_picker(self) -> Callable[[list[object]], list[object]] | None:
         """For a path of one index or index/slice list (`$[1:]`, `$[0,-1]`, `$[2]`): a function
         picking those fields from a list as a list (IndexError when one is missing), the fast
         form of `select` for CSV records; None for other paths."""
@@ -109,12 +108,12 @@ class JsonPath:
         if all(isinstance(item, int) for item in items):
             get = operator.itemgetter(*items)
             return (lambda fields: [get(fields)]) if len(items) == 1 else (lambda fields: list(get(fields)))
-        if len(items) == 1:
-            only = items[0]
+        only = items[0]
+        if len(items) == 1 and isinstance(only, slice):
             return lambda fields: fields[only]
 
-        def pick(fields: list[Any]) -> list[Any]:
-            out: list[Any] = []
+        def pick(fields: list[object]) -> list[object]:
+            out: list[object] = []
             for item in items:
                 if isinstance(item, slice):
                     out.extend(fields[item])
@@ -124,11 +123,12 @@ class JsonPath:
 
         return pick
 
-    def select(self, value: Any) -> Any:
+    def select(self, value: object) -> object:
         """The part of `value` the path names; JsonPathError says which step found nothing."""
         many = False
         for step in self.steps:
             if many:
+                assert isinstance(value, list)  # a step that gives many gives a list
                 value = [step.apply(item, self.text) for item in value]
             else:
                 value = step.apply(value, self.text)
@@ -136,7 +136,7 @@ class JsonPath:
         return value
 
 
-def _get(value: Any, name: str, text: str) -> Any:
+def _get(value: object, name: str, text: str) -> object:
     if not isinstance(value, dict):
         raise JsonPathError(f"{text}: key {name!r} needs an object, found {_kind(value)}")
     if name not in value:
@@ -145,7 +145,7 @@ def _get(value: Any, name: str, text: str) -> Any:
     return value[name]
 
 
-def _at(value: Any, index: int, text: str) -> Any:
+def _at(value: object, index: int, text: str) -> object:
     if not isinstance(value, list):
         raise JsonPathError(f"{text}: index {index} needs an array, found {_kind(value)}")
     if not -len(value) <= index < len(value):
@@ -156,7 +156,7 @@ def _at(value: Any, index: int, text: str) -> Any:
     return value[index]
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     if isinstance(value, list):

@@ -76,7 +76,7 @@ class DeadLetter:
     error: str
 
     def to_json(self, obj: InputObject) -> bytes:
-        doc: dict[str, Any] = {"object": obj.rel, "input": obj.url, "where": self.where, "record": self.index}
+        doc: dict[str, object] = {"object": obj.rel, "input": obj.url, "where": self.where, "record": self.index}
         try:
             doc["data"] = self.data.decode("utf-8")
         except UnicodeDecodeError:
@@ -193,12 +193,12 @@ def bundle_versions(bundles: Iterable[Bundle]) -> dict[str, list[int]]:
     return {name: sorted(source.versions) for bundle in bundles for name, source in bundle.models.items()}
 
 
-def job_description(job: TransformJob, versions: dict[str, list[int]] | None = None) -> dict[str, Any]:
+def job_description(job: TransformJob, versions: dict[str, list[int]] | None = None) -> dict[str, object]:
     """What decides the bytes of the job's outputs: the bundle, its models' versions (None: not
     known yet, and then not compared) and the flags that shape the outputs."""
     fs, path = url_to_fs(job.model)
     model = display_url(fs, os.path.realpath(path) if is_local(fs) else path.rstrip("/"))
-    doc: dict[str, Any] = {"model": model, "flags": job.output_flags()}
+    doc: dict[str, object] = {"model": model, "flags": job.output_flags()}
     if versions is not None:
         doc["versions"] = versions
     return doc
@@ -222,8 +222,8 @@ def setting_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[s
 
 
 def check_settings(
-    state: OutputStore, job: TransformJob, current: dict[str, Any]
-) -> tuple[dict[str, Any] | None, list[str]]:
+    state: OutputStore, job: TransformJob, current: dict[str, object]
+) -> tuple[dict[str, object] | None, list[str]]:
     """(the recorded description or None, what `current` changes); JobError when the outputs
     in OUTPUT were made with other settings and --overwrite is not given. A description an
     earlier tfservo left inside OUTPUT counts too."""
@@ -335,7 +335,7 @@ def _move_legacy_state(
     return moved
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return "unset" if value is None else orjson.dumps(value).decode()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tfservo.core.json_files import read_json_file
 from tfservo.core.settings import ConfigError
@@ -45,7 +44,7 @@ def read_capture_config(path: str) -> CaptureConfig:
     return capture_config_from_dict(doc, path)
 
 
-def capture_config_from_dict(doc: Any, where: str = "DataCaptureConfig") -> CaptureConfig:
+def capture_config_from_dict(doc: object, where: str = "DataCaptureConfig") -> CaptureConfig:
     """DataCaptureConfig's fields (CreateEndpointConfig's names) as a CaptureConfig."""
     if not isinstance(doc, Mapping):
         raise ConfigError(f"{where}: expected a JSON object with DestinationS3Uri, InitialSamplingPercentage and CaptureOptions")
@@ -73,7 +72,7 @@ def capture_config_from_dict(doc: Any, where: str = "DataCaptureConfig") -> Capt
     )
 
 
-def _capture_modes(options: Any, where: str) -> set[str]:
+def _capture_modes(options: object, where: str) -> set[str]:
     if not isinstance(options, Sequence) or isinstance(options, str) or not options:
         raise ConfigError(f'{where}: CaptureOptions must be a list such as [{{"CaptureMode": "Input"}}, {{"CaptureMode": "Output"}}]')
     modes = set()
@@ -85,7 +84,7 @@ def _capture_modes(options: Any, where: str) -> set[str]:
     return modes
 
 
-def _media_types(value: Any, where: str) -> tuple[str, ...]:
+def _media_types(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, Sequence) or isinstance(value, str) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f'{where} must be a list of media types such as ["text/csv"]')
     return tuple(v.split(";", 1)[0].strip().lower() for v in value)

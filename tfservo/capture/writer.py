@@ -59,7 +59,7 @@ class CaptureEvent:
 
 def capture_line(config: CaptureConfig, event: CaptureEvent) -> bytes:
     """The event as one line of Model Monitor's capture format."""
-    data: dict[str, Any] = {}
+    data: dict[str, object] = {}
     if config.capture_input:
         data["endpointInput"] = _payload(config, "INPUT", event.request_type, event.request_body)
     if config.capture_output:

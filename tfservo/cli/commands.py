@@ -18,14 +18,14 @@ def main() -> None:
     """Serve, inspect, invoke and batch-transform SageMaker-style TensorFlow model bundles."""
 
 
-def _setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def _setting_options(command: Callable[..., object]) -> Callable[..., object]:
     """One click option per declared setting that has flags (tfservo.core.settings): type, flags,
     help and choices come from the declaration. Every option defaults to None, "not given", so
     the environment and the declared default apply; a flag (bool) can only turn a setting on."""
     for option in reversed(options()):
         if not option.flags:
             continue
-        kind: Any = option.kind
+        kind: object = option.kind
         if option.existing_file:
             kind = click.Path(exists=True, dir_okay=False)
         elif option.choices:
@@ -40,7 +40,7 @@ def _setting_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @main.command()
 @click.argument("paths", nargs=-1, metavar="[PATH]...")
 @_setting_options
-def serve(paths: tuple[str, ...], **flags: Any) -> None:
+def serve(paths: tuple[str, ...], **flags: object) -> None:
     """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
 
     PATH is a model dir with numeric versions, a dir of several models, a model.tar.gz,

@@ -38,7 +38,7 @@ DEFAULT_REST_PORT = 8501
 @dataclass(frozen=True)
 class Flag:
     kind: type  # int, float, str or bool
-    default: Any
+    default: object
     acted_on: bool = True  # False: accepted, warned about, ignored
 
 
@@ -84,9 +84,9 @@ TF_SERVING_FLAGS: dict[str, Flag] = {
 _TRUE, _FALSE = {"true", "1", "yes", "t", "y"}, {"false", "0", "no", "f", "n"}
 
 
-def parse_tfs_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+def parse_tfs_args(argv: Sequence[str]) -> tuple[dict[str, object], list[str]]:
     """absl-style flags → ({name: value} of those given, names given but not acted on)."""
-    given: dict[str, Any] = {}
+    given: dict[str, object] = {}
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -120,7 +120,7 @@ def parse_tfs_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     return given, ignored
 
 
-def _convert(name: str, flag: Flag, text: str) -> Any:
+def _convert(name: str, flag: Flag, text: str) -> object:
     if flag.kind is bool:
         low = text.lower()
         if low not in _TRUE | _FALSE:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -19,61 +21,30 @@ class _AnyCase(click.Choice):
         return super().convert(value, param, ctx)
 
 
+def _job_options(command: Callable[..., object]) -> Callable[..., object]:
+    """One click option per declared job parameter (tfservo.batch.job): flag, type, default,
+    help and choices come from the declaration."""
+    from tfservo.batch.job import parameters
+
+    for declared in reversed(parameters()):
+        extra: dict[str, Any]
+        if declared.kind is bool:
+            extra = {"is_flag": True, "default": False}
+        elif declared.kind is dict:
+            extra = {"multiple": True, "default": ()}
+        else:
+            kind: Any = _AnyCase(list(declared.choices)) if declared.choices else declared.kind
+            extra = {"type": kind, "default": declared.default, "show_default": bool(declared.default)}
+        command = click.option(declared.flag, declared.name, help=declared.help, metavar=declared.metavar,
+                               **extra)(command)
+    return command
+
 
 @click.command()
 @click.argument("model")
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
-@click.option("--content-type", default=None,
-              help="Content type of every request, e.g. text/csv, application/jsonlines, application/x-image "
-              "[default: application/json, as SageMaker sends for a job without a ContentType].")
-@click.option("--accept", default=None, help="Accept of each request [default: application/json].")
-@click.option("--split-type", type=_AnyCase(["None", "Line", "RecordIO", "TFRecord"]),
-              default="None", show_default=True,
-              help="How objects are cut into records; None sends each object whole.")
-@click.option("--batch-strategy", type=_AnyCase(["MultiRecord", "SingleRecord"]),
-              default="MultiRecord", show_default=True,
-              help="MultiRecord packs records up to --max-payload per request; SingleRecord sends one each.")
-@click.option("--max-payload", "max_payload_mb", type=float, default=6.0, show_default=True, metavar="MB",
-              help="Largest request body in MB (fractions allowed); a bigger single record fails its object.")
-@click.option("--max-concurrent-transforms", type=int, default=0, metavar="N",
-              help="Requests in flight at once [default: one per CPU core].")
-@click.option("--assemble-with", type=_AnyCase(["None", "Line"]), default="None", show_default=True,
-              help="Line: one output line per record (answers split per record); None: bodies concatenated.")
-@click.option("--input-filter", default=None, metavar="JSONPATH",
-              help="Part of each CSV/JSON record to send, e.g. '$[1:]' (drop an id column) or '$.features'.")
-@click.option("--output-filter", default=None, metavar="JSONPATH",
-              help="Part of each (joined) output record to keep, e.g. '$[0,-1]' or \"$['id','SageMakerOutput']\".")
-@click.option("--join-source", type=_AnyCase(["None", "Input"]), default="None", show_default=True,
-              help="Input: join each output to its input record (CSV: appended columns; JSON: SageMakerOutput).")
-@click.option("--compression-type", type=_AnyCase(["None", "Gzip"]), default="None",
-              show_default=True, help="Gzip: input objects are gzip files (outputs are not compressed).")
-@click.option("--data-type", type=_AnyCase(["S3Prefix", "ManifestFile"]), default="S3Prefix",
-              show_default=True,
-              help="S3Prefix: INPUT is a folder, file or prefix; ManifestFile: INPUT is a SageMaker manifest "
-              "([{\"prefix\": ...}, \"key\", ...]).")
-@click.option("--custom-attributes", default=None,
-              help="X-Amzn-SageMaker-Custom-Attributes sent with each request, e.g. 'tfs-model-name=m,tfs-method=regress'.")
-@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
-              help="Environment for the model service, set before it loads (repeatable), "
-              "e.g. SAGEMAKER_TFS_DEFAULT_MODEL_NAME=half_plus_three.")
-@click.option("--on-record-error", type=_AnyCase(["fail", "skip"]), default="fail", show_default=True,
-              help="fail: a bad record fails its object (SageMaker's way); skip: write --placeholder for it, "
-              "put it in <name>.deadletter.jsonl and go on.")
-@click.option("--placeholder", default="", metavar="TEXT",
-              help="Output line written for a skipped record [default: an empty line].")
-@click.option("--state-dir", default=None, metavar="URL",
-              help="Where the job's description (for resume), failure report and dead letters go, so that "
-              "OUTPUT holds only .out files [default: <OUTPUT>.tfservo-state, beside OUTPUT].")
-@click.option("--data-capture", default=None, metavar="DEST",
-              help="Data Capture (SageMaker's BatchDataCaptureConfig DestinationS3Uri): each request and its answer "
-              "as a line of Model Monitor's format, one file per object under DEST/yyyy/mm/dd/hh/, published with "
-              "its .out; DEST is a folder or an s3:// prefix.")
-@click.option("--generate-inference-id", is_flag=True, default=False,
-              help="With --data-capture (BatchDataCaptureConfig's GenerateInferenceId): each captured request's "
-              "inferenceId is OBJECT:RECORD, naming the object and its first record.")
-@click.option("--overwrite", is_flag=True, default=False,
-              help="Redo every object; by default objects whose .out exists are skipped (resume).")
+@_job_options
 @click.option("--follow", is_flag=True, default=False,
               help="Keep watching INPUT and transform each new object as it lands (once it has stood still for "
               "a poll), until SIGINT or SIGTERM, which stop once the objects in flight are done; on the local engine or "
@@ -107,7 +78,7 @@ class _AnyCase(click.Choice):
 @click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
               help="A Beam pipeline option for --runner beam (repeatable), e.g. direct_num_workers=2 or "
               "project=my-project.")
-def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, metrics_port, progress, log_level, runner, ray_address,
+def transform(model, input_url, output_url, env, follow, poll_seconds, metrics_port, progress, log_level, runner, ray_address,
               spark_master, workers, beam_runner, beam_options, **flags) -> None:
     """Run a SageMaker-style batch transform of INPUT into OUTPUT on this machine.
 
@@ -126,7 +97,7 @@ def transform(model, input_url, output_url, env_pairs, follow, poll_seconds, met
 
     setup_logging(log_level)
     try:
-        job = TransformJob(model=model, input=input_url, output=output_url, env=parse_env(env_pairs), **flags).validated()
+        job = TransformJob(model=model, input=input_url, output=output_url, env=parse_env(env), **flags).validated()
     except JobError as exc:
         raise click.UsageError(exc.message) from None
     beam = None

@@ -15,7 +15,6 @@ import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import orjson
@@ -178,7 +177,7 @@ def parse_content_type(header: str | None) -> MediaType:
 # -- requests ---------------------------------------------------------------------------------
 
 
-def to_tfs_request(body: bytes, content_type: str | None) -> dict[str, Any]:
+def to_tfs_request(body: bytes, content_type: str | None) -> dict[str, object]:
     """Convert an invocation body to a TF Serving REST request, as the container does.
 
     The body is parsed once: a JSON body that already is a TF Serving request (top-level
@@ -236,7 +235,7 @@ def _decode(body: bytes, media: MediaType, content_type: str) -> tuple[str, bool
     return text, changed
 
 
-def _json_request(text: str, content_type: str) -> dict[str, Any]:
+def _json_request(text: str, content_type: str) -> dict[str, object]:
     """The container's json_request, with real JSON parsing instead of its regexes (a
     request of plain numbers has been read already, see to_tfs_request)."""
     if not text.strip():
@@ -257,7 +256,7 @@ def _json_request(text: str, content_type: str) -> dict[str, Any]:
     return {"instances": [doc]}
 
 
-def _json_lines(text: str, whole: json_codec.JsonSyntaxError, content_type: str) -> list[Any]:
+def _json_lines(text: str, whole: json_codec.JsonSyntaxError, content_type: str) -> list[object]:
     """One instance per non-blank line; a body whose first line is not JSON is reported whole."""
     lines = [(i, line.strip()) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
     if len(lines) < 2:
@@ -295,7 +294,7 @@ _UNQUOTED = re.compile(r"[^,\n]*")
 _BLANKS = re.compile(r"[ \t]*")
 
 
-def csv_instances(text: str) -> list[Any]:
+def csv_instances(text: str) -> list[object]:
     """A CSV body as TF Serving instances: one per row, a one-column row as a scalar.
 
     Unquoted numbers become JSON numbers (ints stay ints), every other field a string; blank
@@ -330,24 +329,25 @@ def numeric_csv(raw: bytes, text: str) -> NumericTensor | None:
     return NumericTensor(values.reshape((rows,) if fields == 1 else (rows, fields)), lambda: csv_instances(text))
 
 
-def merge_instances(parts: list[Any]) -> Any | None:
+def merge_instances(parts: Sequence[NumericTensor | list[object]]) -> NumericTensor | list[object] | None:
     """The instances of several converted bodies as one list or array, in order; None when they
     cannot form one request (arrays of different shapes)."""
     if not parts:
         return None
-    if all(isinstance(p, NumericTensor) for p in parts):
-        tails = {p.values.shape[1:] for p in parts}
+    tensors = [p for p in parts if isinstance(p, NumericTensor)]
+    if len(tensors) == len(parts):
+        tails = {p.values.shape[1:] for p in tensors}
         if len(tails) != 1:
             return None
-        values = np.concatenate([p.values for p in parts])
-        return NumericTensor(values, lambda: [v for p in parts for v in p.as_json()])
-    merged: list[Any] = []
+        values = np.concatenate([p.values for p in tensors])
+        return NumericTensor(values, lambda: [v for p in tensors for v in p.as_json()])
+    merged: list[object] = []
     for part in parts:
         merged.extend(part.as_json() if isinstance(part, NumericTensor) else part)
     return merged
 
 
-def _csv_value(field: str) -> Any:
+def _csv_value(field: str) -> object:
     stripped = field.strip()
     if _NUMBER.fullmatch(stripped):
         return int(stripped) if _INTEGER.fullmatch(stripped) else float(stripped)
@@ -477,7 +477,7 @@ def negotiate(accept: Sequence[str], offered: Sequence[str]) -> str:
     )
 
 
-def response_records(doc: Any) -> list[Any]:
+def response_records(doc: object) -> list[object]:
     """The per-instance records of a TF Serving answer (predictions, results or outputs)."""
     if not isinstance(doc, dict):
         return [doc]
@@ -495,7 +495,7 @@ def response_records(doc: Any) -> list[Any]:
     return [doc]
 
 
-def _csv_rows(records: Sequence[Any]) -> bytes:
+def _csv_rows(records: Sequence[object]) -> bytes:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for record in records:
@@ -503,7 +503,7 @@ def _csv_rows(records: Sequence[Any]) -> bytes:
     return out.getvalue().encode()
 
 
-def _flatten(value: Any) -> Iterator[Any]:
+def _flatten(value: object) -> Iterator[object]:
     if isinstance(value, (list, tuple)):
         for item in value:
             yield from _flatten(item)
@@ -514,7 +514,7 @@ def _flatten(value: Any) -> Iterator[Any]:
         yield value
 
 
-def _csv_cell(value: Any) -> str:
+def _csv_cell(value: object) -> str:
     """A JSON value as a CSV cell: numbers as JSON writes them (as the array path does)."""
     if value is None:
         return ""

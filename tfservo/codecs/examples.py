@@ -48,7 +48,7 @@ def build_examples(
     return [prefix + _example(ex, f"element: {i} of 'examples' list", types) for i, ex in enumerate(examples)]
 
 
-def _example(value: Any, where: str, types: Mapping[str, str]) -> bytes:
+def _example(value: object, where: str, types: Mapping[str, str]) -> bytes:
     try:
         if not isinstance(value, dict):
             raise InvalidArgument(
@@ -61,7 +61,7 @@ def _example(value: Any, where: str, types: Mapping[str, str]) -> bytes:
     return field(_EXAMPLE_FEATURES, entries) if entries else b""
 
 
-def _entry(name: str, content: Any, declared: str | None) -> bytes:
+def _entry(name: str, content: object, declared: str | None) -> bytes:
     try:
         key = name.encode("utf-8")
     except UnicodeEncodeError:
@@ -70,7 +70,7 @@ def _entry(name: str, content: Any, declared: str | None) -> bytes:
     return field(_FEATURES_ENTRY, field(_ENTRY_KEY, key) + field(_ENTRY_VALUE, feature))
 
 
-def _feature(name: str, values: list[Any], declared: str | None) -> bytes:
+def _feature(name: str, values: list[object], declared: str | None) -> bytes:
     """A serialized Feature; all values must be of one kind (TF Serving's AddValueToFeature)."""
     kind: str | None = None
     items: list[Any] = []

@@ -57,7 +57,7 @@ class NumericTensor:
 
 def parse_numeric_request(
     body: bytes, *, bounded_from: int = BOUNDED_FROM_BYTES, chunk_bytes: int = _CHUNK_BYTES
-) -> dict[str, Any] | None:
+) -> dict[str, object] | None:
     """The request object with its numeric arrays as NumericTensors, or None (see module doc).
     Bodies of `bounded_from` bytes or more are read `chunk_bytes` at a time where they can be."""
     if b"\\" in body:  # escapes could hide structure characters in names
@@ -100,7 +100,7 @@ def _same_field_counts(lines: bytes, fields: int) -> bool:
     return bool(np.all(np.diff(commas[ends], prepend=0) == fields - 1))
 
 
-def _with_parser(read: Callable[[Any], _T]) -> _T | None:
+def _with_parser(read: Callable[[object], _T]) -> _T | None:
     """`read(parser)` with this thread's simdjson parser; None when simdjson refuses the text."""
     try:
         import simdjson
@@ -116,7 +116,7 @@ def _with_parser(read: Callable[[Any], _T]) -> _T | None:
         return None
 
 
-def _read_one_array(parser: Any, body: bytes, chunk_bytes: int) -> dict[str, Any] | None:
+def _read_one_array(parser: object, body: bytes, chunk_bytes: int) -> dict[str, object] | None:
     """A body that is one numeric array under "instances" or "inputs" (and at most a
     "signature_name"), read without a document of the whole body; None for anything else."""
     first, last = body.find(b"["), body.rfind(b"]")
@@ -139,7 +139,7 @@ def _read_one_array(parser: Any, body: bytes, chunk_bytes: int) -> dict[str, Any
     return {**outer, key: NumericTensor(values.reshape(shape), lambda: _from_json(body)[key])}
 
 
-def _outer_object(prefix: bytes, suffix: bytes) -> dict[str, Any] | None:
+def _outer_object(prefix: bytes, suffix: bytes) -> dict[str, object] | None:
     """The object around the array, the array replaced by 0: one request key and at most a
     plain "signature_name"; None otherwise."""
     import orjson
@@ -182,7 +182,7 @@ def _skeleton_shape(skeleton: bytes) -> tuple[int, ...] | None:
     return shape if skeleton == _dense(shape) else None
 
 
-def _chunked_numbers(parser: Any, body: bytes, start: int, end: int, count: int, chunk_bytes: int) -> np.ndarray | None:
+def _chunked_numbers(parser: object, body: bytes, start: int, end: int, count: int, chunk_bytes: int) -> np.ndarray | None:
     """The `count` numbers in body[start:end], brackets ignored, parsed `chunk_bytes` at a time
     (cut at commas); see _fill_numbers."""
 
@@ -233,7 +233,7 @@ def _read(parser: Any, body: bytes) -> dict[str, Any] | None:
     keys = list(doc.keys())
     if len(set(keys)) != len(keys) or sum(k in keys for k in _REQUEST_KEYS) != 1:
         return None
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     expected: list[bytes] = []
     for key in keys:
         if _has_structure(key):

@@ -4,7 +4,7 @@ with their current codes: a signature that does not fit is INVALID_ARGUMENT)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -114,7 +114,7 @@ def _check_regress_outputs(signature: SignatureDef) -> None:
         raise InvalidArgument(f"No regression outputs found in SignatureDef: {_describe(signature)}")
 
 
-def _output(outputs: Mapping[str, Any], key: str, signature: SignatureDef) -> np.ndarray:
+def _output(outputs: Mapping[str, object], key: str, signature: SignatureDef) -> np.ndarray:
     if key not in outputs:
         raise InvalidArgument(
             f"Could not find output tensor '{key}' in the results of {_describe(signature)}"
@@ -133,14 +133,14 @@ def _check_matrix(arr: np.ndarray, key: str, want: str, batch: int) -> None:
         raise InvalidArgument(f"Expected {key} output batch size of {batch}. Got: {arr.shape[0]}")
 
 
-def _label(value: Any) -> str:
+def _label(value: object) -> str:
     if isinstance(value, (bytes, bytearray, np.bytes_)):
         return bytes(value).decode("utf-8", "replace")
     return str(value)
 
 
 def classification_results(
-    outputs: Mapping[str, Any], signature: SignatureDef, batch: int
+    outputs: Mapping[str, object], signature: SignatureDef, batch: int
 ) -> list[list[tuple[str, float]]]:
     """Per example, its (label, score) pairs; label "" without a classes output, score 0.0 without scores."""
     _check_classify_outputs(signature)
@@ -168,7 +168,7 @@ def classification_results(
     ]
 
 
-def regression_results(outputs: Mapping[str, Any], signature: SignatureDef, batch: int) -> list[float]:
+def regression_results(outputs: Mapping[str, object], signature: SignatureDef, batch: int) -> list[float]:
     """Per example, its regression value (output shaped [batch] or [batch, 1], DT_FLOAT)."""
     _check_regress_outputs(signature)
     arr = _output(outputs, OUTPUTS, signature)

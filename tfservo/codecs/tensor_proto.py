@@ -218,7 +218,7 @@ def _packed_bytes(proto: TensorProto, field_number: int) -> bytes | None:
 # -- numpy → proto -----------------------------------------------------------------------------
 
 
-def write_tensor_proto(value: Any, out: TensorProto, name: str = "tensor") -> TensorProto:
+def write_tensor_proto(value: object, out: TensorProto, name: str = "tensor") -> TensorProto:
     """Fill `out` (e.g. `response.outputs[key]`) with `value` in TF Serving's typed fields."""
     arr = np.asarray(value)
     if arr.dtype.kind in "OSU":
@@ -244,7 +244,7 @@ def write_tensor_proto(value: Any, out: TensorProto, name: str = "tensor") -> Te
     return out
 
 
-def to_tensor_proto(value: Any, name: str = "tensor") -> TensorProto:
+def to_tensor_proto(value: object, name: str = "tensor") -> TensorProto:
     """A new TensorProto holding `value` (see write_tensor_proto)."""
     return write_tensor_proto(value, TensorProto(), name)
 

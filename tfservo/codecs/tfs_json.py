@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import orjson
@@ -69,8 +69,8 @@ class ExampleRequest:
     """A decoded `:classify` / `:regress` body: JSON examples plus an optional shared context."""
 
     signature_name: str
-    examples: list[dict[str, Any]]
-    context: dict[str, Any] | None
+    examples: list[dict[str, object]]
+    context: dict[str, object] | None
 
 
 # -- dtypes ------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class JsonSyntaxError(InvalidArgument):
         self.msg, self.pos, self.lineno, self.colno = msg, pos, lineno, colno
 
 
-def load_json(body: bytes | bytearray | memoryview | str) -> Any:
+def load_json(body: bytes | bytearray | memoryview | str) -> object:
     """The one JSON loader: orjson, with the NaN/Infinity tokens TF Serving also accepts, a
     leading byte order mark skipped, and nesting limited to MAX_DEPTH.
 
@@ -182,7 +182,7 @@ def _without_bom(body: bytes | bytearray | memoryview | str) -> bytes:
 _FAST_PARSE_BYTES = 1024  # below this, orjson's plain parse is as quick as the numeric path
 
 
-def parse_numeric(body: bytes) -> dict[str, Any] | None:
+def parse_numeric(body: bytes) -> dict[str, object] | None:
     """A predict body that is only numeric arrays, with them as NumericTensors (json_arrays);
     None for any other body (or one too small to gain from it)."""
     if len(body) < _FAST_PARSE_BYTES:
@@ -190,7 +190,7 @@ def parse_numeric(body: bytes) -> dict[str, Any] | None:
     return parse_numeric_request(body)
 
 
-def parse_request(body: bytes | bytearray | memoryview | str) -> Any:
+def parse_request(body: bytes | bytearray | memoryview | str) -> object:
     """A REST request body parsed once: numeric arrays straight to NumericTensors when the body
     is only that, else parse_json's Python objects."""
     if isinstance(body, (bytes, bytearray)):
@@ -200,7 +200,7 @@ def parse_request(body: bytes | bytearray | memoryview | str) -> Any:
     return parse_json(body)
 
 
-def _parse_fallback(body: bytes, err: orjson.JSONDecodeError) -> Any:
+def _parse_fallback(body: bytes, err: orjson.JSONDecodeError) -> object:
     """Second chance for what orjson refuses but TF Serving accepts (NaN/Infinity); else a clear error."""
     try:
         text = body.decode("utf-8")
@@ -228,7 +228,7 @@ def _too_deep_error() -> InvalidArgument:
     )
 
 
-def _too_deep(body: bytes, doc: Any) -> bool:
+def _too_deep(body: bytes, doc: object) -> bool:
     """True when `doc` nests deeper than MAX_DEPTH; cheap unless the body has many brackets."""
     if body.count(b"[") + body.count(b"{") <= MAX_DEPTH:
         return False
@@ -251,7 +251,7 @@ def _too_deep(body: bytes, doc: Any) -> bool:
 # -- rendering values in messages -------------------------------------------------------------
 
 
-def render_value(value: Any) -> str:
+def render_value(value: object) -> str:
     """A short JSON rendering of a value for an error message (TF Serving's JsonValueToString)."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
@@ -264,7 +264,7 @@ def render_value(value: Any) -> str:
     return text
 
 
-def json_type(value: Any) -> str:
+def json_type(value: object) -> str:
     """rapidjson's name for a JSON value's type, as TF Serving's messages use it."""
     if value is None:
         return "Null"
@@ -281,14 +281,14 @@ def json_type(value: Any) -> str:
     return "Number"
 
 
-def _format_error(doc: Any, what: str) -> InvalidArgument:
+def _format_error(doc: object, what: str) -> InvalidArgument:
     return InvalidArgument(f"JSON Value: {render_value(doc)} {what}")
 
 
 # -- predict requests --------------------------------------------------------------------------
 
 
-def decode_predict_request(doc: Any, signature_of: Callable[[str], SignatureDef]) -> PredictRequest:
+def decode_predict_request(doc: object, signature_of: Callable[[str], SignatureDef]) -> PredictRequest:
     """A parsed `:predict` body → named input arrays, by TF Serving's row/columnar rules."""
     if not isinstance(doc, dict):
         raise _format_error(doc, "Is not object; the request body must be a JSON object")
@@ -316,19 +316,19 @@ def decode_predict_request(doc: Any, signature_of: Callable[[str], SignatureDef]
     )
 
 
-def _signature_name(doc: dict[str, Any]) -> str:
+def _signature_name(doc: dict[str, object]) -> str:
     name = doc.get("signature_name", DEFAULT_SIGNATURE)
     if not isinstance(name, str):
         raise _format_error(doc, "not formatted correctly. 'signature_name' key must be a string value.")
     return name or DEFAULT_SIGNATURE
 
 
-def is_b64(value: Any) -> bool:
+def is_b64(value: object) -> TypeGuard[dict[str, str]]:
     """True for {"b64": "<string>"}, TF Serving's spelling of a binary value."""
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
 
 
-def _is_named_object(value: Any) -> bool:
+def _is_named_object(value: object) -> TypeGuard[dict[str, object]]:
     return isinstance(value, dict) and not is_b64(value)
 
 
@@ -375,7 +375,7 @@ def _decode_instances(instances: list[Any] | np.ndarray | NumericTensor, signatu
     }
 
 
-def _rows_to_array(rows: list[Any] | np.ndarray | NumericTensor, tf_dtype: str, name: str, *, keyed: bool) -> np.ndarray:
+def _rows_to_array(rows: list[object] | np.ndarray | NumericTensor, tf_dtype: str, name: str, *, keyed: bool) -> np.ndarray:
     """Batch the instances' values of one input into one array (first dimension = instance)."""
     dt = _dtype(tf_dtype, name)
     if isinstance(rows, NumericTensor):
@@ -391,7 +391,7 @@ def _rows_to_array(rows: list[Any] | np.ndarray | NumericTensor, tf_dtype: str, 
     if fast is not None:
         return fast
     # Slow path: per instance, so the message names the instance TF Serving would name.
-    flat: list[Any] = []
+    flat: list[object] = []
     first_shape: list[int] | None = None
     for i, row in enumerate(rows):
         where = f"element: {i} key: {name}" if keyed else f"element: {i}"
@@ -418,7 +418,7 @@ def _rows_to_array(rows: list[Any] | np.ndarray | NumericTensor, tf_dtype: str, 
     return _from_flat(flat, [len(rows), *(first_shape or [])], dt)
 
 
-def _decode_inputs(value: Any, signature: SignatureDef) -> dict[str, np.ndarray]:
+def _decode_inputs(value: object, signature: SignatureDef) -> dict[str, np.ndarray]:
     """Columnar format: one value (single input) or an object of values keyed by input name."""
     names = sorted(signature.inputs)
     if not _is_named_object(value):
@@ -440,7 +440,7 @@ def _decode_inputs(value: Any, signature: SignatureDef) -> dict[str, np.ndarray]
     return arrays
 
 
-def _input_to_array(value: Any, tf_dtype: str, name: str) -> np.ndarray:
+def _input_to_array(value: object, tf_dtype: str, name: str) -> np.ndarray:
     dt = _dtype(tf_dtype, name)
     if isinstance(value, NumericTensor):
         numeric = _from_numbers(value.values, dt)
@@ -454,14 +454,14 @@ def _input_to_array(value: Any, tf_dtype: str, name: str) -> np.ndarray:
         fast = _fast_array(value, shape, dt)
         if fast is not None:
             return fast
-        flat: list[Any] = []
+        flat: list[object] = []
         _fill(value, 0, shape, dt, flat)
         return _from_flat(flat, shape, dt)
     except InvalidArgument as err:
         raise InvalidArgument(f"Failed to process input: {name} of 'inputs'. Error: {err.message}") from None
 
 
-def _dense_shape(value: Any, name: str) -> list[int]:
+def _dense_shape(value: object, name: str) -> list[int]:
     """The shape implied by following first elements down (TF Serving's GetDenseTensorShape)."""
     shape: list[int] = []
     while isinstance(value, list):
@@ -518,7 +518,7 @@ def _from_numbers(values: np.ndarray, dt: _DType) -> np.ndarray | None:
     return None
 
 
-def _fill(value: Any, level: int, shape: list[int], dt: _DType, out: list[Any]) -> None:
+def _fill(value: object, level: int, shape: list[int], dt: _DType, out: list[object]) -> None:
     """Check one nested value against `shape` and append its leaves (TF Serving's FillTensorProto)."""
     rank = len(shape)
     if not isinstance(value, list):
@@ -544,7 +544,7 @@ def _fill(value: Any, level: int, shape: list[int], dt: _DType, out: list[Any]) 
         _fill(item, level + 1, shape, dt, out)
 
 
-def _scalar(value: Any, dt: _DType) -> Any:
+def _scalar(value: Any, dt: _DType) -> Any:  # type() is, not isinstance: a bool is not an int here
     """One JSON leaf value checked against the dtype (TF Serving's AddValueToTensor)."""
     kind = type(value)
     if dt.family == "float":
@@ -580,13 +580,13 @@ def _scalar(value: Any, dt: _DType) -> Any:
     )
 
 
-def _lossy(value: Any, dt: _DType) -> InvalidArgument:
+def _lossy(value: object, dt: _DType) -> InvalidArgument:
     return InvalidArgument(
         f"Cannot convert JSON value: {render_value(value)} to {dt.tf_name} without loss of precision."
     )
 
 
-def decode_b64(value: dict[str, Any]) -> bytes:
+def decode_b64(value: object) -> bytes:
     """{"b64": "..."} → bytes (standard alphabet; padding and line breaks optional, as absl allows)."""
     if not is_b64(value):
         raise InvalidArgument(
@@ -629,7 +629,7 @@ def _from_ndarray(arr: np.ndarray, dt: _DType, name: str) -> np.ndarray:
     return arr.astype(dt.np_type, copy=False)
 
 
-def _from_flat(flat: list[Any], shape: list[int], dt: _DType) -> np.ndarray:
+def _from_flat(flat: list[object], shape: list[int], dt: _DType) -> np.ndarray:
     if dt.family == "string":
         arr = np.empty(len(flat), dtype=object)
         arr[:] = flat
@@ -653,7 +653,7 @@ def _status_name(err: ServingError) -> str:
 # -- classify / regress requests ---------------------------------------------------------------
 
 
-def decode_classify_regress_request(doc: Any, method: str = "classify") -> ExampleRequest:
+def decode_classify_regress_request(doc: object, method: str = "classify") -> ExampleRequest:
     """A parsed `:classify` / `:regress` body → its examples and context (values checked later)."""
     if not isinstance(doc, dict):
         raise _format_error(doc, "Is not object; the request body must be a JSON object")
@@ -767,7 +767,7 @@ class _Writer:
 class _Output:
     """One output tensor ready to write: numeric ones in orjson chunks, strings per element."""
 
-    def __init__(self, name: str, array: Any) -> None:
+    def __init__(self, name: str, array: object) -> None:
         arr = np.asarray(array)
         if arr.dtype.kind in "SU":
             arr = arr.astype(object)
@@ -786,7 +786,7 @@ class _Output:
         self.numeric = arr.dtype.kind != "O"
         self.as_bytes = name.endswith("_bytes")
 
-    def token(self, item: Any) -> bytes | _B64:
+    def token(self, item: object) -> bytes | _B64:
         """The JSON token of one string element: text, or {"b64": ...} for bytes."""
         if isinstance(item, str):
             item = item.encode("utf-8", "surrogatepass")
@@ -843,13 +843,13 @@ def _write_tensor(w: _Writer, arr: np.ndarray, out: _Output) -> None:
         w.end_array()
 
 
-def _outputs(outputs: Mapping[str, Any]) -> list[_Output]:
+def _outputs(outputs: Mapping[str, object]) -> list[_Output]:
     if not outputs:
         raise InvalidArgument("Cannot convert empty tensor map to JSON")
     return [_Output(name, outputs[name]) for name in sorted(outputs)]
 
 
-def encode_predict_response(outputs: Mapping[str, Any], row_format: bool) -> bytes:
+def encode_predict_response(outputs: Mapping[str, object], row_format: bool) -> bytes:
     """Output arrays → TF Serving's `:predict` answer: {"predictions": rows} or {"outputs": value}."""
     tensors = _outputs(outputs)
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -43,7 +42,7 @@ def v2_datatype(array: np.ndarray) -> str:
     raise V2Error(f"an output of dtype {array.dtype} has no V2 datatype")
 
 
-def parameters_of(holder: dict[str, Any], what: str) -> dict[str, Any]:
+def parameters_of(holder: dict[str, object], what: str) -> dict[str, object]:
     """A V2 object's "parameters" (absent or null: none), or V2Error when it is not an object."""
     params = holder.get("parameters")
     if params is None:
@@ -53,7 +52,7 @@ def parameters_of(holder: dict[str, Any], what: str) -> dict[str, Any]:
     return params
 
 
-def decode_inputs(inputs: Any, binary: bytes = b"") -> dict[str, np.ndarray]:
+def decode_inputs(inputs: object, binary: bytes = b"") -> dict[str, np.ndarray]:
     """The request's `inputs` list (and the binary part after its JSON) → {name: array}."""
     if not isinstance(inputs, list) or not inputs:
         raise V2Error('"inputs" must be a non-empty list of tensors ({"name", "shape", "datatype", "data"})')
@@ -89,7 +88,7 @@ def _count(shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64)) if shape else 1
 
 
-def _from_json(name: str, data: Any, shape: list[int], datatype: str) -> np.ndarray:
+def _from_json(name: str, data: object, shape: list[int], datatype: str) -> np.ndarray:
     flat = _flatten(data)
     if len(flat) != _count(shape):
         raise V2Error(f"input {name}: {len(flat)} values for shape {shape} ({_count(shape)} values)")
@@ -109,10 +108,10 @@ def _from_json(name: str, data: Any, shape: list[int], datatype: str) -> np.ndar
     return array.reshape(shape)
 
 
-def _flatten(data: Any) -> list[Any]:
+def _flatten(data: object) -> list[object]:
     if not isinstance(data, list):
         return [data]
-    out: list[Any] = []
+    out: list[object] = []
     stack = [iter(data)]
     while stack:
         for item in stack[-1]:
@@ -151,14 +150,14 @@ def _from_binary(name: str, raw: bytes, shape: list[int], datatype: str) -> np.n
 
 def encode_outputs(
     outputs: Mapping[str, np.ndarray], binary: Mapping[str, bool]
-) -> tuple[list[dict[str, Any]], list[bytes]]:
+) -> tuple[list[dict[str, object]], list[bytes]]:
     """{name: array} → the response's `outputs` list, and the binary parts (in order) of the
     outputs whose `binary[name]` is true."""
     listed, parts = [], []
     for name, value in outputs.items():
         array = np.asarray(value)
         datatype = v2_datatype(array)
-        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        entry: dict[str, object] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary.get(name):
             raw = _to_binary(array, datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
@@ -171,7 +170,7 @@ def encode_outputs(
     return listed, parts
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return str(value)

@@ -3,8 +3,6 @@ extension) into an InferRequest, and an InferResponse back into the caller's sha
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 from tfservo.codecs.v2 import V2Error, decode_inputs, encode_outputs, parameters_of
@@ -40,7 +38,7 @@ def decode_infer_request(
     names: list[str] | None = None
     as_binary: dict[str, bool] = {}
     default_binary = bool(parameters.get("binary_data_output", False))
-    output_parameters: dict[str, dict[str, Any]] = {}
+    output_parameters: dict[str, dict[str, object]] = {}
     if wanted is not None:
         if not isinstance(wanted, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted):
             raise V2Error('"outputs" must be a list of {"name": ...} objects')
@@ -58,7 +56,7 @@ def encode_infer_response(response: InferResponse, as_binary: dict[str, bool], d
     """The response body, and the JSON header's length when binary tensors follow it."""
     wanted = {name: as_binary.get(name, default_binary) for name in response.outputs}
     outputs, parts = encode_outputs(response.outputs, wanted)
-    doc: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version), "outputs": outputs}
+    doc: dict[str, object] = {"model_name": response.model, "model_version": str(response.version), "outputs": outputs}
     if response.id is not None:
         doc["id"] = response.id
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -123,7 +123,7 @@ class TFServingAPI:
 
     # -- REST level --------------------------------------------------------------------------
 
-    def decode_rest(self, method: str, body: bytes | dict[str, Any], sv: ServableVersion) -> Call:
+    def decode_rest(self, method: str, body: bytes | dict[str, object], sv: ServableVersion) -> Call:
         """A TF Serving REST body (bytes, or a parsed request dict from a handler or a content
         conversion) as the call it asks `sv` for."""
         if method not in METHODS:
@@ -136,7 +136,7 @@ class TFServingAPI:
         return ExamplesCall(method, ex.signature_name, examples)
 
     def infer(
-        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
+        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]
     ) -> Answer:
         """Decode a TF Serving REST body and run it: one version lookup, held for the call."""
         with tracing.span("decode", {"tfservo.method": method}):
@@ -145,7 +145,7 @@ class TFServingAPI:
             return self.run(sv, call)
 
     def prepare(
-        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
+        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]
     ) -> tuple[ServableHandle, Call]:
         """A REST body decoded for the version it resolves to, and that version held (the
         caller runs the call and releases the handle)."""
@@ -160,7 +160,7 @@ class TFServingAPI:
             raise
 
     def rest(
-        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, Any]
+        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]
     ) -> bytes:
         """Run a TF Serving REST request (`:predict`, `:classify`, `:regress`) → its JSON answer."""
         answer = self.infer(method, name, version, label, body)
@@ -229,7 +229,7 @@ class TFServingAPI:
 
     # -- metadata and status -------------------------------------------------------------------
 
-    def metadata(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
+    def metadata(self, name: str, version: int | None, label: str | None) -> dict[str, object]:
         """GET /v1/models/{m}/metadata: signature defs in TF Serving's JSON shape."""
         sv = self.manager.resolve(name, version, label)
         sig_map = signature_def_map(sv.loaded.meta_graph_def)
@@ -238,17 +238,17 @@ class TFServingAPI:
             "metadata": {"signature_def": sig_map},
         }
 
-    def signature_defs(self, name: str, version: int | None, label: str | None) -> tuple[ServableVersion, Any]:
+    def signature_defs(self, name: str, version: int | None, label: str | None) -> tuple[ServableVersion, object]:
         """The resolved version and its SignatureDefMap proto (gRPC GetModelMetadata)."""
         sv = self.manager.resolve(name, version, label)
         return sv, signature_def_map_proto(sv.loaded.meta_graph_def)
 
-    def status(self, name: str, version: int | None, label: str | None) -> dict[str, Any]:
+    def status(self, name: str, version: int | None, label: str | None) -> dict[str, object]:
         """GET /v1/models/{m}: the state of every version, or of the one asked for (failed ones too)."""
         return model_status(self.manager, name, version, label)
 
 
-def _request_doc(body: bytes | bytearray | str | dict[str, Any]) -> dict[str, Any]:
+def _request_doc(body: bytes | bytearray | str | dict[str, object]) -> dict[str, object]:
     """A REST request body as its JSON object (a dict passes as it is: arrays from handlers)."""
     doc = json_codec.parse_request(body) if isinstance(body, (bytes, bytearray, str)) else body
     if not isinstance(doc, dict):
@@ -259,9 +259,9 @@ def _request_doc(body: bytes | bytearray | str | dict[str, Any]) -> dict[str, An
     return doc
 
 
-def signature_def_map(meta_graph_def: Any) -> dict[str, Any]:
+def signature_def_map(meta_graph_def: object) -> dict[str, object]:
     """A MetaGraphDef's signatures as TF Serving prints a SignatureDefMap in JSON."""
-    doc: dict[str, Any] = json_format.MessageToDict(
+    doc: dict[str, object] = json_format.MessageToDict(
         signature_def_map_proto(meta_graph_def),
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,
@@ -269,7 +269,7 @@ def signature_def_map(meta_graph_def: Any) -> dict[str, Any]:
     return doc
 
 
-def signature_def_map_proto(meta_graph_def: Any) -> Any:
+def signature_def_map_proto(meta_graph_def: Any) -> object:
     """A MetaGraphDef's signatures as TF Serving's SignatureDefMap proto."""
     from tensorflow_serving.apis import get_model_metadata_pb2
 

@@ -10,7 +10,7 @@ import io
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -27,6 +27,9 @@ from tfservo.core.errors import InvalidArgument, ServingError, error_from_respon
 from tfservo.core.request_labels import note_method, note_model
 from tfservo.core.status import http_status
 from tfservo.handlers.bundle_code import Context, Handlers, make_requests_response
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = ["error_result", "InvocationResult", "Invoker", "result_error"]
 
@@ -115,7 +118,7 @@ class Invoker:
         self._default_model = default_model or (lambda: None)
         self._rest_base = rest_base
         self._grpc_port = grpc_port or (lambda: None)
-        self._channel: tuple[str, Any] | None = None
+        self._channel: tuple[str, object] | None = None
         self._channel_lock = threading.Lock()
 
     def has_handlers(self) -> bool:
@@ -299,7 +302,7 @@ class Invoker:
         host = (urlsplit(self._rest_base()).hostname if self._rest_base else None) or "127.0.0.1"
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def grpc_channel(self) -> Any:
+    def grpc_channel(self) -> grpc.Channel | None:
         """A grpc channel to this server, made on first use and shared (it connects lazily too)."""
         uri = self.grpc_uri()
         if uri is None:

@@ -3,8 +3,6 @@ what went wrong."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 from tfservo.core.settings import ConfigError
@@ -12,7 +10,7 @@ from tfservo.core.settings import ConfigError
 __all__ = ["read_json_file"]
 
 
-def read_json_file(path: str, flag: str) -> Any:
+def read_json_file(path: str, flag: str) -> object:
     """The JSON document at `path`, or ConfigError naming `flag` and the file."""
     try:
         with open(path, "rb") as f:

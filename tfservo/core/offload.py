@@ -49,7 +49,7 @@ class Offload:
     def __init__(
         self,
         make: Callable[..., ChildWork],
-        args: tuple[Any, ...],
+        args: tuple[object, ...],
         *,
         name: str,
         delay: float,
@@ -59,7 +59,7 @@ class Offload:
     ) -> None:
         self.name, self.delay, self.max_queue, self.batch = name, delay, max_queue, batch
         self.on_message = on_message
-        self.pending: collections.deque[Any] = collections.deque()
+        self.pending: collections.deque[object] = collections.deque()
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tfservo.core.offload", str(theirs.fileno()), name],
@@ -79,7 +79,7 @@ class Offload:
         threading.Thread(target=self._send_loop, name=f"{name}-send", daemon=True).start()
         atexit.register(self.close)
 
-    def add(self, item: Any) -> bool:
+    def add(self, item: object) -> bool:
         """Hold `item` for the next batch; False when it was dropped (the queue is full, or the
         child has gone)."""
         if self._gone or len(self.pending) >= self.max_queue:
@@ -124,7 +124,7 @@ class Offload:
             self.process.wait()
         self.conn.close()
 
-    def _put(self, message: tuple[str, Any]) -> None:
+    def _put(self, message: tuple[str, object]) -> None:
         with self._send_lock:
             self.conn.send(message)
 
@@ -184,7 +184,7 @@ def _child(fd: int) -> None:
     sys.path[:] = path
     make, args = pickle.loads(payload)
 
-    def reply(message: Any) -> None:
+    def reply(message: object) -> None:
         conn.send(("message", message))
 
     work = make(reply, *args)

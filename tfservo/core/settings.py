@@ -23,7 +23,7 @@ import os
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tfservo.core import tracing
 from tfservo.core.errors import InvalidArgument
@@ -74,7 +74,7 @@ class TfsFlag:
     value becomes the setting's (e.g. milliseconds to seconds)."""
 
     name: str
-    default: Any
+    default: object
     convert: Callable[[Any], Any] | None = None
 
 
@@ -84,7 +84,7 @@ class Option:
 
     name: str
     kind: type  # int, float, str or bool (a bool is a flag that only turns on)
-    default: Any
+    default: object
     flags: tuple[str, ...] = ()  # tfservo serve's, the first as help shows it
     env: tuple[str, ...] = ()  # read in order when no flag gives it
     tfs: TfsFlag | None = None
@@ -98,7 +98,7 @@ class Option:
 
 
 def setting(
-    default: Any,
+    default: object,
     *flags: str,
     help: str = "",
     env: str | tuple[str, ...] = (),
@@ -444,7 +444,7 @@ def _declared() -> tuple[Option, ...]:
         if spec is None:
             continue
         kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
-        default: Any = f.default
+        default: object = f.default
         if f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         found.append(Option(f.name, kind, default, **spec))
@@ -465,10 +465,10 @@ def tfs_flags() -> Iterator[Option]:
     return (option for option in _OPTIONS if option.tfs is not None)
 
 
-def _from_env(option: Option, env: Mapping[str, str]) -> Any:
+def _from_env(option: Option, env: Mapping[str, str]) -> tuple[object, str | None]:
     for name in option.env:
         if option.kind is bool:
-            value: Any = _env_bool(env, name, None)
+            value: object = _env_bool(env, name, None)
         elif option.kind is int:
             value = _env_int(env, name, None)
         elif option.kind is float:
@@ -711,12 +711,13 @@ def parse_version_labels(specs: Sequence[str]) -> dict[str, dict[str, int]]:
     return labels
 
 
+_D = TypeVar("_D")  # what an unset variable gives
 _BATCH_STRATEGIES = {"multirecord": "MultiRecord", "singlerecord": "SingleRecord"}
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
 
-def _env_int(env: Mapping[str, str], name: str, default: int | None) -> Any:
+def _env_int(env: Mapping[str, str], name: str, default: _D) -> int | _D:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -726,7 +727,7 @@ def _env_int(env: Mapping[str, str], name: str, default: int | None) -> Any:
         raise ConfigError(f"environment variable {name}={raw!r} must be an integer") from None
 
 
-def _env_float(env: Mapping[str, str], name: str, default: float | None, note: str) -> Any:
+def _env_float(env: Mapping[str, str], name: str, default: _D, note: str) -> float | _D:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -736,7 +737,7 @@ def _env_float(env: Mapping[str, str], name: str, default: float | None, note: s
         raise ConfigError(f"environment variable {name}={raw!r} must be a number ({note})") from None
 
 
-def _env_bool(env: Mapping[str, str], name: str, default: bool | None) -> Any:
+def _env_bool(env: Mapping[str, str], name: str, default: _D) -> bool | _D:
     raw = env.get(name, "").strip().lower()
     if raw == "":
         return default

@@ -14,10 +14,18 @@ OTEL_BSP_MAX_EXPORT_BATCH_SIZE keep their meaning.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypeAlias
 
 from tfservo.core.offload import Offload
+
+if TYPE_CHECKING:  # the SDK is the [otel] extra
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext
+    from opentelemetry.util.types import AttributeValue
 
 __all__ = ["ChildExport", "exporter_class", "phase_wire", "span_wire"]
 
@@ -25,12 +33,17 @@ log = logging.getLogger("tfservo.tracing")
 
 # (name, trace id, span id, trace flags, trace state, parent span id or 0, parent is remote,
 #  kind, start ns, end ns, attributes, status code, status description, events, links, scope)
-Wire = tuple[Any, ...]
+_Attributes: TypeAlias = "dict[str, AttributeValue]"
+Wire: TypeAlias = (
+    "tuple[str, int, int, int, str, int, bool, int, int | None, int | None, _Attributes, int, str | None,"
+    " tuple[tuple[str, int, _Attributes], ...], tuple[tuple[int, int, int, _Attributes], ...], tuple[str, str | None]]"
+)
 
 
-def span_wire(span: Any) -> Wire:
+def span_wire(span: ReadableSpan) -> Wire:
     """A finished SDK ReadableSpan as plain values."""
     ctx, parent, scope = span.context, span.parent, span.instrumentation_scope
+    assert ctx is not None  # a finished span has its context
     return (
         span.name, ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.trace_state.to_header(),
         parent.span_id if parent is not None else 0, bool(parent is not None and parent.is_remote),
@@ -43,7 +56,7 @@ def span_wire(span: Any) -> Wire:
     )
 
 
-def phase_wire(name: str, context: Any, parent: Any, attributes: Mapping[str, Any] | None,
+def phase_wire(name: str, context: SpanContext, parent: SpanContext | None, attributes: Mapping[str, AttributeValue] | None,
                start_ns: int, end_ns: int, error: str | None, kind: int = 0) -> Wire:
     """A span recorded by tracing._PhaseRecorder (a phase, or a server span; `parent` None for a
     root) as plain values, without a ReadableSpan in between."""
@@ -57,7 +70,7 @@ def phase_wire(name: str, context: Any, parent: Any, attributes: Mapping[str, An
 class ChildExport:
     """A span processor (the SDK's SpanProcessor interface) whose exporters run in a child process."""
 
-    def __init__(self, names: list[str], resource: Any, environ: Mapping[str, str]) -> None:
+    def __init__(self, names: list[str], resource: Resource, environ: Mapping[str, str]) -> None:
         self.max_queue = int(_number(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048))
         batch = int(_number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
         self.dropped = 0
@@ -67,13 +80,13 @@ class ChildExport:
             max_queue=self.max_queue, batch=batch,
         )
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
+    def on_start(self, span: object, parent_context: object = None) -> None:
         pass
 
-    def _on_ending(self, span: Any) -> None:
+    def _on_ending(self, span: object) -> None:
         pass
 
-    def on_end(self, span: Any) -> None:
+    def on_end(self, span: ReadableSpan) -> None:
         if span.context is not None and span.context.trace_flags.sampled:
             self.add(span_wire(span))
 
@@ -96,7 +109,7 @@ class ChildExport:
 class _Exporters:
     """The child's side: spans rebuilt and handed to the SDK's exporters."""
 
-    def __init__(self, reply: Any, names: list[str], environ: dict[str, str], resource_attributes: dict[str, Any],
+    def __init__(self, reply: object, names: list[str], environ: dict[str, str], resource_attributes: _Attributes,
                  schema_url: str | None, batch: int) -> None:
         from opentelemetry.sdk.resources import Resource
 
@@ -121,16 +134,16 @@ class _Exporters:
 class _Rebuild:
     """Plain values → the SDK's ReadableSpan, in the child."""
 
-    def __init__(self, resource: Any) -> None:
+    def __init__(self, resource: Resource) -> None:
         from opentelemetry import trace
         from opentelemetry.sdk.trace import Event, ReadableSpan
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self.resource, self.trace, self.event, self.readable = resource, trace, Event, ReadableSpan
         self.scope = InstrumentationScope
-        self.scopes: dict[tuple[str, str | None], Any] = {}
+        self.scopes: dict[tuple[str, str | None], InstrumentationScope] = {}
 
-    def __call__(self, wire: Sequence[Any]) -> Any:
+    def __call__(self, wire: Wire) -> ReadableSpan:
         (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes,
          code, description, events, links, scope) = wire
         trace = self.trace
@@ -148,7 +161,7 @@ class _Rebuild:
         )
 
 
-def exporter_class(name: str, environ: Mapping[str, str]) -> Any:
+def exporter_class(name: str, environ: Mapping[str, str]) -> type[SpanExporter]:
     """The SDK's exporter class for an OTEL_TRACES_EXPORTER name (made with no arguments, it
     reads its settings from the OTEL_* variables); ValueError for a protocol it does not know."""
     if name == "console":

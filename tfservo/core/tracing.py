@@ -20,9 +20,17 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from tfservo.core.trace_export import ChildExport, exporter_class, phase_wire
+
+if TYPE_CHECKING:  # the SDK is the [otel] extra: imported only once tracing is on
+    import grpc
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.trace import Span, SpanContext, Status, Tracer
+    from opentelemetry.util.types import AttributeValue
 
 __all__ = [
     "Parent",
@@ -49,15 +57,16 @@ __all__ = [
 
 log = logging.getLogger("tfservo.tracing")
 
-_TRACER: Any = None  # the SDK's Tracer once tracing is on; None: every function here is a no-op
-_PROVIDER: Any = None
+_TRACER: Tracer | None = None  # the SDK's once tracing is on; None: every function here is a no-op
+_PROVIDER: TracerProvider | None = None
 _PHASES: _PhaseRecorder | None = None
 _LOCK = threading.Lock()
 _CONFIGURED = False
 _NULL: AbstractContextManager[None] = nullcontext()
 _ON = ("otlp", "console")
 
-Parent = Any  # an OpenTelemetry Context captured by `parent()`, or None when tracing is off
+Parent: TypeAlias = "Context | None"  # captured by `parent()`; None when tracing is off
+Attributes: TypeAlias = "Mapping[str, AttributeValue]"
 
 
 def enabled() -> bool:
@@ -114,16 +123,20 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         # OTLP is encoded and sent by a child process (core.trace_export: the GIL stays with
         # requests); the console exporter prints from this one, under the SDK's batch processor.
         otlp = [name for name in exporters if name != "console"]
-        processors: list[Any] = [ChildExport(otlp, resource, env)] if otlp else []
-        processors += [BatchSpanProcessor(exporter_class(name, env)()) for name in exporters if name == "console"]
-        for processor in processors:
+        child = ChildExport(otlp, resource, env) if otlp else None
+        console: list[SpanProcessor] = [
+            BatchSpanProcessor(exporter_class(name, env)()) for name in exporters if name == "console"
+        ]
+        if child is not None:  # a SpanProcessor by its methods: the SDK is not imported before here
+            provider.add_span_processor(child)  # type: ignore[arg-type]
+        for processor in console:
             provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)
         # A handler's own requests.post(context.rest_uri, ...) carries the invocation's traceparent.
         RequestsInstrumentor().instrument(tracer_provider=provider)
         _PROVIDER = provider
         _TRACER = provider.get_tracer("tfservo")
-        _PHASES = _PhaseRecorder(resource, processors, _sampled_by(provider.sampler.get_description()))
+        _PHASES = _PhaseRecorder(resource, child, console, _sampled_by(provider.sampler.get_description()))
         log.info("tracing on: %s exporter(s), service %s", ",".join(exporters), resource.attributes[SERVICE_NAME])
         return True
 
@@ -134,7 +147,7 @@ def flush(timeout_seconds: float = 5.0) -> None:
         _PROVIDER.force_flush(int(timeout_seconds * 1000))
 
 
-def span(name: str, attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[Any]:
+def span(name: str, attributes: Attributes | None = None) -> AbstractContextManager[None]:
     """A child span of the current one for the duration of a `with` block (a no-op when off,
     or when the current trace is not sampled)."""
     if _PHASES is None:
@@ -150,14 +163,15 @@ class _PhaseRecorder:
     of a span the SDK made, so the sampler has already decided: a phase follows its parent's
     sampled flag, as the default parent-based sampler would."""
 
-    def __init__(self, resource: Any, processors: list[Any], server_sampling: str | None = None) -> None:
+    def __init__(self, resource: Resource, child: ChildExport | None, processors: list[SpanProcessor],
+                 server_sampling: str | None = None) -> None:
         from opentelemetry import context, trace
         from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self.resource = resource
-        self.wired = [p.add for p in processors if isinstance(p, ChildExport)]  # plain values, no ReadableSpan
-        self.processors = [p for p in processors if not isinstance(p, ChildExport)]
+        self.wired = [child.add] if child is not None else []  # plain values, no ReadableSpan
+        self.processors = processors
         self.scope = InstrumentationScope("tfservo")
         self.context, self.trace, self.readable = context, trace, ReadableSpan  # bound once: a phase is hot
         self.unset = trace.Status(trace.StatusCode.UNSET)
@@ -166,7 +180,7 @@ class _PhaseRecorder:
 
         self.extract = propagate.extract
 
-    def finish(self, name: str, context: Any, parent: Any, attributes: Mapping[str, Any] | None,
+    def finish(self, name: str, context: SpanContext, parent: SpanContext | None, attributes: Attributes | None,
                start_ns: int, end_ns: int, error: str | None = None, kind: int = 0) -> None:
         if self.wired:
             wire = phase_wire(name, context, parent, attributes, start_ns, end_ns, error, kind)
@@ -180,7 +194,7 @@ class _PhaseRecorder:
             for processor in self.processors:
                 processor.on_end(done)
 
-    def child_of(self, parent: Any) -> Any:
+    def child_of(self, parent: SpanContext) -> SpanContext | None:
         """A new span context in `parent`'s trace (None when there is no sampled parent)."""
         if not parent.is_valid or not parent.trace_flags.sampled:
             return None
@@ -194,9 +208,9 @@ class _Phase:
 
     __slots__ = ("recorder", "name", "attributes", "context", "parent", "token", "start_ns")
 
-    def __init__(self, recorder: _PhaseRecorder, name: str, attributes: Mapping[str, Any] | None) -> None:
+    def __init__(self, recorder: _PhaseRecorder, name: str, attributes: Attributes | None) -> None:
         self.recorder, self.name, self.attributes = recorder, name, attributes
-        self.token: Any = None
+        self.token: object = None
 
     def __enter__(self) -> None:
         recorder = self.recorder
@@ -208,7 +222,7 @@ class _Phase:
             self.start_ns = time.time_ns()
 
     def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
-        if self.token is None:
+        if self.token is None or self.context is None:
             return
         end_ns = time.time_ns()
         self.recorder.context.detach(self.token)
@@ -218,15 +232,15 @@ class _Phase:
 
 @contextmanager
 def server_span(
-    name: str, carrier: Mapping[str, str], attributes: Mapping[str, Any]
-) -> Iterator[Any]:
+    name: str, carrier: Mapping[str, str], attributes: Attributes
+) -> Iterator[Span | _ServerSpan]:
     """A SERVER span continuing the caller's trace from its W3C `traceparent` in `carrier`.
 
     Under the samplers whose decision needs only the caller's sampled flag (the SDK's default
     ParentBased(AlwaysOn), and AlwaysOn) it is recorded as the phases are, at a third of the
     SDK's cost per request; under any other sampler the SDK makes it."""
     recorder = _PHASES
-    assert recorder is not None  # only called with tracing on
+    assert recorder is not None and _TRACER is not None  # only called with tracing on
     if recorder.server_sampling is None:
         from opentelemetry.trace import SpanKind
 
@@ -265,14 +279,14 @@ class _ServerSpan:
 
     __slots__ = ("name", "attributes", "error")
 
-    def __init__(self, name: str, attributes: dict[str, Any]) -> None:
+    def __init__(self, name: str, attributes: dict[str, AttributeValue]) -> None:
         self.name, self.attributes = name, attributes
         self.error: str | None = None
 
-    def set_attribute(self, key: str, value: Any) -> None:
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
         self.attributes[key] = value
 
-    def set_status(self, status: Any) -> None:
+    def set_status(self, status: Status) -> None:
         if status.status_code.name == "ERROR":
             self.error = status.description or ""
 
@@ -291,7 +305,7 @@ def _sampled_by(description: str) -> str | None:
     return None
 
 
-def error_status(description: str) -> Any:
+def error_status(description: str) -> Status:
     """The ERROR status a span is set to when its request failed on the server's side."""
     from opentelemetry.trace import Status, StatusCode
 
@@ -307,7 +321,7 @@ def parent() -> Parent:
     return context.get_current()
 
 
-def record(name: str, within: Parent, start_ns: int, end_ns: int, attributes: Mapping[str, Any]) -> Parent:
+def record(name: str, within: Parent, start_ns: int, end_ns: int, attributes: Attributes) -> Parent:
     """A span already over (the batch queue's wait, a batched model run), under `within`; the
     context to record its own children under (None when off or not sampled)."""
     if _PHASES is None or within is None:
@@ -317,7 +331,8 @@ def record(name: str, within: Parent, start_ns: int, end_ns: int, attributes: Ma
     if child is None:
         return None
     _PHASES.finish(name, child, parent, attributes, start_ns, end_ns)
-    return _PHASES.trace.set_span_in_context(_PHASES.trace.NonRecordingSpan(child))
+    within_child: Context = _PHASES.trace.set_span_in_context(_PHASES.trace.NonRecordingSpan(child))
+    return within_child
 
 
 def now_ns() -> int:
@@ -325,8 +340,8 @@ def now_ns() -> int:
 
 
 def start(
-    name: str, within: Parent = None, attributes: Mapping[str, Any] | None = None, start_ns: int | None = None,
-) -> Any:
+    name: str, within: Parent = None, attributes: Attributes | None = None, start_ns: int | None = None,
+) -> Span | None:
     """A span begun now (or at `start_ns`) and ended by `end`, perhaps on another thread, under
     `within` (None: the current context); not made current. None when tracing is off."""
     if _TRACER is None:
@@ -334,7 +349,7 @@ def start(
     return _TRACER.start_span(name, context=within, attributes=attributes, start_time=start_ns)
 
 
-def end(span: Any, error: str | None = None) -> None:
+def end(span: Span | None, error: str | None = None) -> None:
     """End a span from `start` (ERROR status with `error`, if given)."""
     if span is None:
         return
@@ -343,7 +358,7 @@ def end(span: Any, error: str | None = None) -> None:
     span.end()
 
 
-def context_of(span: Any) -> Parent:
+def context_of(span: Span | None) -> Parent:
     """The context whose current span is `span`, to parent others under it (None when off)."""
     if span is None:
         return None
@@ -387,26 +402,27 @@ def from_traceparent(value: str | None) -> Parent:
     return propagate.extract({"traceparent": value})
 
 
-def grpc_server_interceptors() -> list[Any]:
+def grpc_server_interceptors() -> list[grpc.ServerInterceptor]:
     """The gRPC server interceptor that continues callers' traces ([] when tracing is off)."""
     if _TRACER is None:
         return []
     from opentelemetry.instrumentation import grpc as instrumentation
 
-    make: Any = instrumentation.server_interceptor  # the library has no type hints
-    return [make(tracer_provider=_PROVIDER)]
+    interceptor: grpc.ServerInterceptor = instrumentation.server_interceptor(  # type: ignore[no-untyped-call, unused-ignore]
+        tracer_provider=_PROVIDER)
+    return [interceptor]
 
 
-def traced_channel(channel: Any) -> Any:
+def traced_channel(channel: grpc.Channel) -> grpc.Channel:
     """`channel` sending the current trace's traceparent with each call (as is when off)."""
     if _TRACER is None:
         return channel
     from opentelemetry.instrumentation import grpc as instrumentation
     from opentelemetry.instrumentation.grpc import grpcext
 
-    make: Any = instrumentation.client_interceptor  # the library has no type hints
-    intercept: Any = grpcext.intercept_channel
-    return intercept(channel, make(tracer_provider=_PROVIDER))
+    interceptor = instrumentation.client_interceptor(tracer_provider=_PROVIDER)  # type: ignore[no-untyped-call, unused-ignore]
+    traced: grpc.Channel = grpcext.intercept_channel(channel, interceptor)  # type: ignore[no-untyped-call, unused-ignore]
+    return traced
 
 
 def header_carrier(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:

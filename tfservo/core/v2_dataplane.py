@@ -33,9 +33,9 @@ class InferRequest:
     version: int | None
     inputs: dict[str, np.ndarray]
     id: str | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, object] = field(default_factory=dict)
     outputs: list[str] | None = None  # names asked for; None: all
-    output_parameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    output_parameters: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 @dataclass
@@ -50,13 +50,13 @@ class V2DataPlane:
     """What V2 asks of a server, answered from the model manager and TF Serving's API."""
 
     def __init__(
-        self, api: TFServingAPI, unavailable: Callable[[], list[str]] | None = None, repository: Any = None
+        self, api: TFServingAPI, unavailable: Callable[[], list[str]] | None = None, repository: object = None
     ) -> None:
         self.api = api
         self._unavailable: Callable[[], list[str]] = unavailable or (lambda: [])
         self.repository = repository  # multi-model mode's MultiModelEndpoint: the model repository extension
 
-    def server_metadata(self) -> dict[str, Any]:
+    def server_metadata(self) -> dict[str, object]:
         return {"name": "tfservo", "version": __version__, "extensions": EXTENSIONS}
 
     def server_ready(self) -> bool:

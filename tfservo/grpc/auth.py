@@ -52,7 +52,7 @@ class KeyInterceptor(grpc.ServerInterceptor):
         token = bearer(presented if isinstance(presented, str) else None)
         inner = handler.unary_unary
 
-        def behavior(request: Any, context: grpc.ServicerContext) -> Any:
+        def behavior(request: object, context: grpc.ServicerContext) -> object:
             who = caller.set(self._check(token, needed, method, request, context))
             try:
                 return inner(request, context)
@@ -63,7 +63,7 @@ class KeyInterceptor(grpc.ServerInterceptor):
             behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
 
-    def _check(self, token: str | None, needed: str, method: str, request: Any, context: grpc.ServicerContext) -> str:
+    def _check(self, token: str | None, needed: str, method: str, request: object, context: grpc.ServicerContext) -> str:
         """Abort the call unless its key may (throttled peers first, then the key, its scope and
         model); the key's name."""
         peer = peer_address(context.peer())

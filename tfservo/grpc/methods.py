@@ -21,7 +21,7 @@ class Method:
     (health probes); "manage" methods answer only while model management is on."""
 
     name: str
-    request: Any
+    request: object
     response: Any
     scope: str | None = "read"
 
@@ -40,7 +40,7 @@ def _tolerant(message_class: Any) -> Callable[[bytes], Any]:
     does, where a client's bad bytes are INVALID_ARGUMENT."""
     name = message_class.DESCRIPTOR.full_name
 
-    def parse(data: bytes) -> Any:
+    def parse(data: bytes) -> object:
         try:
             return message_class.FromString(data)
         except Exception as exc:
@@ -55,7 +55,7 @@ def method_scopes(service: str, methods: Sequence[Method]) -> dict[str, str | No
 
 
 def service_handler(
-    service: str, servicer: Any, methods: Sequence[Method], gate: ManagementGate | None = None,
+    service: str, servicer: object, methods: Sequence[Method], gate: ManagementGate | None = None,
 ) -> grpc.GenericRpcHandler:
     """The methods of `service` on `servicer` (an attribute per method name)."""
     handlers = {}
@@ -69,7 +69,7 @@ def service_handler(
     return grpc.method_handlers_generic_handler(service, handlers)
 
 
-def _gated(behavior: Callable[[Any, grpc.ServicerContext], Any], gate: ManagementGate, action: str) -> Any:
+def _gated(behavior: Callable[[object, grpc.ServicerContext], object], gate: ManagementGate, action: str) -> object:
     if not gate.open:
         def off(request: Any, context: grpc.ServicerContext) -> Any:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, gate.off_message)
@@ -92,7 +92,7 @@ def _gated(behavior: Callable[[Any, grpc.ServicerContext], Any], gate: Managemen
     return audited
 
 
-def _model_named(request: Any) -> str | None:
+def _model_named(request: object) -> str | None:
     """The model(s) a management request names: V2's model_name, the names in a ModelServerConfig."""
     name = getattr(request, "model_name", None)
     if isinstance(name, str) and name:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from typing import Any
 
 import grpc
 
@@ -42,7 +41,7 @@ class _Forwarder:
                 self._channel = grpc.insecure_channel(f"127.0.0.1:{port}")
             return self._channel
 
-    def forward(self, method: str) -> Any:
+    def forward(self, method: str) -> object:
         def call(request: bytes, context: grpc.ServicerContext) -> bytes:
             remaining = context.time_remaining()
             stub = self.channel().unary_unary(f"/{PROFILER_SERVICE}/{method}")

@@ -78,7 +78,7 @@ MODEL_METHODS = (
 )
 
 # Applies a ModelServerConfig (HandleReloadConfigRequest); None while no one can reload models.
-ReloadConfig = Callable[[Any], None]
+ReloadConfig = Callable[[object], None]
 _ExamplesResponse = TypeVar(
     "_ExamplesResponse", classification_pb2.ClassificationResponse, regression_pb2.RegressionResponse
 )
@@ -121,8 +121,8 @@ class GrpcCalls:
         self._scope = scope
 
     def run(
-        self, rpc: str, method: str, context: grpc.ServicerContext, fn: Callable[[], Any], request: Any = None
-    ) -> Any:
+        self, rpc: str, method: str, context: grpc.ServicerContext, fn: Callable[[], object], request: object = None
+    ) -> object:
         with self._scope(f"/{self._service}/{rpc}", method) as labels, deadlines.within(context.time_remaining()):
             try:
                 if isinstance(request, UndecodableRequest):
@@ -153,18 +153,18 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
         return self._calls.run("Predict", "predict", context, lambda: self.predict(request), request)
 
-    def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext) -> Any:
+    def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext) -> object:
         return self._calls.run("Classify", "classify", context, lambda: self.classify(request), request)
 
-    def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext) -> Any:
+    def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext) -> object:
         return self._calls.run("Regress", "regress", context, lambda: self.regress(request), request)
 
-    def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext) -> Any:
+    def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext) -> object:
         return self._calls.run("MultiInference", "multi_inference", context, lambda: self.multi_inference(request), request)
 
     def GetModelMetadata(
         self, request: get_model_metadata_pb2.GetModelMetadataRequest, context: grpc.ServicerContext
-    ) -> Any:
+    ) -> object:
         return self._calls.run("GetModelMetadata", "metadata", context, lambda: self.metadata(request), request)
 
     # -- the calls, without gRPC -----------------------------------------------------------------
@@ -275,12 +275,12 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         self._calls = GrpcCalls(MODEL_SERVICE, scope)
         self._reload_config = reload_config
 
-    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context: grpc.ServicerContext) -> Any:
+    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context: grpc.ServicerContext) -> object:
         return self._calls.run("GetModelStatus", "status", context, lambda: self.status(request), request)
 
     def HandleReloadConfigRequest(
         self, request: model_management_pb2.ReloadConfigRequest, context: grpc.ServicerContext
-    ) -> Any:
+    ) -> object:
         return self._calls.run("HandleReloadConfigRequest", "reload_config", context, lambda: self.reload(request), request)
 
     def status(self, request: get_model_status_pb2.GetModelStatusRequest) -> get_model_status_pb2.GetModelStatusResponse:

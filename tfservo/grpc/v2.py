@@ -46,23 +46,23 @@ class V2Servicer:
     def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
         return self._calls.run("ServerLive", "live", context, lambda: messages["ServerLiveResponse"](live=True), request)
 
-    def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ServerReady(self, request: object, context: grpc.ServicerContext) -> object:
         return self._calls.run("ServerReady", "ready", context,
                                lambda: messages["ServerReadyResponse"](ready=self.plane.server_ready()), request)
 
     def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+        def run() -> object:
             ready = self.plane.model_ready(request.name, parse_version(request.version))
             return messages["ModelReadyResponse"](ready=ready)
 
         return self._calls.run("ModelReady", "ready", context, run, request)
 
-    def ServerMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ServerMetadata(self, request: object, context: grpc.ServicerContext) -> object:
         return self._calls.run("ServerMetadata", "metadata", context,
                                lambda: messages["ServerMetadataResponse"](**self.plane.server_metadata()), request)
 
     def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+        def run() -> object:
             meta = self.plane.model_metadata(request.name, parse_version(request.version))
             answer = messages["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"],
                                                        platform=meta["platform"])
@@ -74,7 +74,7 @@ class V2Servicer:
         return self._calls.run("ModelMetadata", "metadata", context, run, request)
 
     def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+        def run() -> object:
             answer = messages["RepositoryIndexResponse"]()
             for entry in self.plane.repository_index(request.ready):
                 answer.models.add(**entry)
@@ -83,20 +83,20 @@ class V2Servicer:
         return self._calls.run("RepositoryIndex", "repository", context, run, request)
 
     def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+        def run() -> object:
             self.plane.repository_load(request.model_name)
             return messages["RepositoryModelLoadResponse"]()
 
         return self._calls.run("RepositoryModelLoad", "load", context, run, request)
 
     def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
-        def run() -> Any:
+        def run() -> object:
             self.plane.repository_unload(request.model_name)
             return messages["RepositoryModelUnloadResponse"]()
 
         return self._calls.run("RepositoryModelUnload", "unload", context, run, request)
 
-    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelInfer(self, request: object, context: grpc.ServicerContext) -> object:
         return self._calls.run("ModelInfer", "predict", context, lambda: self._infer(request), request)
 
     def _infer(self, request: Any) -> Any:
@@ -105,7 +105,7 @@ class V2Servicer:
             raise V2Error(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send one per input")
         tensors, binary = [], b""
         for i, tensor in enumerate(request.inputs):
-            doc: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+            doc: dict[str, object] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
             if raw:
                 doc["parameters"] = {"binary_data_size": len(raw[i])}
                 binary += raw[i]

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import IO, Any, NamedTuple
+from typing import IO, NamedTuple
 
 import orjson
 import requests
@@ -65,7 +65,7 @@ class Context(NamedTuple):
     method: str | None
     rest_uri: str
     grpc_port: int | str | None
-    channel: Any
+    channel: object
     custom_attributes: str | None
     request_content_type: str | None
     accept_header: str | None
@@ -74,16 +74,18 @@ class Context(NamedTuple):
 
 
 # The body is bytes/str, or a request dict holding numpy arrays (see Handlers._request_body).
-TfsCall = Callable[[bytes | str | dict[str, Any], Context], requests.Response]
+TfsCall = Callable[[bytes | str | dict[str, object], Context], requests.Response]
+Handler = Callable[..., object]  # a function of inference.py
 
 
-def _holds_arrays(doc: dict[str, Any]) -> bool:
+def _holds_arrays(doc: dict[str, object]) -> bool:
     """True for a TF Serving request whose instances/inputs are numpy arrays (passed on unserialized)."""
     import numpy as np
 
-    values = [doc.get("instances"), doc.get("inputs")]
-    if isinstance(doc.get("inputs"), dict):
-        values += list(doc["inputs"].values())
+    inputs = doc.get("inputs")
+    values = [doc.get("instances"), inputs]
+    if isinstance(inputs, dict):
+        values += list(inputs.values())
     return any(isinstance(v, np.ndarray) for v in values)
 
 
@@ -93,9 +95,9 @@ class Handlers:
 
     path: str
     module: ModuleType
-    handler: Callable[..., Any] | None = None
-    input_handler: Callable[..., Any] | None = None
-    output_handler: Callable[..., Any] | None = None
+    handler: Callable[..., object] | None = None
+    input_handler: Callable[..., object] | None = None
+    output_handler: Callable[..., object] | None = None
     path_entries: tuple[str, ...] = ()  # what loading put on sys.path, released by unload_handlers
 
     def call(
@@ -122,7 +124,7 @@ class Handlers:
             log.error("%s", exc.message)
             raise
 
-    def _run(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
+    def _run(self, name: str, function: Callable[..., object], *args: object) -> object:
         try:
             with tracing.span(name, {"code.function.name": name, "code.file.path": self.path}):
                 return function(*args)
@@ -132,7 +134,7 @@ class Handlers:
             error.user_traceback = traceback.format_exc()  # type: ignore[attr-defined]
             raise error from exc
 
-    def _request_body(self, processed: Any) -> bytes | str | dict[str, Any]:
+    def _request_body(self, processed: object) -> bytes | str | dict[str, object]:
         """What input_handler returned, as the body of the TF Serving request."""
         if isinstance(processed, (str, bytes)):
             return processed
@@ -155,19 +157,20 @@ class Handlers:
                     f"input_handler in {self.path} returned a {type(processed).__name__} that "
                     f"is not JSON-serializable ({exc}); return json.dumps(...) of plain values"
                 ) from exc
-        if hasattr(processed, "read"):
-            return self._run("input_handler's returned stream .read()", processed.read)
+        read = getattr(processed, "read", None)
+        if callable(read):
+            return self._request_body(self._run("input_handler's returned stream .read()", read))
         raise HandlerError(
             f"input_handler in {self.path} returned {type(processed).__name__}; return the TF "
             "Serving request body as str or bytes, e.g. json.dumps({'instances': [...]})"
         )
 
-    def _result(self, result: Any) -> tuple[bytes, str, str | None]:
+    def _result(self, result: object) -> tuple[bytes, str, str | None]:
         """(body, content_type[, custom_attributes]) or a bare body, as bytes, a content type
         string and the custom attributes to answer with (SageMaker passes them to the caller)."""
         name = "handler" if self.handler is not None else "output_handler"
-        content_type: Any = DEFAULT_CONTENT_TYPE
-        attributes: Any = None
+        content_type: object = DEFAULT_CONTENT_TYPE
+        attributes: object = None
         if isinstance(result, (tuple, list)):
             if len(result) not in (2, 3):
                 raise HandlerError(
@@ -203,7 +206,7 @@ class Handlers:
                 f"{name} in {self.path} returned content type {content_type!r}; "
                 "it must be a str such as 'application/json'"
             )
-        return body, content_type, attributes
+        return body, content_type, attributes if isinstance(attributes, str) else None
 
 
 def load_handlers(
@@ -276,7 +279,7 @@ def reload_handlers(old: Handlers, module_name: str) -> Handlers:
     return new
 
 
-def _handler_functions(module: ModuleType, path: str) -> tuple[Any, Any, Any]:
+def _handler_functions(module: ModuleType, path: str) -> tuple[Handler | None, Handler | None, Handler | None]:
     """(handler, input_handler, output_handler) of an imported inference.py, checked."""
     handler = _function(module, "handler", path)
     input_handler = _function(module, "input_handler", path)
@@ -326,7 +329,7 @@ def _release_paths(entries: tuple[str, ...]) -> None:
             sys.path.remove(entry)
 
 
-def _function(module: ModuleType, name: str, path: str) -> Callable[..., Any] | None:
+def _function(module: ModuleType, name: str, path: str) -> Handler | None:
     value = getattr(module, name, None)
     if value is not None and not callable(value):
         raise BundleError(f"{path}: {name} is a {type(value).__name__}, not a function")

@@ -125,7 +125,7 @@ class Pages:
         """GET /v1/models/{name}[/versions/{v}|/labels/{l}]/metadata: its signatures."""
         return await self._tfs_get(request, self.service.api.metadata)
 
-    async def _tfs_get(self, request: Request, get: Callable[[str, int | None, str | None], Any]) -> Response:
+    async def _tfs_get(self, request: Request, get: Callable[[str, int | None, str | None], object]) -> Response:
         params = request.path_params
         try:
             version = parse_version(params.get("version"))
@@ -161,7 +161,7 @@ class Pages:
         """GET /v1/models: every model with its versions and their states (TF Serving has none)."""
         service = self.service
 
-        def models() -> dict[str, Any]:
+        def models() -> dict[str, object]:
             return {"models": [{"name": name, **service.api.status(name, None, None)} for name in service.model_names()]}
 
         return json_response(await _in_thread(models))
@@ -173,7 +173,7 @@ class Pages:
 
         service = self.service
 
-        def document() -> dict[str, Any]:
+        def document() -> dict[str, object]:
             models: dict[str, Any] = {}
             for name in service.model_names():
                 try:
@@ -247,7 +247,7 @@ def build_app(
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return internal_error(exc)
 
-    groups: dict[str, Any] = {
+    groups: dict[str, object] = {
         "hot": hot,
         "pages": Pages(service, settings.execution_parameters, multi_model is not None,
                        management=settings.management_open()[0]),

@@ -5,7 +5,6 @@ can be sent from the page."""
 from __future__ import annotations
 
 from importlib.resources import files
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -54,7 +53,7 @@ class DocsPage:
             require("GET /docs", "ui", "swagger_ui")
         except MissingExtra as exc:
             self.missing: MissingExtra | None = exc
-            self.assets: Any = self._missing_assets
+            self.assets: object = self._missing_assets
             return
         self.missing = None
         # The package's static folder (its only part used here; a new version is checked by the test).

@@ -29,7 +29,7 @@ _ERROR = {"description": "An error, as {\"error\": \"...\"}",
 _JSON_ANY = {"content": {"application/json": {"schema": {"type": "object"}}}}
 
 
-def _scalar(dtype: str) -> dict[str, Any]:
+def _scalar(dtype: str) -> dict[str, object]:
     if dtype in _NUMBER:
         return {"type": "number"}
     if dtype in _INTEGER:
@@ -42,7 +42,7 @@ def _scalar(dtype: str) -> dict[str, Any]:
     return {}
 
 
-def _tensor(spec: TensorSpec, *, drop_batch: bool) -> dict[str, Any]:
+def _tensor(spec: TensorSpec, *, drop_batch: bool) -> dict[str, object]:
     """Nested arrays for the spec's rank (the batch dimension dropped for one instance)."""
     schema = _scalar(spec.dtype)
     dims = list(spec.shape) if spec.shape is not None else None
@@ -55,8 +55,8 @@ def _tensor(spec: TensorSpec, *, drop_batch: bool) -> dict[str, Any]:
     return schema
 
 
-def _example(spec: TensorSpec, *, drop_batch: bool) -> Any:
-    value: Any = "" if spec.dtype == "DT_STRING" else (True if spec.dtype == "DT_BOOL" else 1.0)
+def _example(spec: TensorSpec, *, drop_batch: bool) -> object:
+    value: object = "" if spec.dtype == "DT_STRING" else (True if spec.dtype == "DT_BOOL" else 1.0)
     if spec.dtype in _INTEGER:
         value = 1
     dims = list(spec.shape or [])
@@ -67,7 +67,7 @@ def _example(spec: TensorSpec, *, drop_batch: bool) -> Any:
     return value
 
 
-def _predict_body(sig: SignatureDef) -> dict[str, Any]:
+def _predict_body(sig: SignatureDef) -> dict[str, object]:
     inputs = sig.inputs
     if len(inputs) == 1:
         (spec,) = inputs.values()
@@ -78,7 +78,7 @@ def _predict_body(sig: SignatureDef) -> dict[str, Any]:
                     "required": sorted(inputs)}
         example = {"instances": [{k: _example(s, drop_batch=True) for k, s in inputs.items()}]}
     per_input = {k: _tensor(s, drop_batch=False) for k, s in inputs.items()}
-    columnar: dict[str, Any] = {"type": "object", "properties": per_input}
+    columnar: dict[str, object] = {"type": "object", "properties": per_input}
     schema = {
         "type": "object",
         "properties": {
@@ -91,7 +91,7 @@ def _predict_body(sig: SignatureDef) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema, "example": example}}}
 
 
-def _v2_body(name: str, sig: SignatureDef) -> dict[str, Any]:
+def _v2_body(name: str, sig: SignatureDef) -> dict[str, object]:
     tensor = {
         "type": "object",
         "properties": {
@@ -114,8 +114,8 @@ def _v2_body(name: str, sig: SignatureDef) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema, "example": example}}}
 
 
-def _op(summary: str, *, body: dict[str, Any] | None = None, tags: list[str], ok: dict[str, Any] | None = None,
-        errors: tuple[int, ...] = (400, 404)) -> dict[str, Any]:
+def _op(summary: str, *, body: dict[str, object] | None = None, tags: list[str], ok: dict[str, object] | None = None,
+        errors: tuple[int, ...] = (400, 404)) -> dict[str, object]:
     op: dict[str, Any] = {"summary": summary, "tags": tags,
                           "responses": {"200": ok or {"description": "OK", **_JSON_ANY}}}
     for status in errors:
@@ -125,11 +125,11 @@ def _op(summary: str, *, body: dict[str, Any] | None = None, tags: list[str], ok
     return op
 
 
-def _runtime_error(description: str, schema: str) -> dict[str, Any]:
+def _runtime_error(description: str, schema: str) -> dict[str, object]:
     return {"description": description, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
 
 
-def _body(kind: str, name: str | None, sig: SignatureDef | None) -> dict[str, Any]:
+def _body(kind: str, name: str | None, sig: SignatureDef | None) -> dict[str, object]:
     """A request body of the shape a route's Doc names."""
     if kind == "predict" and sig is not None:
         return _predict_body(sig)
@@ -146,7 +146,7 @@ def _body(kind: str, name: str | None, sig: SignatureDef | None) -> dict[str, An
     return {"required": True, **_JSON_ANY}
 
 
-def _ok(kind: str) -> dict[str, Any] | None:
+def _ok(kind: str) -> dict[str, object] | None:
     if kind == "empty":
         return {"description": "Healthy"}
     if kind == "text":
@@ -157,7 +157,7 @@ def _ok(kind: str) -> dict[str, Any] | None:
 
 
 def _operation(spec: RouteSpec, doc: Doc, name: str | None = None, sig: SignatureDef | None = None,
-               summary: str | None = None) -> dict[str, Any]:
+               summary: str | None = None) -> dict[str, object]:
     tags = [f"model {name}"] if name is not None else list(doc.tags)
     body = _body(doc.body, name, sig) if doc.body else None
     op = _op(summary or doc.summary.format(name=name), body=body, tags=tags, ok=_ok(doc.ok), errors=doc.errors)
@@ -194,7 +194,7 @@ def _tfs_methods(sig: SignatureDef) -> dict[str, tuple[str, str]]:
 
 def openapi_document(
     models: dict[str, SignatureDef | None], *, multi_model: bool = False, management: bool = True,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The document for `models` (name → its serving_default signature, None while unavailable),
     from the documented routes of routes.ROUTES (the management ones only while they answer)."""
     paths: dict[str, Any] = {}

@@ -242,7 +242,7 @@ class HotDispatch:
     routing were ~20 % of a small request's CPU): exact paths by dict, templates by prefix and
     one compiled pattern each."""
 
-    def __init__(self, groups: Mapping[str, Any], *, multi_model: bool) -> None:
+    def __init__(self, groups: Mapping[str, object], *, multi_model: bool) -> None:
         self._exact: dict[str, tuple[RouteSpec, AsgiHandler]] = {}
         self._patterns: list[tuple[str, re.Pattern[str], RouteSpec, AsgiHandler]] = []
         for spec in ROUTES:

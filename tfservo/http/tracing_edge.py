@@ -17,7 +17,7 @@ __all__ = ["traced"]
 async def traced(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
     """`app(scope, receive, send)` inside a SERVER span."""
     method = scope["method"]
-    attributes: dict[str, object] = {
+    attributes: dict[str, str | int] = {
         "http.request.method": method,
         "url.path": scope["path"],
         "url.scheme": scope.get("scheme", "http"),

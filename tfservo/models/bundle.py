@@ -88,7 +88,7 @@ class Bundle:
     models: dict[str, ModelSource]
     code_dir: str | None = None
     source: str = ""
-    _tmp: Any = field(default=None, repr=False, compare=False)
+    _tmp: object = field(default=None, repr=False, compare=False)
 
 
 def discover_versions(model_dir: str) -> dict[int, str]:
@@ -443,7 +443,7 @@ def _fetch_dir(fs: Any, base: str, url: str, files: dict[str, dict], work: _Work
     return target
 
 
-def _fingerprint(info: Mapping[str, Any]) -> dict[str, Any]:
+def _fingerprint(info: Mapping[str, object]) -> dict[str, object]:
     """What identifies one version of a remote object: size plus ETag / mtime where the store has them."""
     keys = ("size", "ETag", "etag", "LastModified", "mtime", "md5", "generation")
     return {k: str(info[k]) for k in keys if info.get(k) is not None}
@@ -452,7 +452,7 @@ def _fingerprint(info: Mapping[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- cache directory
 
 
-def _cache_key(parts: Mapping[str, Any]) -> str:
+def _cache_key(parts: Mapping[str, object]) -> str:
     """A short stable directory name for a source and its fingerprint."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 

@@ -67,7 +67,7 @@ class ModelConfigReloader:
         (TF Serving builds the same one-entry config internally)."""
         self._apply([single_model_config(name, base_path)], source=f"--model_base_path {base_path}")
 
-    def reload_config(self, config: str | bytes | Any) -> None:
+    def reload_config(self, config: str | bytes | object) -> None:
         """Make the served config models match `config` (text or ModelServerConfig proto).
 
         Raises a ServingError (InvalidArgument, AlreadyExists, ...) naming the model when the

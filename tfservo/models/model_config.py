@@ -76,7 +76,7 @@ class ModelConfig:
 
 
 def parse_model_server_config(
-    config: str | bytes | Any, *, source: str = "model config"
+    config: str | bytes | object, *, source: str = "model config"
 ) -> list[ModelConfig]:
     """A ModelServerConfig (text proto, or the proto message itself) → its model entries, validated.
 

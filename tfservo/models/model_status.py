@@ -8,8 +8,6 @@ and gRPC (`ModelService.GetModelStatus`) both answer with this one document.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tfservo.core.errors import NotFound
 from tfservo.core.request_labels import note_version
 from tfservo.models.servables import ModelManager, ServableVersion
@@ -17,7 +15,7 @@ from tfservo.models.servables import ModelManager, ServableVersion
 __all__ = ["model_status", "version_statuses"]
 
 
-def model_status(manager: ModelManager, name: str, version: int | None, label: str | None) -> dict[str, Any]:
+def model_status(manager: ModelManager, name: str, version: int | None, label: str | None) -> dict[str, object]:
     """The status document (GetModelStatusResponse as JSON) of the versions a request names."""
     return {
         "model_version_status": [

@@ -21,7 +21,6 @@ import tempfile
 import threading
 import uuid
 import weakref
-from typing import Any
 
 import orjson
 
@@ -182,13 +181,13 @@ class MultiModelEndpoint:
         log.info("model %s unloaded", name)
         return {"success": f"Successfully unloaded model {name}."}
 
-    def list_models(self) -> dict[str, Any]:
+    def list_models(self) -> dict[str, object]:
         """Every loaded model → its TF Serving status (GET /v1/models/NAME)."""
         with self._lock:
             names = sorted(self._urls)
         return {name: self.service.api.status(name, None, None) for name in names}
 
-    def describe(self, name: str) -> dict[str, Any]:
+    def describe(self, name: str) -> dict[str, object]:
         """One model's url and TF Serving status, or NotFound."""
         with self._lock:
             url = self._urls.get(name)

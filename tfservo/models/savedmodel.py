@@ -67,7 +67,7 @@ _ERRORS_BY_CODE: dict[Code, type[ServingError]] = {
 _FEATURE_TYPES = {types_pb2.DT_FLOAT: "float", types_pb2.DT_INT64: "int64", types_pb2.DT_STRING: "bytes"}
 
 Feeds = dict[str, np.ndarray]
-_Runner = Callable[[list[np.ndarray]], list[Any]]
+_Runner = Callable[[list[np.ndarray]], list[object]]
 
 
 def load_saved_model(
@@ -215,7 +215,7 @@ class LoadedModel:
     def run(
         self,
         signature_name: str,
-        inputs: Mapping[str, Any],
+        inputs: Mapping[str, object],
         output_keys: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """Run a signature on `inputs` (key → array) and return the outputs (all, or `output_keys`)."""
@@ -275,7 +275,7 @@ class LoadedModel:
     def __repr__(self) -> str:
         return f"LoadedModel({self.path!r}, signatures={sorted(self.signatures)})"
 
-    def _feeds(self, sig: SignatureDef, inputs: Mapping[str, Any]) -> Feeds:
+    def _feeds(self, sig: SignatureDef, inputs: Mapping[str, object]) -> Feeds:
         defaults = self._defaults.get(sig.name, {})
         extra = sorted(set(inputs) - set(sig.inputs))
         missing = sorted(set(sig.inputs) - set(inputs) - set(defaults))
@@ -388,7 +388,7 @@ class _FunctionBackend(_Backend):
         function = self.loaded.signatures[sig.name]
         dtypes = {k: self.input_dtype(sig, k) for k in in_keys}
 
-        def run(values: list[np.ndarray]) -> list[Any]:
+        def run(values: list[np.ndarray]) -> list[object]:
             kwargs = {k: tf.convert_to_tensor(v, dtype=dtypes[k]) for k, v in zip(in_keys, values)}
             result = function(**kwargs)
             return [result[k].numpy() for k in out_keys]
@@ -467,7 +467,7 @@ def _dtype(enum_name: str) -> tf.DType:
     return tf.dtypes.as_dtype(types_pb2.DataType.Value(enum_name)).base_dtype
 
 
-def _coerce(sig_name: str, spec: TensorSpec, dtype: tf.DType, value: Any) -> np.ndarray:
+def _coerce(sig_name: str, spec: TensorSpec, dtype: tf.DType, value: object) -> np.ndarray:
     """`value` as an array of `dtype`, converting only when no value changes."""
 
     def fail(why: str) -> InvalidArgument:
@@ -547,7 +547,7 @@ def _integral(arr: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(arr)) and np.all(np.mod(arr, 1) == 0))
 
 
-def _to_numpy(value: Any, spec: TensorSpec) -> np.ndarray:
+def _to_numpy(value: object, spec: TensorSpec) -> np.ndarray:
     if spec.dtype == "DT_STRING":
         return np.asarray(value, dtype=object)
     return np.asarray(value)

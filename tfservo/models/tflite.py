@@ -34,7 +34,7 @@ def load_tflite_model(path: str, *, interpreters: int = 1, threads: int = 0) -> 
     model_file = os.path.join(path, TFLITE_MODEL_FILE)
     if not os.path.isfile(model_file):
         raise ModelLoadError(f"No {TFLITE_MODEL_FILE} in {path}; put the converted model there", Code.NOT_FOUND)
-    pool: queue.Queue[Any] = queue.Queue()
+    pool: queue.Queue[object] = queue.Queue()
     try:
         for _ in range(max(interpreters, 1)):
             pool.put(_interpreter(model_file, threads))
@@ -47,7 +47,7 @@ def load_tflite_model(path: str, *, interpreters: int = 1, threads: int = 0) -> 
     return LoadedModel(path, backend.meta_graph_def(), backend)
 
 
-def _interpreter(model_file: str, threads: int) -> Any:
+def _interpreter(model_file: str, threads: int) -> object:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "tf.lite.Interpreter is deprecated": see docs/decisions.md
         interpreter = tf.lite.Interpreter(model_path=model_file, num_threads=threads or None)

@@ -20,6 +20,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from tfservo.batch.job import api_values, parameters
 from tfservo.sagemaker_sdk.processes import EndpointServer, TransformRun, child_env
 
 __all__ = ["ControlPlane"]
@@ -55,10 +56,10 @@ class ControlPlane:
     def __init__(self, region: str, env: Mapping[str, str]) -> None:
         self.region = region
         self.env = dict(env)  # for every child: S3 endpoint and credentials
-        self._models: dict[str, dict[str, Any]] = {}
-        self._configs: dict[str, dict[str, Any]] = {}
-        self._endpoints: dict[str, tuple[EndpointServer, dict[str, Any]]] = {}
-        self._jobs: dict[str, tuple[TransformRun, dict[str, Any]]] = {}
+        self._models: dict[str, dict[str, object]] = {}
+        self._configs: dict[str, dict[str, object]] = {}
+        self._endpoints: dict[str, tuple[EndpointServer, dict[str, object]]] = {}
+        self._jobs: dict[str, tuple[TransformRun, dict[str, object]]] = {}
         self._lock = threading.Lock()
         self._work = tempfile.mkdtemp(prefix="tfservo-control-plane-")  # files handed to the servers
 
@@ -68,7 +69,7 @@ class ControlPlane:
     # -- models and endpoint configs -------------------------------------------------------
 
     def create_model(self, ModelName: str, PrimaryContainer: dict | None = None, Containers: list | None = None,
-                     **kwargs: Any) -> dict[str, Any]:
+                     **kwargs: object) -> dict[str, object]:
         containers = [PrimaryContainer] if PrimaryContainer else list(Containers or [])
         if len(containers) != 1:
             raise ValueError(f"model {ModelName}: tfservo serves one container per model, got {len(containers)}")
@@ -83,11 +84,11 @@ class ControlPlane:
             raise _not_found("model", ModelName, "DescribeModel")
         return dict(self._models[ModelName])
 
-    def delete_model(self, ModelName: str) -> dict[str, Any]:
+    def delete_model(self, ModelName: str) -> dict[str, object]:
         self._models.pop(ModelName, None)
         return {}
 
-    def create_endpoint_config(self, EndpointConfigName: str, ProductionVariants: list, **kwargs: Any) -> dict[str, Any]:
+    def create_endpoint_config(self, EndpointConfigName: str, ProductionVariants: list, **kwargs: object) -> dict[str, object]:
         self._configs[EndpointConfigName] = {
             "EndpointConfigName": EndpointConfigName, "ProductionVariants": ProductionVariants,
             "EndpointConfigArn": self._arn("endpoint-config", EndpointConfigName), "CreationTime": _now(),
@@ -100,13 +101,13 @@ class ControlPlane:
             raise _not_found("endpoint configuration", EndpointConfigName, "DescribeEndpointConfig")
         return dict(self._configs[EndpointConfigName])
 
-    def delete_endpoint_config(self, EndpointConfigName: str) -> dict[str, Any]:
+    def delete_endpoint_config(self, EndpointConfigName: str) -> dict[str, object]:
         self._configs.pop(EndpointConfigName, None)
         return {}
 
     # -- endpoints ---------------------------------------------------------------------------
 
-    def create_endpoint(self, EndpointName: str, EndpointConfigName: str, **kwargs: Any) -> dict[str, Any]:
+    def create_endpoint(self, EndpointName: str, EndpointConfigName: str, **kwargs: object) -> dict[str, object]:
         """Start `tfservo serve` for the config's variant and return once it answers /ping."""
         config = self.describe_endpoint_config(EndpointConfigName)
         variants = config["ProductionVariants"]
@@ -152,7 +153,7 @@ class ControlPlane:
             log.error("endpoint %s failed: %s", EndpointName, server.failure)
         return {"EndpointArn": description["EndpointArn"]}
 
-    def describe_endpoint(self, EndpointName: str) -> dict[str, Any]:
+    def describe_endpoint(self, EndpointName: str) -> dict[str, object]:
         with self._lock:
             found = self._endpoints.get(EndpointName)
         if found is None:
@@ -168,7 +169,7 @@ class ControlPlane:
             found = self._endpoints.get(name)
         return found[0].url or None if found else None
 
-    def delete_endpoint(self, EndpointName: str) -> dict[str, Any]:
+    def delete_endpoint(self, EndpointName: str) -> dict[str, object]:
         with self._lock:
             found = self._endpoints.pop(EndpointName, None)
         if found is None:
@@ -191,8 +192,8 @@ class ControlPlane:
         MaxPayloadInMB: int | None = None,
         Environment: dict | None = None,
         DataProcessing: dict | None = None,
-        **kwargs: Any,
-    ) -> dict[str, Any]:
+        **kwargs: object,
+    ) -> dict[str, object]:
         """Start `tfservo transform` with the job's settings; it runs in the background."""
         with self._lock:
             if TransformJobName in self._jobs:
@@ -204,23 +205,20 @@ class ControlPlane:
         container = self.describe_model(ModelName)["PrimaryContainer"]
         source = TransformInput["DataSource"]["S3DataSource"]
         args = [_local(_model_data(container)), _local(source["S3Uri"]), _local(TransformOutput["S3OutputPath"])]
-        options = {
-            "--data-type": source.get("S3DataType"),
-            "--content-type": TransformInput.get("ContentType"),
-            "--compression-type": TransformInput.get("CompressionType"),
-            "--split-type": TransformInput.get("SplitType"),
-            "--accept": TransformOutput.get("Accept"),
-            "--assemble-with": TransformOutput.get("AssembleWith"),
-            "--batch-strategy": BatchStrategy,
-            "--max-concurrent-transforms": MaxConcurrentTransforms,
-            "--max-payload": MaxPayloadInMB,
-            "--input-filter": (DataProcessing or {}).get("InputFilter"),
-            "--output-filter": (DataProcessing or {}).get("OutputFilter"),
-            "--join-source": (DataProcessing or {}).get("JoinSource"),
+        request = {
+            **kwargs, "TransformInput": TransformInput, "TransformOutput": TransformOutput,
+            "BatchStrategy": BatchStrategy, "MaxConcurrentTransforms": MaxConcurrentTransforms,
+            "MaxPayloadInMB": MaxPayloadInMB, "DataProcessing": DataProcessing,
         }
-        for flag, value in options.items():
-            if value is not None:
-                args += [flag, str(value)]
+        given = api_values(request)
+        for declared in parameters():
+            if declared.name not in given:
+                continue
+            value = given[declared.name]
+            if declared.kind is bool:
+                args += [declared.flag] if value else []
+            else:
+                args += [declared.flag, _local(str(value)) if declared.name == "data_capture" else str(value)]
         for key, value in {**container.get("Environment", {}), **(Environment or {})}.items():
             args += ["--env", f"{key}={value}"]
         workers = int(TransformResources.get("InstanceCount", 1))
@@ -244,7 +242,7 @@ class ControlPlane:
             raise _not_found("transform job", name, "DescribeTransformJob")
         return found[0]
 
-    def describe_transform_job(self, TransformJobName: str) -> dict[str, Any]:
+    def describe_transform_job(self, TransformJobName: str) -> dict[str, object]:
         run = self.transform_run(TransformJobName)
         with self._lock:
             description = dict(self._jobs[TransformJobName][1])
@@ -256,7 +254,7 @@ class ControlPlane:
             description["FailureReason"] = run.failure_reason
         return description
 
-    def stop_transform_job(self, TransformJobName: str) -> dict[str, Any]:
+    def stop_transform_job(self, TransformJobName: str) -> dict[str, object]:
         self.transform_run(TransformJobName).stop()
         return {}
 

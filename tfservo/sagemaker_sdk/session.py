@@ -176,8 +176,8 @@ class RuntimeClient:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.config: Any = None  # LocalSession hands its local-mode config to its runtime client
-        self._clients: dict[str, Any] = {}
+        self.config: object = None  # LocalSession hands its local-mode config to its runtime client
+        self._clients: dict[str, object] = {}
         self._lock = threading.Lock()
 
     def client(self, url: str) -> Any:
@@ -193,10 +193,10 @@ class RuntimeClient:
                 )
             return self._clients[url]
 
-    def invoke_endpoint(self, EndpointName: str, **kwargs: Any) -> dict[str, Any]:
+    def invoke_endpoint(self, EndpointName: str, **kwargs: object) -> dict[str, Any]:  # boto3's shape
         return self._serving(EndpointName, "InvokeEndpoint").invoke_endpoint(EndpointName=EndpointName, **kwargs)
 
-    def invoke_endpoint_async(self, EndpointName: str, **kwargs: Any) -> dict[str, Any]:
+    def invoke_endpoint_async(self, EndpointName: str, **kwargs: object) -> dict[str, Any]:  # boto3's shape
         """The SDK's AsyncPredictor calls this: the request is queued by the endpoint's server."""
         client = self._serving(EndpointName, "InvokeEndpointAsync")
         return client.invoke_endpoint_async(EndpointName=EndpointName, **kwargs)

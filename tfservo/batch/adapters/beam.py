@@ -38,7 +38,7 @@ __all__ = ["BundleModelHandler", "ServingModelHandler"]
 log = logging.getLogger("tfservo.beam")
 
 
-class ServingModelHandler(ModelHandler[Any, Any, Any]):
+class ServingModelHandler(ModelHandler[object, object, object]):
     """Batches elements for one signature (or /invocations), runs them, splits results per element.
 
     Subclasses implement load_model, returning an object with the methods of LoadedBundle
@@ -98,7 +98,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
 
     def run_inference(
         self, batch: Sequence[Any], model: Any, inference_args: dict[str, Any] | None = None
-    ) -> Iterable[Any]:
+    ) -> Iterable[object]:
         """Run one batch; a failed batch is retried element by element so only the bad ones fail.
 
         Under RunInference(...).with_exception_handling() each bad element goes to the dead-letter
@@ -129,14 +129,14 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
             raise ElementErrors(failures, len(batch), target.describe()) from failures[0].error
         return with_dead_letters(outputs, tag, len(batch), target.describe())
 
-    def validate_inference_args(self, inference_args: dict[str, Any] | None) -> None:
+    def validate_inference_args(self, inference_args: dict[str, object] | None) -> None:
         if inference_args:
             raise ValueError(
                 f"tfservo handlers take no inference_args (got {sorted(inference_args)}); choose "
                 "the signature and method with signature_name= and method= instead"
             )
 
-    def get_num_bytes(self, batch: Sequence[Any]) -> int:
+    def get_num_bytes(self, batch: Sequence[object]) -> int:
         return sum(_num_bytes(element) for element in batch)
 
     # -- results ----------------------------------------------------------------------------
@@ -158,7 +158,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
             log.info("now answering with %s (was %s)", model_id, self._answering)
         self._answering = model_id
 
-    def _outputs(self, target: Target, part: Part) -> list[Any]:
+    def _outputs(self, target: Target, part: Part) -> list[object]:
         """A part's results as Beam outputs: PredictionResults, or PredictionLogs with
         output="prediction_log"; failed elements stay ElementFailures."""
         model_id = self.model_id(target)
@@ -174,7 +174,7 @@ class ServingModelHandler(ModelHandler[Any, Any, Any]):
             self._metrics = HandlerMetrics()
         return self._metrics
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["_metrics"] = None  # recreated where the handler runs
         state["_answering"] = None
@@ -270,7 +270,7 @@ _BEAM_OPTIONS = frozenset(
 _CLOSE = {"signature": "signature_name", "model": "model_name", "model_version": "version", "accept_type": "accept"}
 
 
-def _num_bytes(element: Any) -> int:
+def _num_bytes(element: object) -> int:
     if isinstance(element, np.ndarray):
         return int(element.nbytes)
     if isinstance(element, (bytes, bytearray, str)):

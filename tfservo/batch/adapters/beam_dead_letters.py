@@ -26,7 +26,6 @@ import logging
 import sys
 import traceback
 from types import CodeType, FrameType
-from typing import Any
 
 import apache_beam
 from apache_beam.ml.inference import base
@@ -54,7 +53,7 @@ def supported(beam_version: str) -> bool:
 RUN_INFERENCE_DEAD_LETTER_TAG = "bad"
 
 
-def _code(owner: Any, name: str) -> CodeType | None:
+def _code(owner: object, name: str) -> CodeType | None:
     function = getattr(owner, name, None)
     function = getattr(function, "__func__", function)  # classmethods
     return getattr(function, "__code__", None)
@@ -96,7 +95,7 @@ _UNDER_WRAPPER = frozenset(
 )
 
 
-def dead_letter_tag(handler: Any) -> str | None:
+def dead_letter_tag(handler: object) -> str | None:
     """The tag under which `handler.run_inference` (the caller) may return per-element failures,
     or None when they must be raised instead (see the module's docstring)."""
     if not getattr(handler, "per_element_failures", False):
@@ -124,7 +123,7 @@ def dead_letter_tag(handler: Any) -> str | None:
     return RUN_INFERENCE_DEAD_LETTER_TAG if caller.f_code in _UNDER_WRAPPER else None
 
 
-def _passes_results_on(frame: FrameType, handler: Any) -> bool:
+def _passes_results_on(frame: FrameType, handler: object) -> bool:
     if frame.f_code in _PASS_THROUGH:
         return True
     if frame.f_code is _MAYBE_KEYED:
@@ -132,10 +131,10 @@ def _passes_results_on(frame: FrameType, handler: Any) -> bool:
     return frame.f_locals.get("self") is handler  # the handler's own methods
 
 
-def with_dead_letters(outputs: list[Any], tag: str, batch_size: int, where: str) -> list[Any]:
+def with_dead_letters(outputs: list[object], tag: str, batch_size: int, where: str) -> list[object]:
     """A batch's results with each ElementFailure replaced by its dead letter: a batch of one,
     `([element], (ElementErrors, repr(error), traceback))` as Beam writes them, under `tag`."""
-    out: list[Any] = []
+    out: list[object] = []
     for output in outputs:
         if isinstance(output, ElementFailure):
             error = ElementErrors([output], batch_size, where)

@@ -126,7 +126,7 @@ class RemoteBundleModelHandler(ServingModelHandler):
         self._timeout = timeout_secs
         self._retry = RetryPolicy(max_retries, initial_backoff_secs, max_backoff_secs)
 
-    def load_model(self) -> Any:
+    def load_model(self) -> object:
         """A client for the endpoint, with the model's signature read from its metadata."""
         cls = GrpcEndpoint if self._protocol == "grpc" else RestEndpoint
         return cls(self._endpoint, self._selection, timeout=self._timeout, retry=self._retry)
@@ -248,7 +248,7 @@ class RestEndpoint(_Endpoint):
             signatures[key] = signature_from_proto(key, json_format.ParseDict(value, meta_graph_pb2.SignatureDef()))
         return seen, signatures
 
-    def _post(self, verb: str, body: bytes) -> Any:
+    def _post(self, verb: str, body: bytes) -> object:
         t = self._target
         assert t.model_name is not None
         path = f"{self._model_path(t.model_name, self.selection.version)}:{verb}"
@@ -408,7 +408,7 @@ _JSON = {"Content-Type": "application/json"}
 
 def _predict_body(signature_name: str, inputs: Mapping[str, np.ndarray]) -> bytes:
     """A columnar TF Serving :predict request; bytes as {"b64": ...}; NaN/±Infinity kept."""
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     nonfinite = False
     for key, arr in inputs.items():
         if arr.dtype == object or arr.dtype.kind in "SU":
@@ -425,13 +425,13 @@ def _predict_body(signature_name: str, inputs: Mapping[str, np.ndarray]) -> byte
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _json_string(value: Any) -> Any:
+def _json_string(value: object) -> object:
     if isinstance(value, (bytes, bytearray, np.bytes_)):
         return {"b64": base64.b64encode(bytes(value)).decode("ascii")}
     return str(value)
 
 
-def _example_json(serialized: bytes) -> dict[str, Any]:
+def _example_json(serialized: bytes) -> dict[str, object]:
     """A serialized tf.train.Example as a TF Serving JSON example (bytes as {"b64": ...})."""
     from tensorflow.core.example import example_pb2
 
@@ -440,7 +440,7 @@ def _example_json(serialized: bytes) -> dict[str, Any]:
         example.ParseFromString(serialized)
     except Exception as exc:
         raise InvalidArgument(f"element is not a serialized tf.train.Example ({exc})") from None
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for name, feature in example.features.feature.items():
         kind = feature.WhichOneof("kind")
         if kind == "float_list":

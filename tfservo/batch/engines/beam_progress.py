@@ -111,7 +111,7 @@ def object_done(run_id: str, obj: InputObject, failed: bool) -> None:
         run.progress.add(objects=1, failed=int(failed), nbytes=max(rest, 0))
 
 
-def log_counters(result: Any, namespace: str, mode: str) -> None:
+def log_counters(result: object, namespace: str, mode: str) -> None:
     """Log Beam's counters of a finished run (unless --progress none)."""
     if mode == "none":
         return

@@ -272,7 +272,7 @@ def outcome_from_json(obj: InputObject, data: bytes) -> ObjectOutcome:
 Drive = Callable[[Any, DriverRun], tuple[list[ObjectOutcome], set[str]]]
 
 
-def run_on_cluster(job: TransformJob, connect: Callable[[], AbstractContextManager[Any]], drive: Drive) -> TransformSummary:
+def run_on_cluster(job: TransformJob, connect: Callable[[], AbstractContextManager[object]], drive: Drive) -> TransformSummary:
     """Ray's and Spark's run: prepare OUTPUT, connect to the cluster only when there is work,
     let the engine `drive` the objects, then count, name the workers and report."""
     run = start_driver_run(job)

@@ -49,7 +49,7 @@ class RaySettings:
 
     address: str | None = None  # None: the cluster this process is connected to, else a new local one
     workers: int = 0  # model actors; 0: one per CPU of the cluster
-    options: dict[str, Any] = field(default_factory=dict)  # more ray.init() arguments
+    options: dict[str, object] = field(default_factory=dict)  # more ray.init() arguments
 
 
 @contextmanager
@@ -113,8 +113,8 @@ class _Object:
 
     def __init__(self, obj: InputObject) -> None:
         self.obj = obj
-        self.held: Any = None  # the newest ref: a request, or the Tail when the generator ends
-        self.answers: list[Any] = []
+        self.held: object = None  # the newest ref: a request, or the Tail when the generator ends
+        self.answers: list[object] = []
         self.waiting = 0  # answers not in yet
         self.tail: Tail | None = None
 
@@ -193,16 +193,16 @@ def _drive_objects(
     meter = run.progress(progress_mode, interval)
     busy = {i: 0 for i in range(count)}
     limit = 2 * job.concurrency  # requests queued per actor before splitting waits
-    objects: dict[Any, _Object] = {}  # generator → its object
-    answers: dict[Any, tuple[_Object, int]] = {}  # progress ref → (object, actor)
-    writes: dict[Any, _Object] = {}
+    objects: dict[object, _Object] = {}  # generator → its object
+    answers: dict[object, tuple[_Object, int]] = {}  # progress ref → (object, actor)
+    writes: dict[object, _Object] = {}
     outcomes: list[ObjectOutcome] = []
     workers: set[str] = set()
     todo = list(run.todo)
     window = max(2, count)  # objects being split at once
     turn = itertools.count()  # splits and writes go round the actors
 
-    def dispatch(state: _Object, ref: Any) -> None:
+    def dispatch(state: _Object, ref: object) -> None:
         actor = min(busy, key=busy.__getitem__)
         busy[actor] += 1
         meta, answer = actors[actor].call.remote(state.obj.rel, ref)

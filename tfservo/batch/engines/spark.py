@@ -56,7 +56,7 @@ class SparkSettings:
 
 
 @contextmanager
-def _session(settings: SparkSettings) -> Iterator[Any]:
+def _session(settings: SparkSettings) -> Iterator[object]:
     """A SparkSession: the active one (left running), or a new one on `master` (stopped at the end)."""
     SparkSession = require("--runner spark", "spark", "pyspark.sql").SparkSession
     active = SparkSession.getActiveSession()

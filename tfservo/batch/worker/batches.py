@@ -47,7 +47,7 @@ class Part:
     arrays; classify/regress: the serialized examples as inputs), for PredictionLogs."""
 
     offset: int
-    elements: list[Any]
+    elements: list[object]
     results: list[Any]
     inputs: Any = None
     outputs: Any = None
@@ -57,7 +57,7 @@ class Part:
         return not any(isinstance(r, ElementFailure) for r in self.results)
 
 
-def run_batch(model: BatchModel, target: Target, elements: list[Any]) -> list[Part]:
+def run_batch(model: BatchModel, target: Target, elements: list[object]) -> list[Part]:
     """`elements` through `target` in one call; after a failure, each element alone."""
     try:
         return [_call(model, target, elements, 0)]
@@ -77,7 +77,7 @@ def run_batch(model: BatchModel, target: Target, elements: list[Any]) -> list[Pa
     return parts
 
 
-def request_body(element: Any) -> bytes:
+def request_body(element: object) -> bytes:
     """A raw request body element (bytes or str) as bytes."""
     if isinstance(element, (bytes, bytearray, memoryview)):
         return bytes(element)
@@ -89,7 +89,7 @@ def request_body(element: Any) -> bytes:
     )
 
 
-def _call(model: BatchModel, target: Target, elements: list[Any], offset: int) -> Part:
+def _call(model: BatchModel, target: Target, elements: list[object], offset: int) -> Part:
     """One model call for `elements`: the one place that switches on the target's method."""
     if target.method == INVOKE:
         return _invoke(model, elements, offset)
@@ -99,14 +99,14 @@ def _call(model: BatchModel, target: Target, elements: list[Any], offset: int) -
         outputs = model.predict(inputs)
         return Part(offset, elements, split_outputs(outputs, len(elements), target.describe()), inputs, outputs)
     examples = serialize_examples(elements, target.feature_types)
-    method: Callable[[Sequence[bytes]], Sequence[Any]] = model.classify if target.method == "classify" else model.regress
+    method: Callable[[Sequence[bytes]], Sequence[object]] = model.classify if target.method == "classify" else model.regress
     return Part(offset, elements, list(method(examples)), examples)
 
 
-def _invoke(model: BatchModel, elements: list[Any], offset: int) -> Part:
+def _invoke(model: BatchModel, elements: list[object], offset: int) -> Part:
     """Raw bodies through the invocation path, batched as their content type allows; each
     element gets its own answer or ElementFailure (an overload or outage is raised)."""
-    results: list[Any] = [None] * len(elements)
+    results: list[object] = [None] * len(elements)
     bodies: list[tuple[int, bytes]] = []
     for i, element in enumerate(elements):
         try:

@@ -100,7 +100,7 @@ class ColumnPredictor:
             return list(fixed)
         return sorted(self.target.signature.outputs) if self.target.signature is not None else []
 
-    def _elements(self, columns: dict[str, np.ndarray], rows: int) -> tuple[set[str], list[Any]]:
+    def _elements(self, columns: dict[str, np.ndarray], rows: int) -> tuple[set[str], list[object]]:
         """(the columns used as inputs, one element per row)."""
         t = self.target
         names = self.input_columns()

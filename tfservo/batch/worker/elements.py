@@ -125,5 +125,5 @@ def split_outputs(
     return [{key: arr[i] for key, arr in outputs.items()} for i in range(batch_size)]
 
 
-def _is_example(value: Any) -> bool:
+def _is_example(value: object) -> bool:
     return type(value).__name__ in ("Example", "SequenceExample") and hasattr(value, "SerializeToString")

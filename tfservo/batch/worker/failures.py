@@ -28,7 +28,7 @@ class ElementFailure:
     """One element that failed on its own: its position in the batch, the element, its error."""
 
     index: int
-    element: Any
+    element: object
     error: BaseException
 
 
@@ -64,7 +64,7 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, ServingError) and error.code in _TRANSIENT
 
 
-def describe_element(element: Any) -> str:
+def describe_element(element: object) -> str:
     """A short, one-line rendering of an element for messages."""
     if isinstance(element, np.ndarray):
         text = f"array{list(element.shape)} {element.dtype}: " + np.array2string(

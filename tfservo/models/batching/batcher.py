@@ -91,7 +91,7 @@ class _Queue:
     __slots__ = ("key", "owner", "signature", "output_keys", "batches")
 
     def __init__(
-        self, key: tuple[Any, ...], owner: Batcher, signature: str, output_keys: tuple[str, ...] | None
+        self, key: tuple[object, ...], owner: Batcher, signature: str, output_keys: tuple[str, ...] | None
     ) -> None:
         self.key = key
         self.owner = owner
@@ -121,7 +121,7 @@ class BatchScheduler:
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # a batch may have become ready
         self._space = threading.Condition(self._lock)  # a queue may have room again
-        self._queues: dict[tuple[Any, ...], _Queue] = {}
+        self._queues: dict[tuple[object, ...], _Queue] = {}
         self._stopped = False
         self._threads = [
             threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
@@ -165,7 +165,7 @@ class BatchScheduler:
 
     def _take_ready(self, now: float) -> tuple[_Batch | None, float | None]:
         """Pop the oldest ready head batch; else None and how long until one times out."""
-        best: tuple[tuple[Any, ...], _Queue] | None = None
+        best: tuple[tuple[object, ...], _Queue] | None = None
         wait: float | None = None
         for key, q in self._queues.items():
             head = q.batches[0]
@@ -226,7 +226,7 @@ class Batcher:
         self._adaptive = options.adaptive
         self._busy = 0  # batches of this batcher queued or running (under the scheduler's lock)
         # Queue keys whose outputs proved not batch-major (adaptive mode runs those calls alone).
-        self._solo: set[tuple[Any, ...]] = set()
+        self._solo: set[tuple[object, ...]] = set()
         self._owns_scheduler = scheduler is None
         self._scheduler = scheduler or BatchScheduler(
             options.num_batch_threads, name=f"tfservo-batch-{name}".replace(" ", "-")
@@ -354,7 +354,7 @@ class Batcher:
             except Exception:
                 log.exception("batch hook failed for model %s", self._name)
 
-    def _alone(self, key: tuple[Any, ...], size: int) -> bool:
+    def _alone(self, key: tuple[object, ...], size: int) -> bool:
         """Adaptive mode runs a call outside any batch when it fills one by itself, or when its
         kind of call proved not batchable."""
         return self._adaptive and (size >= self._max or key in self._solo)
@@ -376,7 +376,7 @@ class Batcher:
 
     def _queue_key(
         self, signature_name: str, outs: tuple[str, ...] | None, arrays: dict[str, np.ndarray]
-    ) -> tuple[Any, ...]:
+    ) -> tuple[object, ...]:
         """Calls with equal keys may share a batch: same signature, outputs and input layout."""
         return (self, signature_name, outs) + tuple(
             (k, _dtype_key(a.dtype), a.shape[1:]) for k, a in sorted(arrays.items())
@@ -406,7 +406,7 @@ class Batcher:
     # -- internals -------------------------------------------------------------------------
 
     def _enqueue(
-        self, key: tuple[Any, ...], signature: str, outs: tuple[str, ...] | None, task: _Task, block: bool
+        self, key: tuple[object, ...], signature: str, outs: tuple[str, ...] | None, task: _Task, block: bool
     ) -> None:
         """Add a task to its queue's open batch or a new one; refuse (or wait) when full."""
         sched = self._scheduler
@@ -459,10 +459,10 @@ class Batcher:
         ended_ns = tracing.now_ns()
         for t in tasks:
             if t.trace is not None:
-                within = t.trace
+                within: tracing.Parent = t.trace
                 if t.callback is not None:
                     within = self._model_span(t.trace, signature, t.queued_ns, ended_ns)
-                attributes = {"tfservo.batcher": self._name, "tfservo.model.signature": signature,
+                attributes: dict[str, str | int] = {"tfservo.batcher": self._name, "tfservo.model.signature": signature,
                               "tfservo.batch.size": size, "tfservo.batch.padded_size": padded,
                               "tfservo.batch.callers": len(tasks), "tfservo.batch.rows": t.size}
                 tracing.record("batch.queue", within, t.queued_ns, started_ns, attributes)

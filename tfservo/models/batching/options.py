@@ -149,7 +149,7 @@ class BatchingOptions:
             raise ValueError(f"batching parameters file {path}: {exc}") from None
 
 
-_PARAMS_CLASS: Any = None
+_PARAMS_CLASS: object = None
 
 
 def _batching_parameters_class() -> Any:
@@ -180,7 +180,7 @@ _FIELDS = [
 ]
 
 
-def _build_batching_parameters() -> Any:
+def _build_batching_parameters() -> object:
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
 
     F = descriptor_pb2.FieldDescriptorProto
