@@ -35,7 +35,7 @@ METHOD_SCOPES: dict[str, str | None] = {
 }
 
 
-class KeyInterceptor(grpc.ServerInterceptor):
+class KeyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused-ignore]  # grpcio is untyped
     """Checks each call's key, in the call itself (where its peer is known), before its method runs."""
 
     def __init__(self, ring: KeyRing, on_refused: Callable[[str], None] = lambda reason: None) -> None:

@@ -17,7 +17,7 @@ __all__ = ["HEALTH_METHODS", "HealthService"]
 HEALTH_METHODS = ("Check", "Watch")  # open to all: probes carry no key
 
 
-class HealthService(health.HealthServicer):
+class HealthService(health.HealthServicer):  # type: ignore[misc, unused-ignore]  # grpcio is untyped
     """Health answered from the model manager at each check (Watch gets the same on each change
     the checks see)."""
 
@@ -32,7 +32,7 @@ class HealthService(health.HealthServicer):
         if service and service not in names:
             return None
         if self.draining():
-            return health_pb2.HealthCheckResponse.NOT_SERVING
+            return int(health_pb2.HealthCheckResponse.NOT_SERVING)
         wanted = [service] if service else names
         try:
             serving = all(
@@ -40,7 +40,7 @@ class HealthService(health.HealthServicer):
             )
         except ServingError:  # unloaded while this looked
             serving = False
-        return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        return int(health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> health_pb2.HealthCheckResponse:
         status = self.status(request.service)

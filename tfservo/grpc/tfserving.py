@@ -142,7 +142,7 @@ class GrpcCalls:
             return response
 
 
-class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):  # type: ignore[misc, unused-ignore]  # untyped generated stubs
     """tensorflow.serving.PredictionService: Predict, Classify, Regress, MultiInference, GetModelMetadata."""
 
     def __init__(self, api: TFServingAPI, scope: RequestScope = plain_scope, max_fill_bytes: int = MAX_FILL_BYTES) -> None:
@@ -262,7 +262,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
 
-class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
+class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore[misc, unused-ignore]  # untyped generated stubs
     """tensorflow.serving.ModelService: GetModelStatus and HandleReloadConfigRequest."""
 
     def __init__(

@@ -270,7 +270,8 @@ def _local_path(source: str) -> str | None:
     if source.split("://", 1)[0].lower() in ("file", "local"):
         import fsspec.core
 
-        return fsspec.core.url_to_fs(source)[1]
+        path: str = fsspec.core.url_to_fs(source)[1]
+        return path
     return None
 
 
@@ -415,7 +416,7 @@ def _fetch_archive(fs: Any, path: str, url: str, work: _WorkDir) -> str:
             os.remove(local)
 
 
-def _fetch_dir(fs: Any, base: str, url: str, files: dict[str, dict], work: _WorkDir) -> str:
+def _fetch_dir(fs: Any, base: str, url: str, files: dict[str, dict[str, Any]], work: _WorkDir) -> str:
     """Download every object under remote dir `base` into <cache>/<key>/<dir name>, keeping the layout."""
     base = base.rstrip("/")
     listing = []

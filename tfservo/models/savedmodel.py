@@ -522,7 +522,8 @@ def _coerce_strings(arr: np.ndarray, fail: Callable[[str], InvalidArgument]) -> 
     if arr.dtype.kind == "U":
         if not arr.size:
             return arr.astype(object)
-        return np.vectorize(lambda s: s.encode("utf-8"), otypes=[object])(arr)
+        encoded: np.ndarray = np.vectorize(lambda s: s.encode("utf-8"), otypes=[object])(arr)
+        return encoded
     if arr.dtype.kind != "O":
         raise fail(f"got {arr.dtype} values; send strings or bytes")
     out = np.empty(arr.shape, dtype=object)

@@ -32,7 +32,8 @@ def make_session_callable(session: tf.compat.v1.Session, options: config_pb2.Cal
         return public_session_callable(session, options)
     if not tf.__version__.startswith(TESTED_TF):
         _warn_once(f"is not the version tfservo's session callables were tested with ({', '.join(TESTED_TF)}x)")
-    return private(options)
+    made: Callable[..., Any] = private(options)
+    return made
 
 
 def public_session_callable(session: tf.compat.v1.Session, options: config_pb2.CallableOptions) -> Callable[..., Any]:
@@ -40,7 +41,8 @@ def public_session_callable(session: tf.compat.v1.Session, options: config_pb2.C
     graph = session.graph
     feeds = [graph.get_tensor_by_name(name) for name in options.feed]
     fetches = [graph.get_tensor_by_name(name) for name in options.fetch]
-    return session.make_callable(fetches, feed_list=feeds)
+    made: Callable[..., Any] = session.make_callable(fetches, feed_list=feeds)
+    return made
 
 
 def _warn_once(problem: str) -> None:
