@@ -1,21 +1,22 @@
 """Capture lines written off the request path, into files laid out as SageMaker lays them out.
 
-Requests only put an event on a bounded queue (`submit`, never blocking: a full queue or a full
-disk drops the event, counted). One thread turns events into Model Monitor's JSON lines and
-appends them to the open file, flushed to the OS after every batch, so a kill -9 loses at most
-the events still queued (a fraction of a second) and the open file's last partial line. A file
-is written under a hidden temporary name and published — renamed to
+Requests only hand an event to a bounded queue (`submit`, never blocking: a full queue or a full
+disk drops the event, counted). Every 0.2 s the queued events go, as plain values, to a child
+process (core.offload), which turns them into Model Monitor's JSON lines and appends them to the
+open file, flushed to the OS after every batch — so neither the JSON nor the writes take the
+serving process's interpreter lock, and a kill -9 of the serving process loses at most the
+events still queued there (a fraction of a second): the child sees its parent go and publishes
+what it wrote. A file is written under a hidden temporary name and published — renamed to
 `{endpoint}/{variant}/yyyy/mm/dd/hh/mm-ss-fff-{uuid}.jsonl` — when its hour ends, when it passes
 16 MB, after `file_seconds`, or on close; files for an s3:// destination are published in a
-local spool, uploaded by a second thread, then removed. A new writer publishes what a killed
-one left (its temporary files cut at their last newline), so a published file never holds a
-half line.
+local spool, uploaded by a second thread of the child, then removed. A new writer publishes
+what a killed one left (its temporary files cut at their last newline), so a published file
+never holds a half line.
 """
 
 from __future__ import annotations
 
 import base64
-import collections
 import functools
 import logging
 import os
@@ -27,11 +28,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import BinaryIO
 
 import orjson
 
 from tfservo.capture.config import CaptureConfig
+from tfservo.core.offload import Offload
 from tfservo.core.processes import process_alive
 from tfservo.core.retry import Backoff
 
@@ -118,11 +120,57 @@ class CaptureWriter:
         max_queued: int = 10_000,
         on_event: Callable[[str, int], None] = lambda kind, n: None,
     ) -> None:
+        self.on_event = on_event  # ("captured" | "dropped_queue" | "dropped_disk" | "paused" | "uploaded" | ..., n)
+        self.paused = False  # as the child last said
+        self._offload = Offload(
+            _CaptureFiles, (config, endpoint, variant, spool, file_seconds, max_disk_percent),
+            name="tfservo-capture", delay=_BATCH_WAIT, max_queue=max_queued, batch=1000, on_message=self._note,
+        )
+
+    def submit(self, event: CaptureEvent) -> None:
+        """Queue an event for writing; dropped (and counted) when the queue is full or capture paused."""
+        if self.paused:
+            self.on_event("dropped_disk", 1)
+            return
+        item = (event.request_body, event.request_type, event.response_body, event.response_type,
+                event.inference_id, event.time)
+        if not self._offload.add(item):
+            self.on_event("dropped_queue", 1)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued, publish the open file and (s3://) upload every published file."""
+        self._offload.close(timeout)
+
+    def _note(self, message: tuple[str, str | int, int | str]) -> None:
+        kind, what, detail = message
+        if kind == "log":
+            log.log(int(what), str(detail))
+            return
+        if what == "paused":
+            self.paused = True
+        elif what == "resumed":
+            self.paused = False
+        self.on_event(str(what), int(detail))
+
+
+class _CaptureFiles:
+    """The child's side (core.offload): lines into files, files published and uploaded."""
+
+    def __init__(
+        self,
+        reply: Callable[[object], None],
+        config: CaptureConfig,
+        endpoint: str,
+        variant: str,
+        spool: str | None,
+        file_seconds: float,
+        max_disk_percent: float,
+    ) -> None:
         self.config = config
         self.remote = config.destination.startswith("s3://")
         self.file_seconds = file_seconds
         self.max_disk_percent = max_disk_percent
-        self.on_event = on_event  # ("captured" | "dropped_queue" | "dropped_disk" | "paused" | "uploaded" | ..., n)
+        self.reply = reply
         self.paused = False
         base = f"{endpoint}/{variant}"
         if self.remote:
@@ -133,21 +181,17 @@ class CaptureWriter:
             self.remote_root = ""
             self.root = os.path.join(os.path.abspath(config.destination.removeprefix("file://")), base)
         os.makedirs(self.root, exist_ok=True)
-        # A deque the writer drains every _BATCH_WAIT: appending takes no lock and wakes no
-        # thread (a queue.Queue woke the writer, and handed it the GIL, on every request).
-        self._pending: collections.deque[CaptureEvent] = collections.deque()
-        self._max_queued = max_queued
+        self._lock = threading.Lock()  # batches arrive on the main thread; rotation is timed on another
         self._stop = threading.Event()
-        self._file: Any = None
+        self._file: BinaryIO | None = None
         self._file_path = ""  # the temporary name
         self._file_hour = ""
         self._file_opened = 0.0
         self._file_bytes = 0
         self._disk_checked = 0.0
         self._uploads: queue.Queue[str | None] = queue.Queue()
-        self._closed = False
         self._recover()
-        self._thread = threading.Thread(target=self._run, name="tfservo-capture", daemon=True)
+        self._thread = threading.Thread(target=self._rotate_loop, name="tfservo-capture-rotate", daemon=True)
         self._thread.start()
         self._uploader: threading.Thread | None = None
         if self.remote:
@@ -156,41 +200,31 @@ class CaptureWriter:
             for path in self._published_here():  # published by a previous run, not yet uploaded
                 self._uploads.put(path)
 
-    # -- the request path -------------------------------------------------------------------------
+    def on_event(self, kind: str, n: int) -> None:
+        self.reply(("event", kind, n))
 
-    def submit(self, event: CaptureEvent) -> None:
-        """Queue an event for writing; dropped (and counted) when the queue is full or capture paused."""
-        if self.paused:
-            self.on_event("dropped_disk", 1)
-            return
-        if len(self._pending) >= self._max_queued:
-            self.on_event("dropped_queue", 1)
-            return
-        self._pending.append(event)
+    def warn(self, level: int, message: str) -> None:
+        """A log line, written by the serving process's logging (its format, JSON or text)."""
+        self.reply(("log", level, message))
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Write what is queued, publish the open file and (s3://) upload every published file."""
-        if self._closed:
-            return
-        self._closed = True
+    def handle(self, items: list[tuple[bytes, str | None, bytes, str | None, str | None, float]]) -> None:
+        events = [CaptureEvent(*item) for item in items]
+        with self._lock:
+            self._write(events)
+
+    def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout)
+        self._thread.join()
+        with self._lock:
+            self._publish()
         if self._uploader is not None:
             self._uploads.put(None)
-            self._uploader.join(timeout)
+            self._uploader.join(30.0)
 
-    # -- the writer thread ------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            stopping = self._stop.wait(_BATCH_WAIT)
-            while self._pending:
-                events = [self._pending.popleft() for _ in range(min(1000, len(self._pending)))]
-                self._write(events)
-            if stopping:
-                self._publish()
-                return
-            self._rotate_if_due()
+    def _rotate_loop(self) -> None:
+        while not self._stop.wait(_BATCH_WAIT):
+            with self._lock:
+                self._rotate_if_due()
 
     def _write(self, events: list[CaptureEvent]) -> None:
         if not self._disk_allows():
@@ -198,17 +232,17 @@ class CaptureWriter:
             return
         try:
             lines = b"".join(capture_line(self.config, event) for event in events)
-            self._open_for(events[0].time)
-            self._file.write(lines)
-            self._file.flush()
+            file = self._open_for(events[0].time)
+            file.write(lines)
+            file.flush()
             self._file_bytes += len(lines)
             self.on_event("captured", len(events))
         except OSError as exc:
-            log.warning("data capture: cannot write %s (%s); %d lines lost", self._file_path, exc, len(events))
+            self.warn(logging.WARNING, f"data capture: cannot write {self._file_path} ({exc}); {len(events)} lines lost")
             self.on_event("dropped_error", len(events))
             self._file = None
 
-    def _open_for(self, when: float) -> None:
+    def _open_for(self, when: float) -> BinaryIO:
         hour = time.strftime("%Y/%m/%d/%H", time.gmtime(when))
         if self._file is not None and hour != self._file_hour:
             self._publish()
@@ -220,6 +254,7 @@ class CaptureWriter:
             self._file_path = os.path.join(folder, f".{name}.{os.getpid()}{_TMP_SUFFIX}")
             self._file = open(self._file_path, "ab")
             self._file_hour, self._file_opened, self._file_bytes = hour, time.monotonic(), 0
+        return self._file
 
     def _rotate_if_due(self) -> None:
         if self._file is None:
@@ -250,12 +285,12 @@ class CaptureWriter:
         percent = 100.0 * usage.used / usage.total if usage.total else 0.0
         if percent >= self.max_disk_percent and not self.paused:
             self.paused = True
-            log.warning("data capture paused: the disk under %s is %.0f%% full (limit %g%%); serving goes on",
-                        self.root, percent, self.max_disk_percent)
+            self.warn(logging.WARNING, f"data capture paused: the disk under {self.root} is {percent:.0f}% full "
+                      f"(limit {self.max_disk_percent:g}%); serving goes on")
             self.on_event("paused", 1)
         elif percent < self.max_disk_percent and self.paused:
             self.paused = False
-            log.info("data capture resumed: the disk under %s is %.0f%% full", self.root, percent)
+            self.warn(logging.INFO, f"data capture resumed: the disk under {self.root} is {percent:.0f}% full")
             self.on_event("resumed", 1)
         return not self.paused
 
@@ -293,7 +328,7 @@ class CaptureWriter:
             try:
                 retry.call(functools.partial(fs.put_file, path, key), retriable=lambda exc: isinstance(exc, OSError))
             except Exception as exc:  # left in the spool; the next writer retries it
-                log.warning("data capture: upload of %s to %s failed (%s); kept in %s", path, key, exc, self.root)
+                self.warn(logging.WARNING, f"data capture: upload of {path} to {key} failed ({exc}); kept in {self.root}")
                 self.on_event("upload_failed", 1)
                 continue
             os.remove(path)

@@ -9,8 +9,8 @@ not multiprocessing's spawn, which would run the parent's main script again in t
 it has no `if __name__ == "__main__"` guard — builds its worker with `make(reply, *args)` and
 hands it each batch; `reply(message)` sends a message back, which
 the parent's `on_message` gets on a reader thread. The child ends when the parent closes it or
-dies (end of pipe), so it never outlives its parent. Used by span export (core.trace_export)
-and the payload logger (capture.payload_log).
+dies (end of pipe), so it never outlives its parent. Used by span export (core.trace_export),
+the payload logger (capture.payload_log) and Data Capture's writer (capture.writer).
 """
 
 from __future__ import annotations
@@ -184,8 +184,11 @@ def _child(fd: int) -> None:
     sys.path[:] = path
     make, args = pickle.loads(payload)
 
+    sending = threading.Lock()  # the work may reply from threads of its own
+
     def reply(message: object) -> None:
-        conn.send(("message", message))
+        with sending:
+            conn.send(("message", message))
 
     work = make(reply, *args)
     try:
@@ -200,7 +203,8 @@ def _child(fd: int) -> None:
                 except Exception:  # a bug must not end the handling of later items
                     log.exception("handling a batch failed")
             elif kind == "flush":
-                conn.send(("flushed", payload))
+                with sending:
+                    conn.send(("flushed", payload))
             elif kind == "close":
                 break
     finally:
