@@ -14,7 +14,6 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -73,9 +72,7 @@ class PayloadLogger:
         )
 
     def submit(self, event: CaptureEvent) -> None:
-        item = (event.inference_id, event.request_type, event.request_body, event.response_type,
-                event.response_body, event.time)
-        if not self._offload.add(item):
+        if not self._offload.add(event):
             self.on_event("payload_dropped", 1)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -105,15 +102,15 @@ class _Sender:
         self._client = httpx.Client(timeout=timeout)
         self._failed_once = False
 
-    def handle(self, batch: list[tuple[Any, ...]]) -> None:
+    def handle(self, batch: list[CaptureEvent]) -> None:
         sent = failed = 0
-        for inference_id, request_type, request_body, response_type, response_body, when in batch:
-            request_id = inference_id or str(uuid.uuid4())
+        for event in batch:
+            request_id = event.inference_id or str(uuid.uuid4())
             if self.mode in ("all", "request"):
-                ok = self._send(REQUEST_TYPE, request_id, request_type, request_body, when)
+                ok = self._send(REQUEST_TYPE, request_id, event.request_type, event.request_body, event.time)
                 sent, failed = sent + ok, failed + (not ok)
             if self.mode in ("all", "response"):
-                ok = self._send(RESPONSE_TYPE, request_id, response_type, response_body, when)
+                ok = self._send(RESPONSE_TYPE, request_id, event.response_type, event.response_body, event.time)
                 sent, failed = sent + ok, failed + (not ok)
         self.reply(("counts", sent, failed))
 

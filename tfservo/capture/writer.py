@@ -27,8 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import orjson
 
@@ -47,9 +46,9 @@ _BATCH_WAIT = 0.2  # seconds the writer waits for more events before flushing a 
 _DISK_CHECK_EVERY = 1.0
 
 
-@dataclass(frozen=True)
-class CaptureEvent:
-    """One answered invocation, as the request path hands it over (bodies are not copied)."""
+class CaptureEvent(NamedTuple):
+    """One answered invocation, as the request path hands it over (bodies are not copied); a
+    tuple, so that it travels to a child process as plain values."""
 
     request_body: bytes
     request_type: str | None
@@ -132,9 +131,7 @@ class CaptureWriter:
         if self.paused:
             self.on_event("dropped_disk", 1)
             return
-        item = (event.request_body, event.request_type, event.response_body, event.response_type,
-                event.inference_id, event.time)
-        if not self._offload.add(item):
+        if not self._offload.add(event):
             self.on_event("dropped_queue", 1)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -207,8 +204,7 @@ class _CaptureFiles:
         """A log line, written by the serving process's logging (its format, JSON or text)."""
         self.reply(("log", level, message))
 
-    def handle(self, items: list[tuple[bytes, str | None, bytes, str | None, str | None, float]]) -> None:
-        events = [CaptureEvent(*item) for item in items]
+    def handle(self, events: list[CaptureEvent]) -> None:
         with self._lock:
             self._write(events)
 
