@@ -139,7 +139,7 @@ class TFServingAPI:
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]
     ) -> Answer:
         """Decode a TF Serving REST body and run it: one version lookup, held for the call."""
-        with tracing.span("decode", {"tfservo.method": method}):
+        with tracing.span("decode", {"tfservo.method": method}, leaf=True):
             handle, call = self.prepare(method, name, version, label, body)
         with handle as sv:
             return self.run(sv, call)
@@ -164,7 +164,7 @@ class TFServingAPI:
     ) -> bytes:
         """Run a TF Serving REST request (`:predict`, `:classify`, `:regress`) → its JSON answer."""
         answer = self.infer(method, name, version, label, body)
-        with tracing.span("encode", {"tfservo.content_type": "application/json"}):
+        with tracing.span("encode", {"tfservo.content_type": "application/json"}, leaf=True):
             return json_codec.encode_answer(answer)
 
     def submit_predict(
@@ -184,7 +184,7 @@ class TFServingAPI:
         False, with nothing queued, when the call must go through `rest` instead (no batching,
         or more rows than one batch holds). Request errors raise here, as in `rest`.
         """
-        with tracing.span("decode", {"tfservo.method": "predict"}):
+        with tracing.span("decode", {"tfservo.method": "predict"}, leaf=True):
             doc = _request_doc(body)
             handle = self.manager.acquire(name, version, label)
             sv = handle.servable
@@ -211,7 +211,7 @@ class TFServingAPI:
                 if within is None:
                     answer = json_codec.encode_answer(prediction)
                 else:  # on a batch thread: the span goes under the request
-                    with tracing.activate(within), tracing.span("encode", {"tfservo.content_type": "application/json"}):
+                    with tracing.activate(within), tracing.span("encode", {"tfservo.content_type": "application/json"}, leaf=True):
                         answer = json_codec.encode_answer(prediction)
             except Exception as exc:
                 done(None, exc)

@@ -71,7 +71,7 @@ class InvocationResult:
         """The answer in the negotiated content type (ServingError if it cannot be written)."""
         if self._body is None:
             assert self.answer is not None
-            with tracing.span("encode", {"tfservo.content_type": self.content_type}):
+            with tracing.span("encode", {"tfservo.content_type": self.content_type}, leaf=True):
                 self._body = content_types.encode_answer(self.answer, self.content_type, one_line=self.one_line)
         return self._body
 
@@ -240,7 +240,7 @@ class Invoker:
             if self.api.manager.has_model(name):  # the handler reaches it over HTTP, if at all
                 note_model(name)
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
-        with tracing.span("decode", {"tfservo.content_type": content_type or "", "tfservo.method": method}):
+        with tracing.span("decode", {"tfservo.content_type": content_type or "", "tfservo.method": method}, leaf=True):
             tfs_request = content_types.to_tfs_request(body, content_type or "")
             accept_types = content_types.parse_accept(accept)
             answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)

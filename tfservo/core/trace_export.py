@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the SDK is the [otel] extra
     from opentelemetry.trace import SpanContext
     from opentelemetry.util.types import AttributeValue
 
-__all__ = ["ChildExport", "exporter_class", "phase_wire", "span_wire"]
+__all__ = ["ChildExport", "exporter_class", "leaf_wire", "phase_wire", "span_wire"]
 
 log = logging.getLogger("tfservo.tracing")
 
@@ -60,10 +60,23 @@ def phase_wire(name: str, context: SpanContext, parent: SpanContext | None, attr
                start_ns: int, end_ns: int, error: str | None, kind: int = 0) -> Wire:
     """A span recorded by tracing._PhaseRecorder (a phase, or a server span; `parent` None for a
     root) as plain values, without a ReadableSpan in between."""
+    state = context.trace_state
     return (
-        name, context.trace_id, context.span_id, int(context.trace_flags), context.trace_state.to_header(),
+        name, context.trace_id, context.span_id, int(context.trace_flags), state.to_header() if state else "",
         parent.span_id if parent is not None else 0, bool(parent is not None and parent.is_remote), kind,
         start_ns, end_ns, dict(attributes or {}), 0 if error is None else 2, error, (), (), ("tfservo", None),
+    )
+
+
+def leaf_wire(name: str, parent: SpanContext, span_id: int, attributes: Mapping[str, AttributeValue] | None,
+              start_ns: int, end_ns: int, error: str | None) -> Wire:
+    """A phase nothing was opened under (tracing.span(leaf=True)), a child of `parent`, as plain
+    values: no SpanContext is made for it."""
+    state = parent.trace_state
+    return (
+        name, parent.trace_id, span_id, int(parent.trace_flags), state.to_header() if state else "",
+        parent.span_id, parent.is_remote, 0, start_ns, end_ns, dict(attributes or {}),
+        0 if error is None else 2, error, (), (), ("tfservo", None),
     )
 
 
@@ -114,7 +127,18 @@ class _Exporters:
         from opentelemetry.sdk.resources import Resource
 
         self.exporters = [exporter_class(name, environ)() for name in names]
-        self.build = _Rebuild(Resource(resource_attributes, schema_url))
+        class OneResource(Resource):
+            """The SDK's encoder groups spans by resource, and Resource's hash is a JSON dump of
+            its attributes, made again for every span: this one's is made once."""
+
+            def __init__(self, attributes: _Attributes, schema_url: str | None) -> None:
+                super().__init__(attributes, schema_url)
+                self.kept_hash = super().__hash__()
+
+            def __hash__(self) -> int:
+                return self.kept_hash
+
+        self.build = _Rebuild(OneResource(resource_attributes, schema_url))
         self.batch = batch
 
     def handle(self, wires: list[Wire]) -> None:
@@ -142,12 +166,13 @@ class _Rebuild:
         self.resource, self.trace, self.event, self.readable = resource, trace, Event, ReadableSpan
         self.scope = InstrumentationScope
         self.scopes: dict[tuple[str, str | None], InstrumentationScope] = {}
+        self.no_state = trace.TraceState()
 
     def __call__(self, wire: Wire) -> ReadableSpan:
         (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes,
          code, description, events, links, scope) = wire
         trace = self.trace
-        trace_flags, trace_state = trace.TraceFlags(flags), trace.TraceState.from_header([state] if state else [])
+        trace_flags, trace_state = trace.TraceFlags(flags), trace.TraceState.from_header([state]) if state else self.no_state
         context = trace.SpanContext(trace_id, span_id, False, trace_flags, trace_state)
         parent = trace.SpanContext(trace_id, parent_id, parent_remote, trace_flags, trace_state) if parent_id else None
         if scope not in self.scopes:
