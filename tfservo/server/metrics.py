@@ -98,6 +98,10 @@ class Metrics:
             "tfservo_requests_in_flight", "Requests being answered now", ["protocol"],
             multiprocess_mode="livesum", registry=reg,
         )
+        # Each label set's children, found once: prometheus_client's labels() checks and
+        # converts every value on every call (a few µs a request, three times).
+        self._answered: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        self._in_flight: dict[str, Any] = {}
         self.model_state = Gauge(
             "tfservo_model_state", "1 for the state each model version is in (TF Serving's states), else 0",
             ["model", "version", "state"], multiprocess_mode="liveall", registry=reg,
@@ -293,7 +297,9 @@ class Metrics:
 
         `protocol` is the label (http, grpc, or v2 for the Open Inference Protocol on either
         transport; its routes tell which); `transport` picks error codes' spelling."""
-        gauge = self.in_flight.labels(protocol)
+        gauge = self._in_flight.get(protocol)
+        if gauge is None:
+            gauge = self._in_flight[protocol] = self.in_flight.labels(protocol)
         gauge.inc()
         started = time.perf_counter()
         try:
@@ -308,10 +314,12 @@ class Metrics:
 
     def record(self, protocol: str, labels: RequestLabels, seconds: float, transport: str = "http") -> None:
         """Count one answered request and log it (one line, debug level, logger tfservo.access)."""
-        self.requests.labels(
-            protocol, labels.model, labels.version, labels.method, labels.route, labels.status
-        ).inc()
-        self.latency.labels(protocol, labels.model, labels.version, labels.method, labels.route).observe(seconds)
+        key = (protocol, labels.model, labels.version, labels.method, labels.route, labels.status)
+        children = self._answered.get(key)
+        if children is None:
+            children = self._answered[key] = (self.requests.labels(*key), self.latency.labels(*key[:5]))
+        children[0].inc()
+        children[1].observe(seconds)
         if self.tfs is not None and labels.model:
             self.tfs.request(
                 labels.model, labels.method or "predict", "GRPC" if transport == "grpc" else "REST",
