@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-import resource
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -45,12 +45,11 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         self.proc = subprocess.Popen(
-            self.args,
+            set_up(self.args, file_limit=self.file_limit) if self.file_limit else self.args,
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=self._limit if self.file_limit else None,
         )
         threading.Thread(target=self._drain, daemon=True).start()
         deadline = time.monotonic() + self.timeout
@@ -61,9 +60,6 @@ class ServerProcess:
                     f"tfservo serve did not start (exit {self.proc.returncode}):\n" + self.output
                 )
         return self
-
-    def _limit(self) -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (self.file_limit, self.file_limit))
 
     def _drain(self) -> None:
         assert self.proc and self.proc.stderr
@@ -150,8 +146,24 @@ def answers_ping(base_url: str, proc: subprocess.Popen, timeout: float) -> bool:
     return False
 
 
-def ctrl_c_as_in_a_terminal() -> None:
-    """preexec_fn for a child the test stops with SIGINT: SIGINT's default action, as a terminal
-    gives it. A child inherits an ignored SIGINT (and neither Python nor bash will then catch it);
-    two full runs saw SIGINT-stopped children hang under xdist, which this rules out."""
+_SET_UP_AND_EXEC = """
+import os, resource, signal, sys
+limit, ctrl_c, command = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3:]
+if limit:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+if ctrl_c:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execvp(command[0], command)
+"""
+
+
+def set_up(command: list[str], *, file_limit: int | None = None, ctrl_c: bool = False) -> list[str]:
+    """`command`, started by a small Python that first sets its file limit and/or SIGINT's
+    default action and then execs it.
+
+    ctrl_c: for a child the test stops with SIGINT, the default action a terminal gives; a child
+    inherits an ignored SIGINT under xdist (and neither Python nor bash will then catch it). Not
+    a preexec_fn: that makes Popen fork() instead of vfork(), and under grpcio 1.80+ the forked
+    child of a test process with live gRPC channels can abort before its exec (grpc/grpc#43055;
+    seen here as "epoll_wait error: Bad file descriptor", exit -6, twice in full runs)."""
+    return [sys.executable, "-S", "-c", _SET_UP_AND_EXEC, str(file_limit or 0), "1" if ctrl_c else "0", *command]

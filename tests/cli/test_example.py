@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from server_process import REPO, ctrl_c_as_in_a_terminal, run_cli
+from server_process import REPO, run_cli, set_up
 
 
 def test_example_model_builds_and_answers(tmp_path):
@@ -42,8 +42,8 @@ def test_serve_example_tours_only_once_it_answers_and_says_when_its_port_is_take
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with open(tmp_path / "server.log", "w") as log:
-        proc = subprocess.Popen([script, "--grpc-port", "0"], env={**os.environ, "PORT": str(port)},
-                                stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=ctrl_c_as_in_a_terminal)
+        proc = subprocess.Popen(set_up([str(script), "--grpc-port", "0"], ctrl_c=True), env={**os.environ, "PORT": str(port)},
+                                stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         deadline = time.monotonic() + 600
         for line in proc.stdout:

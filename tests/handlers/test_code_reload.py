@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from conftest import SMC, write_code
-from server_process import TFSERVO, ServerProcess, ctrl_c_as_in_a_terminal
+from server_process import TFSERVO, ServerProcess, set_up
 
 HANDLER = """
     from helper import label
@@ -71,9 +71,8 @@ def test_serve_reload_answers_with_the_edited_handler_and_keeps_the_model(tmp_pa
 def test_invoke_watch_runs_the_request_again_after_each_edit(tmp_path):
     root = bundle(tmp_path)
     log = open(tmp_path / "invoke.log", "w")  # a file, not an unread pipe that could fill up
-    proc = subprocess.Popen([TFSERVO, "invoke", str(root), "--content-type", "text/plain", "--watch"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                            preexec_fn=ctrl_c_as_in_a_terminal)
+    proc = subprocess.Popen(set_up([TFSERVO, "invoke", str(root), "--content-type", "text/plain", "--watch"], ctrl_c=True),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         proc.stdin.write("hello")
         proc.stdin.close()
