@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from tfservo.core.logs import quiet_tensorflow, setup_logging
 from tfservo.core.settings import options
+
+if TYPE_CHECKING:
+    from tfservo.core.service import ModelService
+    from tfservo.core.settings import Settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -124,7 +128,7 @@ def invoke(
     sys.exit(status)
 
 
-def _watch_code(service, run) -> None:
+def _watch_code(service: ModelService, run: Callable[[], object]) -> None:
     """Run `run` again after each reload of the service's handler code, until Ctrl-C."""
     import threading
 
@@ -144,7 +148,7 @@ def _watch_code(service, run) -> None:
         reloader.stop()
 
 
-def _settings(resolve, **flags):  # -> tfservo.core.settings.Settings
+def _settings(resolve: Callable[..., Settings], **flags: Any) -> Settings:
     """resolve(**flags), with a bad flag or environment variable reported as a usage error."""
     from tfservo.core.settings import ConfigError
 

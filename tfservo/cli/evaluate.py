@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 
 import click
 
@@ -29,7 +30,8 @@ __all__ = ["evaluate"]
               help="CSV outputs: column N (from 0) is the record's id (e.g. with --join-source Input).")
 @click.option("--plot", "plot_path", default=None, metavar="PATH.png", help="Write the row-normalised confusion matrix.")
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Write the metrics and problems as JSON.")
-def evaluate(output, labels_file, label_from_name, classes, model_path, task, id_column, plot_path, json_path) -> None:
+def evaluate(output: str, labels_file: str | None, label_from_name: str | None, classes: str | None, model_path: str | None,
+             task: str, id_column: int | None, plot_path: str | None, json_path: str | None) -> None:
     """Score a transform's OUTPUT (a folder or s3:// prefix of .out files) against labels.
 
     Prints accuracy and per-class precision, recall, F1 and support (regression: MAE, RMSE, R²),
@@ -67,7 +69,7 @@ def evaluate(output, labels_file, label_from_name, classes, model_path, task, id
     if not paths:
         raise click.ClickException(f"no .out files under {output}; give the transform's OUTPUT")
 
-    def files():
+    def files() -> Iterator[tuple[str, bytes]]:
         for path in tqdm(paths, desc="reading outputs", unit="file", disable=len(paths) < 200, file=sys.stderr):
             yield path[len(root) + 1:], fs.cat_file(path)
 
@@ -85,6 +87,7 @@ def evaluate(output, labels_file, label_from_name, classes, model_path, task, id
                 raise click.ClickException(f"--labels {labels_file}: no such file") from None
             labels = labels_from_file(text)
         else:
+            assert label_from_name is not None  # one of the two, checked above
             labels, matched = labels_from_names([r.name for r in records], label_from_name)
             click.echo(f"--label-from-name {matched}", err=True)
         if classes and model_path:

@@ -6,8 +6,9 @@ and handler code shown are exactly what `tfservo serve` would serve.
 
 from __future__ import annotations
 
-from tfservo.core.service import build_service
+from tfservo.core.service import ModelService, build_service
 from tfservo.core.settings import Settings
+from tfservo.models.bundle import ModelSource
 from tfservo.models.signatures import SignatureDef, TensorSpec
 
 __all__ = ["describe_bundle"]
@@ -29,7 +30,7 @@ def describe_bundle(settings: Settings) -> str:
         service.close()
 
 
-def _describe_model(service, name: str, source, lines: list[str]) -> None:
+def _describe_model(service: ModelService, name: str, source: ModelSource, lines: list[str]) -> None:
     mark = " (default)" if name == service.default_model() else ""
     lines.append("")
     lines.append(f"Model {name}{mark}: {source.base_path}")

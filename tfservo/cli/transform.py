@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from tfservo.core.logs import setup_logging
 
+if TYPE_CHECKING:
+    from tfservo.batch.job import TransformJob
+    from tfservo.batch.state import TransformSummary
 
-class _AnyCase(click.Choice):
+
+class _AnyCase(click.Choice[str]):
     """A choice shown in SageMaker's spelling (Line, MultiRecord) that accepts any case."""
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         for choice in self.choices:
             if isinstance(value, str) and value.lower() == str(choice).lower():
                 return choice
@@ -78,8 +83,10 @@ def _job_options(command: Callable[..., object]) -> Callable[..., object]:
 @click.option("--beam-option", "beam_options", multiple=True, metavar="KEY=VALUE",
               help="A Beam pipeline option for --runner beam (repeatable), e.g. direct_num_workers=2 or "
               "project=my-project.")
-def transform(model, input_url, output_url, env, follow, poll_seconds, metrics_port, progress, log_level, runner, ray_address,
-              spark_master, workers, beam_runner, beam_options, **flags) -> None:
+def transform(model: str, input_url: str, output_url: str, env: tuple[str, ...], follow: bool, poll_seconds: float,
+              metrics_port: int | None, progress: str, log_level: str, runner: str, ray_address: str | None,
+              spark_master: str | None, workers: int, beam_runner: str | None, beam_options: tuple[str, ...],
+              **flags: Any) -> None:
     """Run a SageMaker-style batch transform of INPUT into OUTPUT on this machine.
 
     MODEL is any bundle `serve` accepts. INPUT and OUTPUT are local folders or fsspec URLs
@@ -164,7 +171,8 @@ def transform(model, input_url, output_url, env, follow, poll_seconds, metrics_p
         sys.exit(1)
 
 
-def _follow(job, poll_seconds: float, metrics_port: int | None, ray: tuple[str | None, int] | None):  # -> TransformSummary
+def _follow(job: TransformJob, poll_seconds: float, metrics_port: int | None,
+            ray: tuple[str | None, int] | None) -> TransformSummary:
     """--follow until SIGINT or SIGTERM, which let the pass in flight finish its objects; with
     `ray` (--ray-address, --workers), each pass on Ray."""
     import signal
@@ -174,7 +182,7 @@ def _follow(job, poll_seconds: float, metrics_port: int | None, ray: tuple[str |
 
     stop = threading.Event()
 
-    def stopping(signum, frame) -> None:
+    def stopping(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():  # a second signal: stop now, as a plain run would
             raise KeyboardInterrupt
         click.echo("tfservo transform: stopping once the objects in flight are done (again to stop now)", err=True)

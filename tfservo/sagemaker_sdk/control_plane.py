@@ -68,7 +68,8 @@ class ControlPlane:
 
     # -- models and endpoint configs -------------------------------------------------------
 
-    def create_model(self, ModelName: str, PrimaryContainer: dict | None = None, Containers: list | None = None,
+    def create_model(self, ModelName: str, PrimaryContainer: dict[str, Any] | None = None,
+                     Containers: list[dict[str, Any]] | None = None,
                      **kwargs: object) -> dict[str, object]:
         containers = [PrimaryContainer] if PrimaryContainer else list(Containers or [])
         if len(containers) != 1:
@@ -88,7 +89,8 @@ class ControlPlane:
         self._models.pop(ModelName, None)
         return {}
 
-    def create_endpoint_config(self, EndpointConfigName: str, ProductionVariants: list, **kwargs: object) -> dict[str, object]:
+    def create_endpoint_config(self, EndpointConfigName: str, ProductionVariants: list[dict[str, Any]],
+                               **kwargs: object) -> dict[str, object]:
         self._configs[EndpointConfigName] = {
             "EndpointConfigName": EndpointConfigName, "ProductionVariants": ProductionVariants,
             "EndpointConfigArn": self._arn("endpoint-config", EndpointConfigName), "CreationTime": _now(),
@@ -184,14 +186,14 @@ class ControlPlane:
         self,
         TransformJobName: str,
         ModelName: str,
-        TransformInput: dict,
-        TransformOutput: dict,
-        TransformResources: dict,
+        TransformInput: dict[str, Any],
+        TransformOutput: dict[str, Any],
+        TransformResources: dict[str, Any],
         BatchStrategy: str | None = None,
         MaxConcurrentTransforms: int | None = None,
         MaxPayloadInMB: int | None = None,
-        Environment: dict | None = None,
-        DataProcessing: dict | None = None,
+        Environment: dict[str, str] | None = None,
+        DataProcessing: dict[str, str] | None = None,
         **kwargs: object,
     ) -> dict[str, object]:
         """Start `tfservo transform` with the job's settings; it runs in the background."""

@@ -29,7 +29,7 @@ from tfservo.core.extras import require
 
 require("tfservo.sagemaker_sdk", "sagemaker", "sagemaker")
 from sagemaker.exceptions import UnexpectedStatusException  # noqa: E402
-from sagemaker.local import LocalSession  # noqa: E402
+from sagemaker.local.local_session import LocalSession  # noqa: E402
 
 from tfservo.sagemaker_sdk.control_plane import ControlPlane  # noqa: E402
 
@@ -122,7 +122,7 @@ class Session(LocalSession):
         """Endpoints are up when created (the SDK's own wait sleeps `poll` seconds first)."""
         description = self.control_plane.describe_endpoint(endpoint)
         if description["EndpointStatus"] != "InService":
-            raise UnexpectedStatusException(
+            raise UnexpectedStatusException(  # type: ignore[no-untyped-call, unused-ignore]
                 message=(
                     f"Error hosting endpoint {endpoint}: {description['EndpointStatus']}. "
                     f"Reason: {description.get('FailureReason', '(No reason provided)')}"
@@ -145,7 +145,7 @@ class Session(LocalSession):
         run.follow(lambda line: None)
         description = self.control_plane.describe_transform_job(job)
         if description["TransformJobStatus"] not in ("Completed", "Stopped"):
-            raise UnexpectedStatusException(
+            raise UnexpectedStatusException(  # type: ignore[no-untyped-call, unused-ignore]
                 message=(
                     f"Error for Transform job {job}: {description['TransformJobStatus']}. "
                     f"Reason: {description.get('FailureReason', '(No reason provided)')}"
@@ -194,12 +194,15 @@ class RuntimeClient:
             return self._clients[url]
 
     def invoke_endpoint(self, EndpointName: str, **kwargs: object) -> dict[str, Any]:  # boto3's shape
-        return self._serving(EndpointName, "InvokeEndpoint").invoke_endpoint(EndpointName=EndpointName, **kwargs)
+        answer: dict[str, Any] = self._serving(EndpointName, "InvokeEndpoint").invoke_endpoint(
+            EndpointName=EndpointName, **kwargs)
+        return answer
 
     def invoke_endpoint_async(self, EndpointName: str, **kwargs: object) -> dict[str, Any]:  # boto3's shape
         """The SDK's AsyncPredictor calls this: the request is queued by the endpoint's server."""
         client = self._serving(EndpointName, "InvokeEndpointAsync")
-        return client.invoke_endpoint_async(EndpointName=EndpointName, **kwargs)
+        answer: dict[str, Any] = client.invoke_endpoint_async(EndpointName=EndpointName, **kwargs)
+        return answer
 
     def _serving(self, endpoint: str, operation: str) -> Any:
         """The client of the server that answers for `endpoint`."""

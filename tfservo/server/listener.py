@@ -52,7 +52,8 @@ def queued_connections(sock: socket.socket) -> int:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
     except (OSError, AttributeError):
         return 0
-    return struct.unpack_from("I", info, 24)[0]
+    unacked: int = struct.unpack_from("I", info, 24)[0]
+    return unacked
 
 
 async def wait_accepted(socks: list[socket.socket], timeout: float) -> None:

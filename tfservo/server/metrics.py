@@ -77,7 +77,8 @@ class Metrics:
                     f"{MULTIPROC_ENV}={self.multiprocess_dir} was set after prometheus_client was "
                     "imported; set it in the environment before the server starts"
                 )
-        prometheus_client.disable_created_metrics()  # no *_created series: noise for dashboards
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call, unused-ignore]
+        # (no *_created series: noise for dashboards)
         # Metrics live in a private registry: in multiprocess mode /metrics reads the workers'
         # files instead, and two servers in one process (tests) don't collide.
         self.registry = CollectorRegistry(auto_describe=True)
@@ -347,7 +348,7 @@ class Metrics:
         """The metrics in Prometheus text format (all workers' in multiprocess mode)."""
         if self.multiprocess_dir:
             registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)
+            multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call, unused-ignore]
             if self._replacements is not None:  # the same in every worker: not summed over them
                 registry.register(self._replacements)
             return prometheus_client.generate_latest(registry)
@@ -411,7 +412,7 @@ def mark_worker_dead(pid: int, multiprocess_dir: str | None = None) -> None:
     """For a parent of worker processes: drop a dead worker's live gauges (multiprocess mode)."""
     path = multiprocess_dir or os.environ.get(MULTIPROC_ENV)
     if path:
-        multiprocess.mark_process_dead(pid, path)
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call, unused-ignore]
 
 
 class _HttpMetrics:
@@ -484,7 +485,8 @@ class _HttpMetrics:
         for route in self.routes:
             match, _ = route.matches(scope)
             if match is Match.FULL:
-                return route.name
+                name: str = route.name
+                return name
             if match is Match.PARTIAL and partial is None:
                 partial = route.name
         return partial

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 import uvicorn
+from starlette.types import Message, Receive, Scope, Send
 
 from tfservo.server.listener import refuse_new_connections, wait_accepted
 
@@ -73,7 +74,7 @@ class Drain:
     def asgi(self, app: Any) -> Any:
         """`app` with in-flight invocations counted and new ones refused while draining."""
 
-        async def drained_app(scope: dict, receive: Callable, send: Callable) -> None:
+        async def drained_app(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
@@ -93,10 +94,10 @@ class Drain:
         drained_app.app = app  # type: ignore[attr-defined]
         return drained_app
 
-    def _closing(self, send: Callable) -> Callable:
+    def _closing(self, send: Send) -> Send:
         """`send` that adds `Connection: close` to an answer that starts while draining."""
 
-        async def send_closing(message: dict) -> None:
+        async def send_closing(message: Message) -> None:
             if message["type"] == "http.response.start":
                 if self.on_answer is not None:
                     self.on_answer()  # may set retiring: this answer is then the connection's last
@@ -114,7 +115,7 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-async def _refuse(path: str, send: Callable) -> None:
+async def _refuse(path: str, send: Send) -> None:
     if path == "/ping":
         message = "shutting down"
     else:
