@@ -9,6 +9,8 @@ errors still show; TFSERVO_TF_LOGS=1 keeps everything): import it before apache_
 Beam's own import notes quiet too.
 """
 
+from typing import Any
+
 from tfservo.core.extras import require
 from tfservo.core.logs import quiet_libraries
 
@@ -27,7 +29,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "RemoteBundleModelHandler":  # imports httpx/grpc only when asked for
         from tfservo.batch.adapters.beam_remote import RemoteBundleModelHandler
 

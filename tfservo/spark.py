@@ -69,7 +69,7 @@ def bundle_predict_udf(
     """
     import warnings
 
-    from pyspark.sql.functions import PandasUDFType, pandas_udf
+    from pyspark.sql.pandas.functions import PandasUDFType, pandas_udf
 
     def predict(*series: Any) -> Any:
         import pandas as pd

@@ -247,6 +247,7 @@ def _error_text(body: bytes) -> str:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
         return excerpt(body, 400)
-    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-        return doc["error"]
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(error, str):
+        return error
     return excerpt(body, 400)

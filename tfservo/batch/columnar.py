@@ -54,7 +54,8 @@ class ColumnBatch:
     nbytes: int = 0  # bytes of the object the records span, for progress
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        rows: int = self.table.num_rows
+        return rows
 
     def record(self, i: int) -> Record:
         """Record i (for messages)."""

@@ -11,7 +11,7 @@ import functools
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeAlias
 
 from tfservo.core.errors import InvalidArgument
 
@@ -33,8 +33,13 @@ __all__ = [
     "RecordBatch",
     "RecordChunk",
     "RecordError",
+    "Wire",
     "where",
 ]
+
+# What a worker sends another: plain tuples of bytes, ints and strings, which Beam's coder, Ray's
+# and Spark's pickles write natively (RecordBatch.wire, ColumnBatch.wire, Request/Answer.wire).
+Wire: TypeAlias = tuple[Any, ...]
 
 RECORDIO_MAGIC = 0xCED7230A
 _RECORDIO_HEAD = struct.Struct("<II")
@@ -211,7 +216,7 @@ def _recordio(stream: BinaryIO, name: str) -> Iterator[Record]:
 
 
 @functools.lru_cache(maxsize=1)
-def _crc32c():
+def _crc32c() -> Callable[[bytes], int] | None:
     """google-crc32c's CRC-32C (C speed), or None where it is missing: framing is still checked."""
     try:
         import google_crc32c
@@ -293,12 +298,12 @@ class RecordBatch:
         """The batch as Items (the per-record path's view of it)."""
         return [Item(self.record(i), p, self.errors.get(i)) for i, p in enumerate(self.payloads)]
 
-    def wire(self) -> tuple:
+    def wire(self) -> Wire:
         """Plain tuples of bytes, ints and strings (what Beam's coder writes natively)."""
         return (self.first, self.data, self.payloads, self.errors, self.framed, self.offsets, self.nbytes, self.endings)
 
     @staticmethod
-    def unwire(wire: tuple) -> RecordBatch:
+    def unwire(wire: Wire) -> RecordBatch:
         first, data, payloads, errors, framed, offsets, nbytes, endings = wire
         return RecordBatch(
             first, list(data), list(payloads), dict(errors), framed, offsets, nbytes,

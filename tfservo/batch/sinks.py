@@ -115,7 +115,8 @@ class OutputStore:
     def get(self, name: str) -> bytes:
         """The bytes of one small object in OUTPUT; FileNotFoundError when it is not there."""
         path = self.path(name)
-        return retry(lambda: self.fs.cat_file(path), f"reading {self.display(name)}")
+        data: bytes = retry(lambda: self.fs.cat_file(path), f"reading {self.display(name)}")
+        return data
 
     def put(self, name: str, data: bytes) -> None:
         """Write a whole small object atomically."""

@@ -11,6 +11,7 @@ import io
 import mimetypes
 import os
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -57,7 +58,8 @@ def url_to_fs(url: str) -> tuple[Any, str]:
     import fsspec.core
 
     try:
-        return fsspec.core.url_to_fs(url)
+        fs_path: tuple[Any, str] = fsspec.core.url_to_fs(url)
+        return fs_path
     except (ImportError, ValueError) as exc:
         raise JobError(f"cannot open {url}: {exc}; install the fsspec backend for its protocol") from None
 
@@ -97,6 +99,7 @@ def _prefix(fs: Any, root: str, url: str) -> list[InputObject]:
     if retry(lambda: fs.isfile(root), f"looking up {url}"):
         size = retry(lambda: fs.info(root), f"looking up {url}").get("size")
         return [InputObject(display_url(fs, root), root, posixpath.basename(root), size, fs)]
+    keep: Callable[[str], bool]
     if retry(lambda: fs.isdir(root), f"looking up {url}"):
         base, keep = root, lambda path: True
     else:  # an S3-style key prefix: everything whose name starts with it
@@ -104,7 +107,7 @@ def _prefix(fs: Any, root: str, url: str) -> list[InputObject]:
         keep = lambda path: path.startswith(root)
         if not base or not retry(lambda: fs.isdir(base), f"looking up {url}"):
             raise JobError(f"input {url} does not exist; give a folder, a file or an S3 prefix")
-    found = retry(lambda: fs.find(base, detail=True), f"listing {url}")
+    found: dict[str, dict[str, Any]] = retry(lambda: fs.find(base, detail=True), f"listing {url}")
     objects = []
     for path, info in found.items():
         if info.get("type", "file") != "file" or path.endswith("/") or not keep(path):
@@ -167,14 +170,15 @@ class OpenedInput:
         self.stream = stream
 
     def _open_at(self, offset: int) -> BinaryIO:
-        f = self.obj.fs.open(self.obj.path, "rb")
+        f: BinaryIO = self.obj.fs.open(self.obj.path, "rb")
         if offset:
             f.seek(offset)
         return f
 
     @property
     def consumed(self) -> int:
-        return self._raw.consumed
+        consumed: int = self._raw.consumed
+        return consumed
 
     def close(self) -> None:
         try:

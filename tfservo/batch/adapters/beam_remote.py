@@ -291,7 +291,8 @@ class RestEndpoint(_Endpoint):
                 f"{self.endpoint} answered {verb} of {len(examples)} examples with "
                 f'{json_codec.render_value(doc)}; expected {{"results": [...]}} with one result each'
             )
-        return doc["results"]
+        results: list[Any] = doc["results"]
+        return results
 
     def invoke(self, body: bytes) -> bytes:
         s = self.selection

@@ -12,6 +12,7 @@ own responses do.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any  # PredictionLog: generated messages, untyped
 
 import numpy as np
 
@@ -35,10 +36,11 @@ def _template(kind: str, target: Target) -> bytes:
         if target.version is not None:
             spec.version.value = target.version
         spec.signature_name = target.signature.name if target.signature else ""
-    return log.SerializeToString()
+    serialized: bytes = log.SerializeToString()
+    return serialized
 
 
-def logs(target: Target, part: Part, model_id: str | None = None) -> list:
+def logs(target: Target, part: Part, model_id: str | None = None) -> list[Any]:
     """One PredictionLog per element of a batch part that the model answered whole; `model_id`
     (what PredictionResult.model_id would say) goes in log_metadata.model_spec.name."""
     if target.method == "predict":
@@ -55,7 +57,7 @@ def logs(target: Target, part: Part, model_id: str | None = None) -> list:
 
 def predict_logs(
     target: Target, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray], batch_size: int
-) -> list:
+) -> list[Any]:
     """One PredictionLog(predict_log=...) per element of a predict batch."""
     from tensorflow_serving.apis import prediction_log_pb2
 
@@ -74,7 +76,7 @@ def predict_logs(
 
 def classify_logs(
     target: Target, examples: Sequence[bytes], results: Sequence[list[tuple[str, float]]]
-) -> list:
+) -> list[Any]:
     """One PredictionLog(classify_log=...) per example."""
     from tensorflow_serving.apis import prediction_log_pb2
 
@@ -91,7 +93,7 @@ def classify_logs(
     return logs
 
 
-def regress_logs(target: Target, examples: Sequence[bytes], results: Sequence[float]) -> list:
+def regress_logs(target: Target, examples: Sequence[bytes], results: Sequence[float]) -> list[Any]:
     """One PredictionLog(regress_log=...) per example."""
     from tensorflow_serving.apis import prediction_log_pb2
 

@@ -36,6 +36,7 @@ from tfservo.batch.engines.distributed import (
 )
 from tfservo.batch.engines.driver import start_driver_run
 from tfservo.batch.job import JobError, TransformJob
+from tfservo.batch.records import Wire
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.sources import InputObject
 from tfservo.batch.state import ObjectOutcome, RecordFailure, TransformSummary
@@ -111,10 +112,10 @@ def beam_pipeline_flags(runner: str, pairs: Iterable[str]) -> list[str]:
 # -- the pipeline's steps -------------------------------------------------------------------------
 
 
-def _dofns():
+def _dofns() -> tuple[type, type]:
     """The DoFns, defined when Beam is imported (only for --runner beam)."""
     import apache_beam as beam
-    from apache_beam.metrics import Metrics
+    from apache_beam.metrics.metric import Metrics
     from apache_beam.transforms.window import GlobalWindow
     from apache_beam.utils.timestamp import MIN_TIMESTAMP
     from apache_beam.utils.windowed_value import WindowedValue
@@ -130,7 +131,7 @@ def _dofns():
         def setup(self) -> None:
             self.invoker = worker_service(self.job).invoker
             self.pool = ThreadPoolExecutor(self.job.concurrency, thread_name_prefix="tfservo-beam-model")
-            self.pending: deque[Future] = deque()
+            self.pending: deque[Future[tuple[str, Answer, float, int]]] = deque()
             self.requests = Metrics.counter(METRICS, "requests")
             self.records = Metrics.counter(METRICS, "records")
             self.latency = Metrics.distribution(METRICS, "request_latency_ms")
@@ -138,7 +139,7 @@ def _dofns():
         def teardown(self) -> None:
             self.pool.shutdown(wait=True)
 
-        def process(self, element: tuple[str, tuple | Tail]) -> Iterator[tuple[str, tuple | Tail]]:
+        def process(self, element: tuple[str, Wire | Tail]) -> Iterator[tuple[str, Wire | Tail]]:
             rel, wire = element
             if isinstance(wire, Tail):
                 yield rel, wire
@@ -156,7 +157,7 @@ def _dofns():
             answer = call_request(self.invoker, self.job, rel, part)
             return rel, answer, time.monotonic() - started, part.nbytes
 
-        def _answer(self, done: tuple[str, Answer, float, int]) -> tuple[str, tuple]:
+        def _answer(self, done: tuple[str, Answer, float, int]) -> tuple[str, Wire]:
             rel, answer, seconds, nbytes = done
             self.latency.update(int(seconds * 1000))
             self.requests.inc()
@@ -177,7 +178,7 @@ def _dofns():
             self.done = Metrics.counter(METRICS, "objects_done")
             self.failed = Metrics.counter(METRICS, "objects_failed")
 
-        def process(self, element: tuple[str, Iterable[tuple | Tail]]) -> Iterator[str]:
+        def process(self, element: tuple[str, Iterable[Wire | Tail]]) -> Iterator[str]:
             rel, parts = element[0], list(element[1])
             tails = [p for p in parts if isinstance(p, Tail)]
             answers = sorted((Answer.unwire(p) for p in parts if not isinstance(p, Tail)), key=lambda a: a.seq)

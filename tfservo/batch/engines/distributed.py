@@ -27,7 +27,7 @@ from tfservo.batch.engines.driver import DriverRun, publish, start_driver_run
 from tfservo.batch.engines.local import failure_from, object_format, object_requests
 from tfservo.batch.job import TransformJob
 from tfservo.batch.joiner import DataProcessing
-from tfservo.batch.records import RecordBatch, where
+from tfservo.batch.records import RecordBatch, Wire, where
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.sources import InputObject, OpenedInput
 from tfservo.batch.state import (
@@ -78,11 +78,11 @@ class Request:
         """Bytes of the (decompressed) object its records span, for progress."""
         return self.batch.nbytes
 
-    def wire(self) -> tuple:
+    def wire(self) -> Wire:
         return ("q", self.seq, self.content_type, self.record_format, self.batch.wire())
 
     @staticmethod
-    def unwire(wire: tuple) -> Request:
+    def unwire(wire: Wire) -> Request:
         _, seq, content_type, fmt, batch = wire
         return Request(seq, content_type, fmt, ColumnBatch.unwire(batch) if batch[0] == "c" else RecordBatch.unwire(batch))
 
@@ -98,13 +98,13 @@ class Answer:
     failure: RecordFailure | None
     capture: bytes = b""  # --data-capture: its capture lines
 
-    def wire(self) -> tuple:
+    def wire(self) -> Wire:
         dead = [(d.where, d.index, d.data, d.error) for d in self.dead]
         failure = None if self.failure is None else (self.failure.where, self.failure.error, self.failure.record)
         return ("a", self.seq, self.body, self.records, dead, failure, self.capture)
 
     @staticmethod
-    def unwire(wire: tuple) -> Answer:
+    def unwire(wire: Wire) -> Answer:
         _, seq, body, records, dead, failure, capture = wire
         return Answer(seq, body, records, [DeadLetter(*d) for d in dead],
                       None if failure is None else RecordFailure(*failure), capture)
@@ -120,7 +120,7 @@ class Tail:
     read_failure: RecordFailure | None = None
 
 
-def split_object(obj: InputObject, job: TransformJob) -> Iterator[tuple[str, tuple | Tail]]:
+def split_object(obj: InputObject, job: TransformJob) -> Iterator[tuple[str, Wire | Tail]]:
     """(object name, request) for each request of `obj`, then its Tail; never raises for bad input."""
     seq = 0
     try:
@@ -238,7 +238,7 @@ def write_object(
     return publish(store, state, obj, writer, records, dead, stale_dead_letters, capture=capture)
 
 
-def write_wired(job: TransformJob, tail: Tail, answers: Iterable[tuple], stale_dead_letters: set[str]) -> bytes:
+def write_wired(job: TransformJob, tail: Tail, answers: Iterable[Wire], stale_dead_letters: set[str]) -> bytes:
     """write_object for a worker that got the answers as wire tuples; the outcome as JSON."""
     store, state = OutputStore(job.output), OutputStore(job.state_url)
     outcome = write_object(job, store, state, tail, [Answer.unwire(a) for a in answers], stale_dead_letters)

@@ -34,6 +34,7 @@ from tfservo.batch.engines.distributed import (
 )
 from tfservo.batch.engines.driver import DriverRun, job_bundle_versions, start_driver_run
 from tfservo.batch.job import JobError, TransformJob
+from tfservo.batch.records import Wire
 from tfservo.batch.sources import InputObject
 from tfservo.batch.state import ObjectOutcome, RecordFailure, TransformSummary
 from tfservo.core.extras import require
@@ -90,19 +91,19 @@ def _actor_class(ray: Any, concurrency: int) -> Any:
             return self.id
 
         @ray.method(concurrency_group="io")
-        def split(self, obj: InputObject) -> Iterator[tuple | Tail]:
+        def split(self, obj: InputObject) -> Iterator[Wire | Tail]:
             for _rel, part in split_object(obj, self.job):
                 yield part  # request wires, then the Tail
 
         @ray.method(num_returns=2, concurrency_group="model")
-        def call(self, rel: str, wire: tuple) -> tuple[tuple, tuple]:
+        def call(self, rel: str, wire: Wire) -> tuple[Wire, Wire]:
             part = Request.unwire(wire)
             answer = call_request(self.invoker, self.job, rel, part)
             ok = answer.failure is None
             return (answer.records if ok else 0, part.nbytes, self.id), answer.wire()
 
         @ray.method(concurrency_group="io")
-        def write(self, tail: Tail, stale: set[str], *answers: tuple) -> bytes:
+        def write(self, tail: Tail, stale: set[str], *answers: Wire) -> bytes:
             return write_wired(self.job, tail, answers, stale)
 
     return ModelWorker

@@ -35,6 +35,7 @@ from tfservo.batch.engines.distributed import (
 )
 from tfservo.batch.engines.driver import DriverRun
 from tfservo.batch.job import JobError, TransformJob
+from tfservo.batch.records import Wire
 from tfservo.batch.state import ObjectOutcome, TransformSummary
 from tfservo.core.extras import require
 from tfservo.core.logs import library_logs_wanted
@@ -105,7 +106,7 @@ def _drive(
 ) -> tuple[list[ObjectOutcome], set[str]]:
     from pyspark.accumulators import AccumulatorParam
 
-    class _Union(AccumulatorParam):
+    class _Union(AccumulatorParam[set[str]]):
         def zero(self, value: set[str]) -> set[str]:
             return set()
 
@@ -160,15 +161,15 @@ def _drive(
 
 
 def _call_partition(
-    job: TransformJob, parts: Iterable[tuple[str, tuple | Tail]], records: Any, nbytes: Any, seen: Any
-) -> Iterator[tuple[str, tuple | Tail]]:
+    job: TransformJob, parts: Iterable[tuple[str, Wire | Tail]], records: Any, nbytes: Any, seen: Any
+) -> Iterator[tuple[str, Wire | Tail]]:
     """One partition's requests through this Python worker's model, --max-concurrent-transforms
     at a time; answers and Tails come out in the order their requests and Tails came in."""
     invoker = worker_service(job).invoker
     seen.add({worker_id()})
-    pending: list[Future] = []
+    pending: list[Future[tuple[str, Wire | Tail]]] = []
 
-    def call(rel: str, part: Request) -> tuple[str, tuple]:
+    def call(rel: str, part: Request) -> tuple[str, Wire]:
         answer = call_request(invoker, job, rel, part)
         records.add(answer.records if answer.failure is None else 0)
         nbytes.add(part.nbytes)
@@ -177,7 +178,7 @@ def _call_partition(
     with ThreadPoolExecutor(job.concurrency, thread_name_prefix="tfservo-spark-model") as pool:
         for rel, wire in parts:
             if isinstance(wire, Tail):
-                passed: Future = Future()
+                passed: Future[tuple[str, Wire | Tail]] = Future()
                 passed.set_result((rel, wire))
                 pending.append(passed)
             else:
@@ -188,10 +189,10 @@ def _call_partition(
             yield pending.pop(0).result()
 
 
-def _write_in_order(job: TransformJob, stale: set[str], parts: Iterable[tuple[str, tuple | Tail]]) -> Iterator[tuple[str, bytes]]:
+def _write_in_order(job: TransformJob, stale: set[str], parts: Iterable[tuple[str, Wire | Tail]]) -> Iterator[tuple[str, bytes]]:
     """Write each object of a partition whose objects arrive whole, in order: its answers, then
     its Tail (split_object's order, kept by _call_partition)."""
-    answers: list[tuple] = []
+    answers: list[Wire] = []
     for rel, part in parts:
         if isinstance(part, Tail):
             yield _write(job, stale, (rel, [*answers, part]))
@@ -200,7 +201,7 @@ def _write_in_order(job: TransformJob, stale: set[str], parts: Iterable[tuple[st
             answers.append(part)
 
 
-def _write(job: TransformJob, stale: set[str], grouped: tuple[str, Iterable[tuple | Tail]]) -> tuple[str, bytes]:
+def _write(job: TransformJob, stale: set[str], grouped: tuple[str, Iterable[Wire | Tail]]) -> tuple[str, bytes]:
     """One object's answers → its .out (distributed.write_object) → its outcome as JSON."""
     rel, parts = grouped[0], list(grouped[1])
     tails = [p for p in parts if isinstance(p, Tail)]

@@ -9,7 +9,7 @@ dead_letters.py); elsewhere ElementErrors is raised for the batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,8 @@ class ElementErrors(ServingError):
         self.failures = list(failures)
         self.batch_size = batch_size
 
-    def __reduce__(self):  # pickles across Beam's process boundaries with its message intact
+    def __reduce__(self) -> tuple[Callable[..., ServingError], tuple[type, str, Code]]:
+        # pickles across Beam's process boundaries with its message intact
         return (_rebuild, (type(self), self.message, self.code))
 
 
@@ -56,7 +57,8 @@ def _rebuild(cls: type, message: str, code: Code) -> ServingError:
     error: Any = ServingError.__new__(cls)
     ServingError.__init__(error, message, code)
     error.failures, error.batch_size = [], 0
-    return error
+    rebuilt: ServingError = error
+    return rebuilt
 
 
 def is_transient(error: BaseException) -> bool:
