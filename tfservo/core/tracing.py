@@ -178,6 +178,10 @@ class _PhaseRecorder:
         self.scope = InstrumentationScope("tfservo")
         self.context, self.trace, self.readable = context, trace, ReadableSpan  # bound once: a phase is hot
         self.unset = trace.Status(trace.StatusCode.UNSET)
+        self.sampled_flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
+        self.unsampled_flags = trace.TraceFlags(trace.TraceFlags.DEFAULT)
+        self.no_state = trace.TraceState()
+        self.server_kind = trace.SpanKind.SERVER.value
         self.server_sampling = server_sampling  # see _sampled_by
         from opentelemetry import propagate
 
@@ -260,11 +264,11 @@ class _Leaf:
             add(wire)
 
 
-@contextmanager
 def server_span(
-    name: str, carrier: Mapping[str, str], attributes: Attributes
-) -> Iterator[Span | _ServerSpan]:
-    """A SERVER span continuing the caller's trace from its W3C `traceparent` in `carrier`.
+    name: str, carrier: Mapping[str, str], attributes: dict[str, AttributeValue]
+) -> AbstractContextManager[Span | _ServerSpan]:
+    """A SERVER span continuing the caller's trace from its W3C `traceparent` in `carrier`
+    (`attributes` is taken over: the span adds to it).
 
     Under the samplers whose decision needs only the caller's sampled flag (the SDK's default
     ParentBased(AlwaysOn), and AlwaysOn) it is recorded as the phases are, at a third of the
@@ -274,44 +278,54 @@ def server_span(
     if recorder.server_sampling is None:
         from opentelemetry.trace import SpanKind
 
-        with _TRACER.start_as_current_span(
+        span: AbstractContextManager[Span] = _TRACER.start_as_current_span(
             name, context=recorder.extract(carrier), kind=SpanKind.SERVER, attributes=attributes
-        ) as current:
-            yield current
-        return
-    trace = recorder.trace
-    parent = trace.get_current_span(recorder.extract(carrier)).get_span_context()
-    remote = parent.is_valid
-    sampled = parent.trace_flags.sampled if remote and recorder.server_sampling == "parent" else True
-    context = trace.SpanContext(
-        parent.trace_id if remote else random.getrandbits(128) or 1, random.getrandbits(64) or 1, False,
-        trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT),
-        parent.trace_state if remote else trace.TraceState(),
-    )
-    token = recorder.context.attach(trace.set_span_in_context(trace.NonRecordingSpan(context)))
-    span = _ServerSpan(name, dict(attributes))
-    start_ns = time.time_ns()
-    try:
-        yield span
-    except BaseException as exc:
-        span.error = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        end_ns = time.time_ns()
-        recorder.context.detach(token)
-        if sampled:
-            recorder.finish(span.name, context, parent if remote else None, span.attributes, start_ns, end_ns,
-                            span.error, kind=trace.SpanKind.SERVER.value)
+        )
+        return span
+    return _ServerSpan(recorder, name, carrier, attributes)
 
 
 class _ServerSpan:
-    """What the HTTP edge sets on its server span: attributes, an error status, its final name."""
+    """A recorded SERVER span (see server_span), and what the HTTP edge sets on it: attributes,
+    an error status, its final name."""
 
-    __slots__ = ("name", "attributes", "error")
+    __slots__ = ("recorder", "name", "carrier", "attributes", "error", "parent", "context", "sampled", "token",
+                 "start_ns")
 
-    def __init__(self, name: str, attributes: dict[str, AttributeValue]) -> None:
-        self.name, self.attributes = name, attributes
+    def __init__(self, recorder: _PhaseRecorder, name: str, carrier: Mapping[str, str],
+                 attributes: dict[str, AttributeValue]) -> None:
+        self.recorder, self.name, self.carrier, self.attributes = recorder, name, carrier, attributes
         self.error: str | None = None
+
+    def __enter__(self) -> _ServerSpan:
+        recorder = self.recorder
+        trace = recorder.trace
+        # No trace header (most requests): nothing to extract, a new trace.
+        parent = trace.get_current_span(recorder.extract(self.carrier)).get_span_context() if self.carrier else None
+        if parent is not None and parent.is_valid:
+            self.parent = parent
+            self.sampled = parent.trace_flags.sampled if recorder.server_sampling == "parent" else True
+            flags = recorder.sampled_flags if self.sampled else recorder.unsampled_flags
+            self.context = trace.SpanContext(
+                parent.trace_id, random.getrandbits(64) or 1, False, flags, parent.trace_state)
+        else:
+            self.parent, self.sampled = None, True
+            self.context = trace.SpanContext(
+                random.getrandbits(128) or 1, random.getrandbits(64) or 1, False, recorder.sampled_flags,
+                recorder.no_state)
+        self.token = recorder.context.attach(trace.set_span_in_context(trace.NonRecordingSpan(self.context)))
+        self.start_ns = time.time_ns()
+        return self
+
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        end_ns = time.time_ns()
+        if error is not None:
+            self.error = f"{type(error).__name__}: {error}"
+        recorder = self.recorder
+        recorder.context.detach(self.token)
+        if self.sampled:
+            recorder.finish(self.name, self.context, self.parent, self.attributes, self.start_ns, end_ns,
+                            self.error, kind=recorder.server_kind)
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         self.attributes[key] = value

@@ -6,10 +6,15 @@ attributes, named `{method} {route}` once the route table has named the route.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfservo.core import tracing
 from tfservo.http.routes import ROUTE_KEY
+
+if TYPE_CHECKING:
+    from opentelemetry.util.types import AttributeValue
 
 __all__ = ["traced"]
 
@@ -17,7 +22,7 @@ __all__ = ["traced"]
 async def traced(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
     """`app(scope, receive, send)` inside a SERVER span."""
     method = scope["method"]
-    attributes: dict[str, str | int] = {
+    attributes: dict[str, AttributeValue] = {
         "http.request.method": method,
         "url.path": scope["path"],
         "url.scheme": scope.get("scheme", "http"),
