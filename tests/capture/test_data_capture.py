@@ -158,6 +158,21 @@ def test_a_kill_9_leaves_no_half_line_in_a_published_file(bundle, tmp_path) -> N
     assert not list(destination.rglob(".*.tmp"))
 
 
+def test_enable_capture_false_starts_no_writer_and_writes_nothing(bundle, tmp_path) -> None:
+    config = capture_config(tmp_path / "capture.json", str(tmp_path / "capture"), EnableCapture=False)
+    with ServerProcess([str(bundle), "--data-capture-config", str(config)]) as server, \
+            httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.post("/invocations", json={"instances": [1.0]}).status_code == 200
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in server.descendants()]
+        assert commands and not [c for c in commands if b"tfservo-capture" in c]  # workers, but no writer
+        with ServerProcess([str(bundle), "--data-capture-config",
+                            str(capture_config(tmp_path / "on.json", str(tmp_path / "on")))]) as capturing:
+            writers = [pid for pid in capturing.descendants()
+                       if b"tfservo-capture" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            assert writers  # the same check sees the writer when capture is on
+    assert not list((tmp_path / "capture").rglob("*.jsonl"))
+
+
 def test_capture_pauses_when_its_disk_is_too_full_and_serving_goes_on(bundle, tmp_path) -> None:
     config = capture_config(tmp_path / "capture.json", str(tmp_path / "capture"))
     args = [str(bundle), "--data-capture-config", str(config), "--data-capture-max-disk-percent", "0.001"]

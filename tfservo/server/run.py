@@ -115,17 +115,18 @@ def payload_taps(
         from tfservo.capture import CaptureWriter, read_capture_config
 
         config = read_capture_config(settings.data_capture_config)
-        writer = CaptureWriter(
-            config,
-            endpoint=settings.endpoint_name or "tfservo",
-            variant=settings.variant_name,
-            spool=settings.data_capture_buffer,
-            file_seconds=settings.data_capture_file_seconds,
-            max_disk_percent=settings.data_capture_max_disk_percent,
-            on_event=on_event,
-        )
-        kinds = {"invocation", "inference"} if settings.data_capture_routes == "all" else {"invocation"}
-        taps.append(Tap(writer, frozenset(kinds), config.sampling_percentage if config.enabled else 0.0))
+        if config.enabled:  # EnableCapture false: no writer process at all
+            writer = CaptureWriter(
+                config,
+                endpoint=settings.endpoint_name or "tfservo",
+                variant=settings.variant_name,
+                spool=settings.data_capture_buffer,
+                file_seconds=settings.data_capture_file_seconds,
+                max_disk_percent=settings.data_capture_max_disk_percent,
+                on_event=on_event,
+            )
+            kinds = {"invocation", "inference"} if settings.data_capture_routes == "all" else {"invocation"}
+            taps.append(Tap(writer, frozenset(kinds), config.sampling_percentage))
     if settings.payload_log_url:
         from tfservo.capture.payload_log import PayloadLogger
 
