@@ -55,3 +55,40 @@ def test_a_full_queue_and_a_dead_child_drop_items(tmp_path: Path) -> None:
         assert not offload.flush(1)
     finally:
         offload.close(1)
+
+
+class Logger:
+    """The child's work: logs each batch, a debug line (below the parent's level) and a warning
+    from a thread of its own."""
+
+    def __init__(self, reply) -> None:
+        pass
+
+    def handle(self, batch: list) -> None:
+        import logging
+        import threading
+
+        log = logging.getLogger("tfservo.test")
+        log.debug("not wanted: %s", batch)
+        thread = threading.Thread(target=log.warning, args=("child says %s", batch))
+        thread.start()
+        thread.join()
+        raise ValueError("a bug in the work")
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_childs_log_records_are_written_by_the_parents_logging(caplog) -> None:
+    caplog.set_level("INFO", logger="tfservo")
+    offload = Offload(Logger, (), name="test-offload", delay=60, max_queue=10, batch=10_000)
+    try:
+        offload.add("x")
+        assert offload.flush(30)
+    finally:
+        offload.close()
+    records = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert ("tfservo.test", "WARNING", "child says ['x']") in records
+    assert not [r for r in records if "not wanted" in r[2]]
+    failed = [r for r in records if r[2].startswith("handling a batch failed")]
+    assert failed and failed[0][:2] == ("tfservo", "ERROR") and "ValueError: a bug in the work" in failed[0][2]

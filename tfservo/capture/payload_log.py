@@ -79,16 +79,13 @@ class PayloadLogger:
         """Send what is queued (within `timeout`), then stop."""
         self._offload.close(timeout)
 
-    def _note(self, message: tuple[str, ...]) -> None:
-        """What the sender process tells: counts of events sent and failed, a warning to log."""
-        if message[0] == "counts":
-            _, sent, failed = message
-            if sent:
-                self.on_event("payload_sent", int(sent))
-            if failed:
-                self.on_event("payload_failed", int(failed))
-        elif message[0] == "warning":
-            log.warning("%s", message[1])
+    def _note(self, message: tuple[int, int]) -> None:
+        """What the sender process tells: counts of events sent and failed."""
+        sent, failed = message
+        if sent:
+            self.on_event("payload_sent", sent)
+        if failed:
+            self.on_event("payload_failed", failed)
 
 
 class _Sender:
@@ -112,7 +109,7 @@ class _Sender:
             if self.mode in ("all", "response"):
                 ok = self._send(RESPONSE_TYPE, request_id, event.response_type, event.response_body, event.time)
                 sent, failed = sent + ok, failed + (not ok)
-        self.reply(("counts", sent, failed))
+        self.reply((sent, failed))
 
     def close(self) -> None:
         self._client.close()
@@ -133,8 +130,7 @@ class _Sender:
         except httpx.HTTPError as exc:
             if not self._failed_once:  # one line, not one per event
                 self._failed_once = True
-                self.reply(("warning", f"payload log: sending to {self.url} failed ({exc}); "
-                                       "events are dropped while it fails"))
+                log.warning("payload log: sending to %s failed (%s); events are dropped while it fails", self.url, exc)
             return False
         self._failed_once = False
         return True

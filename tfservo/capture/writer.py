@@ -138,16 +138,14 @@ class CaptureWriter:
         """Write what is queued, publish the open file and (s3://) upload every published file."""
         self._offload.close(timeout)
 
-    def _note(self, message: tuple[str, str | int, int | str]) -> None:
-        kind, what, detail = message
-        if kind == "log":
-            log.log(int(what), str(detail))
-            return
+    def _note(self, message: tuple[str, int]) -> None:
+        """A count from the writer: ("captured" | "paused" | "uploaded" | ..., n)."""
+        what, n = message
         if what == "paused":
             self.paused = True
         elif what == "resumed":
             self.paused = False
-        self.on_event(str(what), int(detail))
+        self.on_event(what, n)
 
 
 class _CaptureFiles:
@@ -198,11 +196,7 @@ class _CaptureFiles:
                 self._uploads.put(path)
 
     def on_event(self, kind: str, n: int) -> None:
-        self.reply(("event", kind, n))
-
-    def warn(self, level: int, message: str) -> None:
-        """A log line, written by the serving process's logging (its format, JSON or text)."""
-        self.reply(("log", level, message))
+        self.reply((kind, n))
 
     def handle(self, events: list[CaptureEvent]) -> None:
         with self._lock:
@@ -234,7 +228,7 @@ class _CaptureFiles:
             self._file_bytes += len(lines)
             self.on_event("captured", len(events))
         except OSError as exc:
-            self.warn(logging.WARNING, f"data capture: cannot write {self._file_path} ({exc}); {len(events)} lines lost")
+            log.warning("data capture: cannot write %s (%s); %d lines lost", self._file_path, exc, len(events))
             self.on_event("dropped_error", len(events))
             self._file = None
 
@@ -281,12 +275,12 @@ class _CaptureFiles:
         percent = 100.0 * usage.used / usage.total if usage.total else 0.0
         if percent >= self.max_disk_percent and not self.paused:
             self.paused = True
-            self.warn(logging.WARNING, f"data capture paused: the disk under {self.root} is {percent:.0f}% full "
-                      f"(limit {self.max_disk_percent:g}%); serving goes on")
+            log.warning("data capture paused: the disk under %s is %.0f%% full (limit %g%%); serving goes on",
+                        self.root, percent, self.max_disk_percent)
             self.on_event("paused", 1)
         elif percent < self.max_disk_percent and self.paused:
             self.paused = False
-            self.warn(logging.INFO, f"data capture resumed: the disk under {self.root} is {percent:.0f}% full")
+            log.info("data capture resumed: the disk under %s is %.0f%% full", self.root, percent)
             self.on_event("resumed", 1)
         return not self.paused
 
@@ -324,7 +318,7 @@ class _CaptureFiles:
             try:
                 retry.call(functools.partial(fs.put_file, path, key), retriable=lambda exc: isinstance(exc, OSError))
             except Exception as exc:  # left in the spool; the next writer retries it
-                self.warn(logging.WARNING, f"data capture: upload of {path} to {key} failed ({exc}); kept in {self.root}")
+                log.warning("data capture: upload of %s to %s failed (%s); kept in %s", path, key, exc, self.root)
                 self.on_event("upload_failed", 1)
                 continue
             os.remove(path)

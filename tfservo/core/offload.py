@@ -8,7 +8,8 @@ on one end of a socket pair, at nice 10, ignoring SIGINT and SIGTERM, which its 
 not multiprocessing's spawn, which would run the parent's main script again in the child when
 it has no `if __name__ == "__main__"` guard — builds its worker with `make(reply, *args)` and
 hands it each batch; `reply(message)` sends a message back, which
-the parent's `on_message` gets on a reader thread. The child ends when the parent closes it or
+the parent's `on_message` gets on a reader thread, and the child's log records are written by
+the parent's logging. The child ends when the parent closes it or
 dies (end of pipe), so it never outlives its parent. Used by span export (core.trace_export),
 the payload logger (capture.payload_log) and Data Capture's writer (capture.writer).
 """
@@ -68,7 +69,7 @@ class Offload:
         theirs.close()
         self.conn = Connection(ours.detach())
         # the child finds `make` where this process does (a test module, a source tree)
-        self.conn.send((list(sys.path), pickle.dumps((make, args))))
+        self.conn.send((list(sys.path), pickle.dumps((make, args)), logging.getLogger("tfservo").getEffectiveLevel()))
         self._send_lock = threading.Lock()
         self._tokens = itertools.count(1)
         self._flushed: dict[int, threading.Event] = {}
@@ -160,6 +161,9 @@ class Offload:
                 event = self._flushed.get(payload)
                 if event is not None:
                     event.set()
+            elif kind == "log":  # the child's log records, written by this process's logging
+                name, level, text = payload
+                logging.getLogger(name).log(level, "%s", text)
             else:
                 try:
                     self.on_message(payload)
@@ -180,15 +184,19 @@ def _child(fd: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(10)  # on a busy machine the requests' processes come first; items wait in the pipe
     conn = Connection(fd)
-    path, payload = conn.recv()
+    path, payload, level = conn.recv()
     sys.path[:] = path
     make, args = pickle.loads(payload)
 
-    sending = threading.Lock()  # the work may reply from threads of its own
+    sending = threading.Lock()  # the work may reply, and log, from threads of its own
 
     def reply(message: object) -> None:
         with sending:
             conn.send(("message", message))
+
+    logging.getLogger().handlers[:] = [_ToParent(conn, sending)]
+    logging.getLogger().setLevel(logging.WARNING)  # libraries' warnings; tfservo's at the parent's level
+    logging.getLogger("tfservo").setLevel(level)
 
     work = make(reply, *args)
     try:
@@ -213,6 +221,23 @@ def _child(fd: int) -> None:
         os._exit(0)  # nothing of the parent's (atexit handlers, the SDK's) runs here
 
 
+class _ToParent(logging.Handler):
+    """The child's log records go to the parent, which writes them in its own format (text or
+    JSON, its level and filters), as its own lines would be."""
+
+    def __init__(self, conn: Connection, sending: threading.Lock) -> None:
+        super().__init__()
+        self.conn, self.sending = conn, sending
+        self.setFormatter(logging.Formatter("%(message)s"))  # with the traceback, if any
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            with self.sending:
+                self.conn.send(("log", (record.name, record.levelno, self.format(record))))
+        except (OSError, ValueError):  # the parent has gone: nobody to tell
+            pass
+
+
 if __name__ == "__main__":
-    logging.basicConfig(format=f"{sys.argv[2]}: %(message)s")
+    logging.basicConfig(format=f"{sys.argv[2]}: %(message)s")  # until the pipe is set up
     _child(int(sys.argv[1]))
