@@ -14,7 +14,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 from tfservo.batch.jsonpath import JsonPath, JsonPathError, parse_jsonpath
 from tfservo.codecs.media_types import record_kind
@@ -62,7 +62,9 @@ class JobParameter:
     choices: tuple[str, ...] | None = None  # SageMaker's spelling; any case is accepted
     metavar: str | None = None
     api: tuple[str, ...] = ()  # the keys of CreateTransformJob's request that lead to it
-    decides_output: bool = False  # a rerun with another value cannot resume the outputs
+    # a rerun with another value cannot resume the outputs; "packed": only where a request's
+    # answer is a piece of the .out (a split object whose answers are concatenated)
+    decides_output: bool | Literal["packed"] = False
 
 
 def parameter(
@@ -73,7 +75,7 @@ def parameter(
     choices: tuple[str, ...] | None = None,
     metavar: str | None = None,
     api: tuple[str, ...] = (),
-    decides_output: bool = False,
+    decides_output: bool | Literal["packed"] = False,
 ) -> Any:
     """A TransformJob field with its declaration (name and kind come from the field)."""
     spec = dict(flag=flag, help=help, choices=choices, metavar=metavar, api=api, decides_output=decides_output)
@@ -100,10 +102,10 @@ class TransformJob:
         "None", "--split-type", choices=SPLIT_TYPES, api=("TransformInput", "SplitType"), decides_output=True,
         help="How objects are cut into records; None sends each object whole.")
     batch_strategy: str = parameter(
-        "MultiRecord", "--batch-strategy", choices=BATCH_STRATEGIES, api=("BatchStrategy",),
+        "MultiRecord", "--batch-strategy", choices=BATCH_STRATEGIES, api=("BatchStrategy",), decides_output="packed",
         help="MultiRecord packs records up to --max-payload per request; SingleRecord sends one each.")
     max_payload_mb: float = parameter(
-        6.0, "--max-payload", metavar="MB", api=("MaxPayloadInMB",),
+        6.0, "--max-payload", metavar="MB", api=("MaxPayloadInMB",), decides_output="packed",
         help="Largest request body in MB (fractions allowed); a bigger single record fails its object.")
     max_concurrent_transforms: int = parameter(
         0, "--max-concurrent-transforms", metavar="N", api=("MaxConcurrentTransforms",),
@@ -206,11 +208,11 @@ class TransformJob:
 
     def output_flags(self) -> dict[str, object]:
         """The flags that decide what the outputs hold, by flag name: a rerun with other values
-        cannot resume these outputs. Request packing counts only where answers are concatenated."""
+        cannot resume these outputs."""
         packing = self.split_type != "None" and not self.per_record  # each answer is a piece of the .out
         flags: dict[str, object] = {}
         for declared in parameters():
-            if declared.decides_output or (packing and declared.name in ("batch_strategy", "max_payload_mb")):
+            if declared.decides_output is True or (packing and declared.decides_output == "packed"):
                 value = getattr(self, declared.name)
                 flags[declared.flag] = dict(sorted(value.items())) if isinstance(value, dict) else value
         return flags
@@ -306,15 +308,15 @@ def _declared() -> tuple[JobParameter, ...]:
 _PARAMETERS = _declared()
 
 
-def api_values(request: Mapping[str, object]) -> dict[str, object]:
-    """The declared parameters a CreateTransformJob request gives, by field name."""
-    values: dict[str, object] = {}
+def api_values(request: Mapping[str, object]) -> list[tuple[JobParameter, object]]:
+    """The declared parameters a CreateTransformJob request gives, with their values."""
+    values = []
     for declared in _PARAMETERS:
         node: object = request
         for key in declared.api:
             node = node.get(key) if isinstance(node, Mapping) else None
         if declared.api and node is not None:
-            values[declared.name] = node
+            values.append((declared, node))
     return values
 
 

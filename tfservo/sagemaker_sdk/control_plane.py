@@ -20,7 +20,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from tfservo.batch.job import api_values, parameters
+from tfservo.batch.job import api_values
 from tfservo.sagemaker_sdk.processes import EndpointServer, TransformRun, child_env
 
 __all__ = ["ControlPlane"]
@@ -212,15 +212,11 @@ class ControlPlane:
             "BatchStrategy": BatchStrategy, "MaxConcurrentTransforms": MaxConcurrentTransforms,
             "MaxPayloadInMB": MaxPayloadInMB, "DataProcessing": DataProcessing,
         }
-        given = api_values(request)
-        for declared in parameters():
-            if declared.name not in given:
-                continue
-            value = given[declared.name]
+        for declared, value in api_values(request):
             if declared.kind is bool:
                 args += [declared.flag] if value else []
-            else:
-                args += [declared.flag, _local(str(value)) if declared.name == "data_capture" else str(value)]
+            else:  # a capture destination may be a file:// URI, as INPUT and OUTPUT are
+                args += [declared.flag, _local(str(value))]
         for key, value in {**container.get("Environment", {}), **(Environment or {})}.items():
             args += ["--env", f"{key}={value}"]
         workers = int(TransformResources.get("InstanceCount", 1))
