@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the SDK is the [otel] extra
     from opentelemetry.trace import SpanContext
     from opentelemetry.util.types import AttributeValue
 
-__all__ = ["ChildExport", "exporter_class", "leaf_wire", "phase_wire", "span_wire"]
+__all__ = ["ChildExport", "exporter_class", "phase_wire", "span_wire"]
 
 log = logging.getLogger("tfservo.tracing")
 
@@ -56,27 +56,17 @@ def span_wire(span: ReadableSpan) -> Wire:
     )
 
 
-def phase_wire(name: str, context: SpanContext, parent: SpanContext | None, attributes: Mapping[str, AttributeValue] | None,
-               start_ns: int, end_ns: int, error: str | None, kind: int = 0) -> Wire:
-    """A span recorded by tracing._PhaseRecorder (a phase, or a server span; `parent` None for a
-    root) as plain values, without a ReadableSpan in between."""
-    state = context.trace_state
+def phase_wire(name: str, trace: SpanContext, span_id: int, parent: SpanContext | None,
+               attributes: Mapping[str, AttributeValue] | None, start_ns: int, end_ns: int, error: str | None,
+               kind: int = 0) -> Wire:
+    """A span recorded by tracing (a phase, or a server span; `parent` None for a root) as plain
+    values, without a ReadableSpan in between. `trace` gives its trace id, flags and state: its
+    own context, or its parent's for a leaf phase, which gets no SpanContext of its own."""
+    state = trace.trace_state
     return (
-        name, context.trace_id, context.span_id, int(context.trace_flags), state.to_header() if state else "",
+        name, trace.trace_id, span_id, int(trace.trace_flags), state.to_header() if state else "",
         parent.span_id if parent is not None else 0, bool(parent is not None and parent.is_remote), kind,
         start_ns, end_ns, dict(attributes or {}), 0 if error is None else 2, error, (), (), ("tfservo", None),
-    )
-
-
-def leaf_wire(name: str, parent: SpanContext, span_id: int, attributes: Mapping[str, AttributeValue] | None,
-              start_ns: int, end_ns: int, error: str | None) -> Wire:
-    """A phase nothing was opened under (tracing.span(leaf=True)), a child of `parent`, as plain
-    values: no SpanContext is made for it."""
-    state = parent.trace_state
-    return (
-        name, parent.trace_id, span_id, int(parent.trace_flags), state.to_header() if state else "",
-        parent.span_id, parent.is_remote, 0, start_ns, end_ns, dict(attributes or {}),
-        0 if error is None else 2, error, (), (), ("tfservo", None),
     )
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, TypeAlias
 
-from tfservo.core.trace_export import ChildExport, exporter_class, leaf_wire, phase_wire
+from tfservo.core.trace_export import ChildExport, exporter_class, phase_wire
 
 if TYPE_CHECKING:  # the SDK is the [otel] extra: imported only once tracing is on
     import grpc
@@ -153,7 +153,7 @@ def span(name: str, attributes: Attributes | None = None, *, leaf: bool = False)
     encoding), so it is recorded without being made current — at half the cost."""
     if _PHASES is None:
         return _NULL
-    if leaf and _PHASES.wired and not _PHASES.processors:
+    if leaf and _PHASES.child is not None and not _PHASES.processors:
         return _Leaf(_PHASES, name, attributes)
     return _Phase(_PHASES, name, attributes)
 
@@ -173,7 +173,7 @@ class _PhaseRecorder:
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self.resource = resource
-        self.wired = [child.add] if child is not None else []  # plain values, no ReadableSpan
+        self.child = child  # takes plain values, no ReadableSpan
         self.processors = processors
         self.scope = InstrumentationScope("tfservo")
         self.context, self.trace, self.readable = context, trace, ReadableSpan  # bound once: a phase is hot
@@ -189,10 +189,8 @@ class _PhaseRecorder:
 
     def finish(self, name: str, context: SpanContext, parent: SpanContext | None, attributes: Attributes | None,
                start_ns: int, end_ns: int, error: str | None = None, kind: int = 0) -> None:
-        if self.wired:
-            wire = phase_wire(name, context, parent, attributes, start_ns, end_ns, error, kind)
-            for add in self.wired:
-                add(wire)
+        if self.child is not None:
+            self.child.add(phase_wire(name, context, context.span_id, parent, attributes, start_ns, end_ns, error, kind))
         if self.processors:
             status = self.unset if error is None else self.trace.Status(self.trace.StatusCode.ERROR, error)
             done = self.readable(name, context, parent, self.resource, attributes, status=status,
@@ -259,9 +257,10 @@ class _Leaf:
             return
         end_ns = time.time_ns()
         failed = f"{type(error).__name__}: {error}" if error is not None else None
-        wire = leaf_wire(self.name, parent, random.getrandbits(64) or 1, self.attributes, self.start_ns, end_ns, failed)
-        for add in self.recorder.wired:
-            add(wire)
+        child = self.recorder.child
+        assert child is not None  # a leaf is recorded only for export in the child process (span())
+        child.add(phase_wire(self.name, parent, random.getrandbits(64) or 1, parent, self.attributes, self.start_ns,
+                             end_ns, failed))
 
 
 def server_span(
