@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import IO, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 import orjson
 import requests
@@ -35,6 +35,9 @@ from tfservo.codecs.media_types import JSON
 from tfservo.core import tracing
 from tfservo.core.errors import BundleError, HandlerError
 from tfservo.handlers.shadowing import check_shadowed_imports, satisfied_here
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = [
     "DEFAULT_CONTENT_TYPE",
@@ -65,7 +68,7 @@ class Context(NamedTuple):
     method: str | None
     rest_uri: str
     grpc_port: int | str | None
-    channel: object
+    channel: grpc.Channel | None  # to this server's gRPC API, shared; None without one
     custom_attributes: str | None
     request_content_type: str | None
     accept_header: str | None
@@ -95,9 +98,9 @@ class Handlers:
 
     path: str
     module: ModuleType
-    handler: Callable[..., object] | None = None
-    input_handler: Callable[..., object] | None = None
-    output_handler: Callable[..., object] | None = None
+    handler: Handler | None = None
+    input_handler: Handler | None = None
+    output_handler: Handler | None = None
     path_entries: tuple[str, ...] = ()  # what loading put on sys.path, released by unload_handlers
 
     def call(
@@ -124,7 +127,7 @@ class Handlers:
             log.error("%s", exc.message)
             raise
 
-    def _run(self, name: str, function: Callable[..., object], *args: object) -> object:
+    def _run(self, name: str, function: Handler, *args: object) -> object:
         try:
             with tracing.span(name, {"code.function.name": name, "code.file.path": self.path}):
                 return function(*args)

@@ -77,8 +77,8 @@ class Metrics:
                     f"{MULTIPROC_ENV}={self.multiprocess_dir} was set after prometheus_client was "
                     "imported; set it in the environment before the server starts"
                 )
+        # No *_created series: noise for dashboards. (prometheus_client's functions are untyped.)
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call, unused-ignore]
-        # (no *_created series: noise for dashboards)
         # Metrics live in a private registry: in multiprocess mode /metrics reads the workers'
         # files instead, and two servers in one process (tests) don't collide.
         self.registry = CollectorRegistry(auto_describe=True)
