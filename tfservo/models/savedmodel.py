@@ -36,6 +36,7 @@ from tfservo.core.errors import (
 from tfservo.core.errors import (
     first_line as _first_line,
 )
+from tfservo.core.settings import INTER_OP_IN_CALLER_THREAD
 from tfservo.models import QUIET_TENSORFLOW  # sets TF_CPP_MIN_LOG_LEVEL before TF loads
 from tfservo.models.captured_variables import UnrestorableVariables, restore_captured_variables
 from tfservo.models.profiling import annotation
@@ -75,7 +76,7 @@ def load_saved_model(
     *,
     tags: Sequence[str] = ("serve",),
     intra_op_threads: int = 0,
-    inter_op_threads: int = 0,
+    inter_op_threads: int = INTER_OP_IN_CALLER_THREAD,
     strict_shapes: bool = False,
 ) -> LoadedModel:
     """Load the SavedModel in directory `path` (the MetaGraph tagged `tags`); raises ModelLoadError.
