@@ -21,6 +21,7 @@ than simdjson's document (2.3x the body: its own padded copy plus its tape).
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -294,14 +295,17 @@ def _tensor(array: Any, as_json: Callable[[], Any]) -> NumericTensor | None:
         probe = probe[0]
     if isinstance(probe, bool) or not isinstance(probe, (int, float)):
         return None
-    values = _buffer(array)
-    if values.size != int(np.prod(shape)):
+    values = _buffer(array, floats=isinstance(probe, float))
+    if values.size != math.prod(shape):
         return None
     return NumericTensor(values.reshape(shape), as_json)
 
 
-def _buffer(array: Any) -> np.ndarray:
-    """A simdjson array's numbers, flattened: int64 if all are integer literals, else float64."""
+def _buffer(array: Any, *, floats: bool = False) -> np.ndarray:
+    """A simdjson array's numbers, flattened: int64 if all are integer literals, else float64
+    (at once when the caller saw a float among them)."""
+    if floats:
+        return np.frombuffer(array.as_buffer(of_type="d"), dtype=np.float64)
     try:
         return np.frombuffer(array.as_buffer(of_type="i"), dtype=np.int64)
     except (TypeError, ValueError, OverflowError):

@@ -508,8 +508,8 @@ def _from_numbers(values: np.ndarray, dt: _DType) -> np.ndarray | None:
     """A NumericTensor's values (int64: integer literals only; float64: not) as `dt`, when every
     value converts exactly as the JSON path would; None sends them down that path instead."""
     if dt.family == "float":
-        if values.size and not float(np.max(np.abs(values))) <= dt.exact_int:
-            return None  # large values: the JSON path decides between lossy ints and big floats
+        if values.size and not (-dt.exact_int <= float(values.min()) and float(values.max()) <= dt.exact_int):
+            return None  # large values (or NaN): the JSON path decides between lossy ints and big floats
         return values.astype(dt.np_type, copy=False)
     if dt.family == "int" and values.dtype == np.int64:
         if values.size and not (dt.lo <= int(values.min()) and int(values.max()) <= dt.hi):

@@ -13,6 +13,7 @@ Endpoints are named "group.attribute": build_app hands `starlette_routes` one ob
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -105,7 +106,7 @@ class RouteSpec:
     # runtime API, which SigV4 guards instead)
     scope: str | None = "read"
 
-    @property
+    @functools.cached_property  # read for every request
     def name(self) -> str:
         """What metrics, logs and OpenAPI call the route: the template without convertors."""
         return self.label or re.sub(r"\{(\w+):\w+\}", r"{\1}", self.path)
