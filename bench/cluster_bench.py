@@ -128,10 +128,11 @@ def main(work: Path, results: Path, quick: bool) -> dict:
             "model loads in every worker and process start cancel out; the seconds shown are whole commands.",
             "All three use both cores. Where the cluster engines' time goes: two model copies instead of one, "
             "and Ray starts each 1-CPU actor with OMP_NUM_THREADS=1 (seen in its workers), so each copy's "
-            "oneDNN convolutions run on one thread where the local engine's one model uses both; every "
-            "request and answer is pickled and copied between processes (Ray's object store; Spark's "
-            "repartition and groupByKey shuffles through the JVM, twice); the driver dispatches each request "
-            "(Ray) and Spark's stages wait for each other. Start-up (local cluster, JVM, a model load per "
+            "oneDNN convolutions run on one thread where the local engine's one model uses both (each "
+            "call's ops run in the calling thread in every engine: no inter-op pool hand-offs); Ray "
+            "pickles every request and answer through its object store and its driver dispatches each "
+            "request; Spark tasks take whole objects from reading to writing when each worker has two or "
+            "more, column requests travel as Arrow IPC bytes. Start-up (local cluster, JVM, a model load per "
             "worker) adds 10–20 s per run, excluded from the steady rates (bench/cluster_bench.py).",
         ],
     }
