@@ -64,10 +64,8 @@ DEFAULT_MODEL_ROOT = "/opt/ml/models"
 # multi-model memory check off.
 DEFAULT_MEMORY_FACTOR = 2.0
 # A model session's inter-op threads by default: negative runs each call's ops in the thread
-# that made the call (ConfigProto's own meaning). A request's ops then need no hand-off to TF's
-# pool and back: an MLP call at batch 1 took 49 µs instead of 72-102 µs, and one client's
-# answers came 40 µs sooner, with ResNet-50 unchanged (docs/decisions.md). Kernels still use
-# the intra-op threads.
+# that made the call (ConfigProto's own meaning), with no hand-off to TF's pool and back;
+# kernels still use the intra-op threads. Measurements: docs/decisions.md.
 INTER_OP_IN_CALLER_THREAD = -1
 
 
