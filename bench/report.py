@@ -6,6 +6,7 @@ Usage: python bench/report.py RESULTS_DIR OUT.md
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -145,6 +146,22 @@ def ceiling_table(ceiling: dict) -> list[str]:
             out.append(f"| {name} | " + " | ".join(cells) + f" | {p['batch1_p50_ms']:.3f} |")
         out.append("")
     return out
+
+
+def section_arguments() -> argparse.Namespace:
+    """The command line of a benchmark that writes a section: WORKDIR RESULTS [--quick]."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("workdir")
+    parser.add_argument("results")
+    parser.add_argument("--quick", action="store_true")
+    return parser.parse_args()
+
+
+def save_section(results: str | Path, name: str, doc: dict) -> None:
+    """Write a benchmark's section as RESULTS/NAME.json (what `extra_section` reads) and print its rows."""
+    Path(results, f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    for row in doc.get("rows") or []:
+        print(row)
 
 
 def extra_section(doc: dict) -> list[str]:

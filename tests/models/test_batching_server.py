@@ -150,6 +150,74 @@ def test_concurrent_clients_get_exactly_their_own_rows(batched_server):
     assert batches < chunks, f"{chunks} chunks ran as {batches:g} batches: no two calls were merged"
 
 
+def _invocation(http: httpx.Client, rows: list[list[float]]) -> list[list[float]]:
+    r = http.post("/invocations", json={"instances": rows},
+                  headers={"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=echo"})
+    assert r.status_code == 200, r.text
+    return [p["y"] for p in r.json()["predictions"]]
+
+
+def _v2_infer(http: httpx.Client, rows: list[list[float]]) -> list[list[float]]:
+    x = np.asarray(rows, np.float32)
+    r = http.post("/v2/models/echo/infer", json={"inputs": [
+        {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]})
+    assert r.status_code == 200, r.text
+    (y,) = [o for o in r.json()["outputs"] if o["name"] == "y"]
+    return np.asarray(y["data"]).reshape(y["shape"]).tolist()
+
+
+@pytest.fixture(scope="module")
+def default_server(models):
+    """The echo model with the defaults: adaptive batching, whose lone calls are quick."""
+    server = ServerProcess([models["echo"]]).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("door", [_invocation, _v2_infer], ids=["invocations", "v2-infer"])
+def test_every_door_shares_batches(default_server, door):
+    """Concurrent single-row calls through /invocations or V2 infer alone are merged as
+    :predict's are, and each caller gets its own row back. (They once ran one at a time with
+    the defaults: a quick model's calls were placed on the event loop, which then waited there
+    for each call's batch — every batch held one row, at half the batched rate.)"""
+    batched_server = default_server
+    clients, calls = 12, 8
+    start = threading.Barrier(clients)
+
+    def client(c: int) -> list[str]:
+        wrong = []
+        with httpx.Client(base_url=batched_server.url, timeout=60) as http:
+            start.wait()
+            for call in range(calls):
+                rows = _rows(300 + c, call, 1, 3)
+                got = door(http, rows)
+                if got != (2 * np.asarray(rows)).tolist():
+                    wrong.append(f"client {c} call {call}: sent {rows}, got {got}")
+        return wrong
+
+    with batched_server.client() as http:
+        for i in range(5):  # the server learns that the model's calls are quick
+            door(http, _rows(299, i, 1, 3))
+        before = _batch_counts(http)
+        with ThreadPoolExecutor(clients) as pool:
+            wrong = [w for ws in pool.map(client, range(clients)) for w in ws]
+        after = _batch_counts(http)
+    assert not wrong, "\n".join(wrong[:5])
+    batches, rows = after[0] - before[0], after[1] - before[1]
+    assert rows == clients * calls
+    assert batches < rows, f"{rows:g} single-row calls ran as {batches:g} batches: none merged"
+
+
+def test_queued_v2_call_answers_only_the_outputs_asked_for(default_server):
+    with default_server.client() as http:
+        r = http.post("/v2/models/echo/infer", json={
+            "inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}],
+            "outputs": [{"name": "rowsum"}],
+        })
+    assert r.status_code == 200, r.text
+    assert [(o["name"], o["data"]) for o in r.json()["outputs"]] == [("rowsum", [3.0, 7.0])]
+
+
 def test_widths_never_share_a_batch(batched_server):
     """Calls of width 2 and 7 at the same moment: merged, they could not even be concatenated."""
     start = threading.Barrier(16)

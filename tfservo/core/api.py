@@ -139,10 +139,16 @@ class TFServingAPI:
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]
     ) -> Answer:
         """Decode a TF Serving REST body and run it: one version lookup, held for the call."""
-        with tracing.span("decode", {"tfservo.method": method}, leaf=True):
-            handle, call = self.prepare(method, name, version, label, body)
+        handle, call = self.decode(method, name, version, label, body)
         with handle as sv:
             return self.run(sv, call)
+
+    def decode(
+        self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]
+    ) -> tuple[ServableHandle, Call]:
+        """`prepare`, as the request's "decode" span."""
+        with tracing.span("decode", {"tfservo.method": method}, leaf=True):
+            return self.prepare(method, name, version, label, body)
 
     def prepare(
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]
@@ -163,69 +169,48 @@ class TFServingAPI:
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]
     ) -> bytes:
         """Run a TF Serving REST request (`:predict`, `:classify`, `:regress`) → its JSON answer."""
-        answer = self.infer(method, name, version, label, body)
+        return self.encode_rest(self.infer(method, name, version, label, body))
+
+    @staticmethod
+    def encode_rest(answer: Answer) -> bytes:
+        """An answer as TF Serving's REST JSON."""
         with tracing.span("encode", {"tfservo.content_type": "application/json"}, leaf=True):
             return json_codec.encode_answer(answer)
 
-    def submit_predict(
+    def submit(
         self,
-        name: str,
-        version: int | None,
-        label: str | None,
-        body: bytes,
-        done: Callable[[bytes | None, BaseException | None], None],
+        handle: ServableHandle,
+        call: Call,
+        done: Callable[[Answer | None, BaseException | None], None],
         *,
         alone: bool = False,
     ) -> bool:
-        """A REST `:predict` that does not wait for its batch: decodes and queues it, and `done`
-        gets the encoded answer (or the error) from a batch thread — or at once, in this thread,
-        when the call is `alone` and the model's batcher idle (see Batcher.submit).
+        """Queue a prepared predict on its version's batcher without waiting: `done` gets the
+        answer (or the error) from a batch thread, inside the request's trace — or at once, in
+        this thread, when the call is `alone` and the batcher idle (see Batcher.submit).
 
-        False, with nothing queued, when the call must go through `rest` instead (no batching,
-        or more rows than one batch holds). Request errors raise here, as in `rest`.
+        Takes `handle` (released when the call ends) only when it returns True. False, with
+        nothing queued, when the call must go through `run` instead: not a predict, no batcher,
+        or more rows than one batch holds. Request errors raise here, as in `run`.
         """
-        with tracing.span("decode", {"tfservo.method": "predict"}, leaf=True):
-            doc = _request_doc(body)
-            handle = self.manager.acquire(name, version, label)
-            sv = handle.servable
-            try:
-                if sv.runner is None:
-                    handle.release()
-                    return False
-                call = self.decode_rest("predict", doc, sv)
-                assert isinstance(call, PredictCall)
-            except BaseException:
-                handle.release()
-                raise
+        sv = handle.servable
+        if not isinstance(call, PredictCall) or sv.runner is None:
+            return False
+        name = call.signature_name or DEFAULT_SIGNATURE
+        if call.signature is None:
+            sv.signature(name)  # a clear error naming the model before queueing anything
+        within = tracing.parent()  # the request's (None when tracing is off)
 
-        within = tracing.parent()  # the request's, for the encode span (None when tracing is off)
-
-        def encode(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
+        def finish(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
             handle.release()
-            if error is not None:
-                done(None, error)
+            answer = None if outputs is None else Prediction(sv.model_name, sv.version, name, outputs, call.row_format)
+            if within is None:
+                done(answer, error)
                 return
-            assert outputs is not None
-            prediction = Prediction(sv.model_name, sv.version, call.signature_name or DEFAULT_SIGNATURE, outputs, call.row_format)
-            try:
-                if within is None:
-                    answer = json_codec.encode_answer(prediction)
-                else:  # on a batch thread: the span goes under the request
-                    with tracing.activate(within), tracing.span("encode", {"tfservo.content_type": "application/json"}, leaf=True):
-                        answer = json_codec.encode_answer(prediction)
-            except Exception as exc:
-                done(None, exc)
-                return
-            done(answer, None)
+            with tracing.activate(within):  # on a batch thread: spans go under the request
+                done(answer, error)
 
-        try:
-            queued = sv.submit(call.signature_name or DEFAULT_SIGNATURE, call.inputs, encode, alone=alone)
-        except BaseException:
-            handle.release()
-            raise
-        if not queued:
-            handle.release()
-        return queued
+        return sv.submit(name, call.inputs, call.output_keys, finish, alone=alone)
 
     # -- metadata and status -------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import io
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 import orjson
@@ -22,7 +22,7 @@ from tfservo.codecs.media_types import CONVERTIBLE_TYPES, JSON, lookup
 from tfservo.core import tracing
 from tfservo.core.api import TFServingAPI
 from tfservo.core.custom_attributes import CustomAttributes, parse_custom_attributes
-from tfservo.core.dataplane import Answer, answer_rows_slice
+from tfservo.core.dataplane import Answer, Call, answer_rows_slice
 from tfservo.core.errors import InvalidArgument, ServingError, error_from_response
 from tfservo.core.request_labels import note_method, note_model
 from tfservo.core.status import http_status
@@ -31,7 +31,9 @@ from tfservo.handlers.bundle_code import Context, Handlers, make_requests_respon
 if TYPE_CHECKING:
     import grpc
 
-__all__ = ["error_result", "InvocationResult", "Invoker", "result_error"]
+    from tfservo.models.servables import ServableHandle
+
+__all__ = ["error_result", "InvocationResult", "Invoker", "PreparedInvocation", "result_error"]
 
 log = logging.getLogger("tfservo.invocations")
 
@@ -97,6 +99,20 @@ def result_error(result: InvocationResult, what: str) -> ServingError:
     """A failed result's ServingError: the original one where the invocation path raised it; an
     error answer of a handler's own making is read back from its status and body."""
     return result.error if result.error is not None else error_from_response(result.status, result.body, what)
+
+
+class PreparedInvocation(NamedTuple):
+    """An invocation without handlers, decoded: the version held for it, the model call, and
+    how its answer will be written."""
+
+    handle: ServableHandle
+    call: Call
+    answer_type: str
+    one_line: bool
+
+    def result(self, answer: Answer) -> InvocationResult:
+        """The model's answer as this invocation's result (written when its body is asked for)."""
+        return InvocationResult(200, None, self.answer_type, answer, one_line=self.one_line)
 
 
 class Invoker:
@@ -217,14 +233,24 @@ class Invoker:
             for i, result in enumerate(results)
         ]
 
-    def _invoke(
+    def prepare(
         self,
         body: bytes,
         content_type: str | None,
-        accept: str | None,
-        custom_attributes: str | None,
-        model_name: str | None,
-    ) -> InvocationResult:
+        accept: str | None = None,
+        custom_attributes: str | None = None,
+        model_name: str | None = None,
+    ) -> PreparedInvocation | None:
+        """The invocation decoded and its version held, for a caller that runs the call itself
+        (the HTTP door queues it for its batch without a thread); None when a handler runs it:
+        use `call`. Client mistakes raise ServingError."""
+        attrs, name, version, method = self._target(custom_attributes, model_name)
+        if self.handlers_for(name) is not None:
+            return None
+        return self._prepare(body, content_type, accept, name, version, method)
+
+    def _target(self, custom_attributes: str | None, model_name: str | None) -> tuple[CustomAttributes, str, int | None, str]:
+        """The custom attributes, and the model, version and method the invocation asks for."""
         attrs = parse_custom_attributes(custom_attributes)
         name = model_name or attrs.model_name or self._default_model()
         if not name:
@@ -235,19 +261,35 @@ class Invoker:
         version = int(attrs.model_version) if attrs.model_version else None
         method = attrs.method or "predict"
         note_method(method)
-        handlers = self.handlers_for(name)
-        if handlers is not None:
-            if self.api.manager.has_model(name):  # the handler reaches it over HTTP, if at all
-                note_model(name)
-            return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
+        return attrs, name, version, method
+
+    def _prepare(
+        self, body: bytes, content_type: str | None, accept: str | None, name: str, version: int | None, method: str
+    ) -> PreparedInvocation:
         with tracing.span("decode", {"tfservo.content_type": content_type or "", "tfservo.method": method}, leaf=True):
             tfs_request = content_types.to_tfs_request(body, content_type or "")
             accept_types = content_types.parse_accept(accept)
             answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
             handle, call = self.api.prepare(method, name, version, None, tfs_request)
-        with handle as sv:
-            answer = self.api.run(sv, call)
-        return InvocationResult(200, None, answer_type, answer, one_line=content_types.one_line_json(accept_types))
+        return PreparedInvocation(handle, call, answer_type, content_types.one_line_json(accept_types))
+
+    def _invoke(
+        self,
+        body: bytes,
+        content_type: str | None,
+        accept: str | None,
+        custom_attributes: str | None,
+        model_name: str | None,
+    ) -> InvocationResult:
+        attrs, name, version, method = self._target(custom_attributes, model_name)
+        handlers = self.handlers_for(name)
+        if handlers is not None:
+            if self.api.manager.has_model(name):  # the handler reaches it over HTTP, if at all
+                note_model(name)
+            return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
+        prepared = self._prepare(body, content_type, accept, name, version, method)
+        with prepared.handle as sv:
+            return prepared.result(self.api.run(sv, prepared.call))
 
     def _with_handlers(
         self,

@@ -14,9 +14,10 @@ import numpy as np
 from tfservo import __version__
 from tfservo.codecs.v2 import V2_OF_TF, V2Error
 from tfservo.core.api import TFServingAPI
+from tfservo.core.dataplane import Answer, PredictCall, Prediction
 from tfservo.core.errors import AlreadyExists, FailedPrecondition, NotFound
 from tfservo.models.bundle import is_model_name
-from tfservo.models.servables import State
+from tfservo.models.servables import ServableHandle, State
 from tfservo.models.signatures import DEFAULT_SIGNATURE
 
 __all__ = ["EXTENSIONS", "InferRequest", "InferResponse", "V2DataPlane"]
@@ -129,9 +130,23 @@ class V2DataPlane:
 
     def infer(self, request: InferRequest) -> InferResponse:
         """Run the request on its signature (`signature_name` parameter, else serving_default)."""
+        handle, call = self.prepare(request)
+        with handle as sv:
+            return self.response(request, self.api.run(sv, call))
+
+    def prepare(self, request: InferRequest) -> tuple[ServableHandle, PredictCall]:
+        """The request as its model call, and the version it names held for it (the caller runs
+        the call, e.g. queued for its batch by `TFServingAPI.submit`, and releases the handle)."""
         signature_name = request.parameters.get("signature_name") or DEFAULT_SIGNATURE
         if not isinstance(signature_name, str):
             raise V2Error("parameter signature_name must be a string")
-        answer = self.api.predict(request.model, request.version, None, signature_name, request.inputs,
-                                  request.outputs)
+        keys = tuple(request.outputs) if request.outputs is not None else None
+        return self.api.manager.acquire(request.model, request.version, None), PredictCall(
+            signature_name, request.inputs, True, keys
+        )
+
+    @staticmethod
+    def response(request: InferRequest, answer: Answer) -> InferResponse:
+        """A predict's answer as the request's V2 response."""
+        assert isinstance(answer, Prediction)
         return InferResponse(answer.model_name, answer.version, request.id, answer.outputs)

@@ -201,7 +201,7 @@ def build_app(
     `async_intake` queues InvokeEndpointAsync calls (--async-inference-config).
 
     Without batching, quick and small model calls run on the event loop (call_placement); with
-    it, small predicts are queued from the loop and answered from the batch thread.
+    it, small predicts (every door's) are queued from the loop and answered from the batch thread.
     """
     from tfservo.core.v2_dataplane import V2DataPlane
     from tfservo.http.decode_budget import default_decoding_bytes

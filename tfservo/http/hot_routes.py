@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
@@ -25,8 +25,8 @@ from starlette.types import Receive, Scope, Send
 from tfservo.async_inference.intake import AsyncCall, AsyncIntake
 from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
-from tfservo.core.dataplane import parse_version
-from tfservo.core.errors import InvalidArgument, NotFound, ServingError
+from tfservo.core.dataplane import Answer, Call, parse_version
+from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, ServingError
 from tfservo.core.invocation import InvocationResult, error_result
 from tfservo.core.service import ModelService
 from tfservo.http.call_placement import INLINE_BODY_BYTES, INLINE_SECONDS, CallPlacement
@@ -45,6 +45,7 @@ from tfservo.http.runtime_api import (
 if TYPE_CHECKING:
     from tfservo.auth.sigv4 import SigV4Verifier
     from tfservo.core.v2_dataplane import V2DataPlane
+    from tfservo.models.servables import ServableHandle
     from tfservo.models.target_models import TargetModels
 
 __all__ = [
@@ -184,13 +185,18 @@ def verify_signature(verifier: SigV4Verifier, scope: Scope, body: bytes) -> None
     audit_log.debug("sigv4 key=%s (%s) path=%s", key.access_key, key.name, scope["path"])
 
 
-def _settle(future: asyncio.Future[bytes | None], result: bytes | None, error: BaseException | None) -> None:
+# A queued call's decoding, on the loop: the version held, the model call, and how its answer is
+# written (on the batch thread); None when the request needs its door's whole thread path.
+Prepared = tuple["ServableHandle", Call, Callable[[Answer], T]]
+
+
+def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
     if future.done():
         return
     if error is not None:
         future.set_exception(error)
     else:
-        future.set_result(result)
+        future.set_result(result)  # type: ignore[arg-type]  # set when error is None
 
 
 class HotRoutes:
@@ -245,16 +251,18 @@ class HotRoutes:
             await send_result(send, error_result(exc))
             return
 
+        api = self.service.api
+
+        def prepare(body: bytes) -> Prepared[bytes]:
+            return (*api.decode(method, name, version, label, body), api.encode_rest)
+
         async def call(body: bytes) -> bytes:
-            out = None
-            if self.batched and method == "predict" and len(body) <= INLINE_BODY_BYTES:
-                out = await self._predict_queued(name, version, label, body)
-            if out is None:
-                out = await self.calls.run(
-                    (name, method), len(body), lambda: self.service.api.rest(method, name, version, label, body),
-                    group=name,
-                )
-            return out
+            if self._queueable(body) and method == "predict":
+                return await self._queued(self.calls, (name, method), name, lambda: prepare(body))
+            return await self.calls.run(
+                (name, method), len(body), lambda: api.rest(method, name, version, label, body),
+                may_inline=not self.batched, group=name,
+            )
 
         async def answer(body: bytes) -> None:
             try:
@@ -269,10 +277,22 @@ class HotRoutes:
 
         await self._with_body(scope, receive, send, answer)
 
-    async def _predict_queued(self, name: str, version: int | None, label: str | None, body: bytes) -> bytes | None:
-        """A small :predict decoded on the loop and queued for its batch; the batch thread hands
-        the answer straight back to the loop (one thread hand-off instead of three). None: the
-        call needs the thread path (see TFServingAPI.submit_predict).
+    def _queueable(self, body: bytes) -> bool:
+        """Whether a request may be decoded on the loop and queued for its batch (`_queued`)."""
+        return self.batched and len(body) <= INLINE_BODY_BYTES
+
+    async def _queued(
+        self,
+        placement: CallPlacement,
+        kind: Hashable,
+        group: str | None,
+        prepare: Callable[[], Prepared[T] | None],
+        whole: Callable[[], T] | None = None,
+    ) -> T:
+        """A small predict decoded on the loop and queued for its batch; the batch thread writes
+        the answer and hands it straight back to the loop (one thread hand-off instead of three).
+        What the batcher does not take (TFServingAPI.submit) runs in one of `placement`'s
+        threads, and so does `whole()`, the door's own path, when `prepare` answers None.
 
         A predict that is the only one in flight runs at once on the loop when its model's
         batcher is idle too (adaptive batching's "eager when idle", without a hand-off)."""
@@ -280,26 +300,47 @@ class HotRoutes:
         try:
             # One turn of the loop first: requests that arrived with this one count themselves.
             await asyncio.sleep(0)
-            kind = (name, "predict")
-            alone = self._predicting == 1 and (self.calls.estimate(kind) or 1.0) < INLINE_SECONDS
+            alone = self._predicting == 1 and (placement.estimate(kind) or 1.0) < INLINE_SECONDS
             started = time.perf_counter()
+            prepared = prepare()
+            if prepared is None:
+                assert whole is not None, "prepare answers None only where the door has a path of its own"
+                return await placement.run(kind, 0, whole, may_inline=False, group=group)
+            handle, call, finish = prepared
             loop = asyncio.get_running_loop()
             loop_thread = threading.get_ident()
-            answer: asyncio.Future[bytes | None] = loop.create_future()
+            answer: asyncio.Future[T] = loop.create_future()
 
-            def done(result: bytes | None, error: BaseException | None) -> None:
+            def done(result: Answer | None, error: BaseException | None) -> None:
+                out = None
+                if error is None:
+                    assert result is not None
+                    try:
+                        out = finish(result)
+                    except Exception as exc:  # an answer that cannot be written
+                        error = exc
                 if threading.get_ident() == loop_thread:
-                    _settle(answer, result, error)
+                    _settle(answer, out, error)
                 else:
-                    loop.call_soon_threadsafe(_settle, answer, result, error)
+                    loop.call_soon_threadsafe(_settle, answer, out, error)
 
-            if not self.service.api.submit_predict(name, version, label, body, done, alone=alone):
-                return None
-            result = await answer
-            self.calls.note(kind, time.perf_counter() - started)  # quick calls may run on the loop
-            return result
+            try:
+                queued = self.service.api.submit(handle, call, done, alone=alone)
+            except BaseException:
+                handle.release()
+                raise
+            if queued:
+                result = await answer
+                placement.note(kind, time.perf_counter() - started)  # quick calls may run on the loop
+                return result
         finally:
             self._predicting -= 1
+
+        def run() -> T:
+            with handle as sv:
+                return finish(self.service.api.run(sv, call))
+
+        return await placement.run(kind, 0, run, may_inline=False, group=group)
 
     async def invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /invocations, or /models/{name}/invoke: through the service's one Invoker."""
@@ -327,17 +368,29 @@ class HotRoutes:
         name = params["name"]
         header_length = request_header(scope, HEADER_LENGTH.encode())
 
-        def run(body: bytes) -> tuple[bytes, int | None]:
+        def prepare(body: bytes) -> Prepared[tuple[bytes, int | None]]:
             request, as_binary = decode_infer_request(body, header_length, name, parse_version(params.get("version")))
-            response = self.v2.infer(request)
-            return encode_infer_response(response, as_binary, bool(request.parameters.get("binary_data_output")))
+            binary_output = bool(request.parameters.get("binary_data_output"))
+
+            def finish(answer: Answer) -> tuple[bytes, int | None]:
+                return encode_infer_response(self.v2.response(request, answer), as_binary, binary_output)
+
+            return (*self.v2.prepare(request), finish)
+
+        def run(body: bytes) -> tuple[bytes, int | None]:
+            handle, call, finish = prepare(body)
+            with handle as sv:
+                return finish(self.service.api.run(sv, call))
+
+        async def call(body: bytes) -> tuple[bytes, int | None]:
+            if self._queueable(body):
+                return await self._queued(self.calls, (name, "v2"), name, lambda: prepare(body))
+            return await self.calls.run((name, "v2"), len(body), lambda: run(body), may_inline=not self.batched, group=name)
 
         async def answer(body: bytes) -> None:
             try:
                 out, json_length = await self._limited(
-                    self.request_timeout, "/v2/models/{name}/infer", name,
-                    lambda: self.calls.run((name, "v2"), len(body), lambda: run(body), group=name),
-                    "--request-timeout",
+                    self.request_timeout, "/v2/models/{name}/infer", name, lambda: call(body), "--request-timeout",
                 )
             except ServingError as exc:
                 await send_result(send, error_result(exc))
@@ -442,14 +495,32 @@ class HotRoutes:
             targets = self.targets
             name = targets.loaded_name(target) or await anyio.to_thread.run_sync(lambda: targets.resolve(target))
 
+        kind, group = ("invoke", name, attributes), name or attributes  # the model, as the request names it
+
+        def whole() -> InvocationResult:
+            return invoker.invoke(body, content_type, accept, attributes, name)
+
+        def prepare() -> Prepared[InvocationResult] | None:
+            prepared = invoker.prepare(body, content_type, accept, attributes, name)
+            if prepared is None:
+                return None
+            return prepared.handle, prepared.call, lambda answer: prepared.result(answer).encoded()
+
+        async def queued() -> InvocationResult:
+            try:
+                return await self._queued(self.invocations, kind, group, prepare, whole)
+            except Overloaded:
+                raise  # the door's own refusal, as on the thread path
+            except ServingError as exc:  # the invocation's: a result, as Invoker.invoke answers it
+                return error_result(exc)
+
         def call() -> Awaitable[InvocationResult]:
-            return self.invocations.run(
-                ("invoke", name, attributes),
-                len(body),
-                lambda: invoker.invoke(body, content_type, accept, attributes, name),
-                may_inline=not invoker.has_handlers(),  # a handler may call back over HTTP
-                group=name or attributes,  # the model, as the request names it
-            )
+            if self._queueable(body) and not invoker.has_handlers():
+                return queued()
+            # A handler may call back over HTTP, and a batched call waits for its batch: neither
+            # may hold the loop.
+            may_inline = not invoker.has_handlers() and not self.batched
+            return self.invocations.run(kind, len(body), whole, may_inline=may_inline, group=group)
 
         return await self._limited(
             self.invocation_timeout, scope.get(ROUTE_KEY, "/invocations"), name or self.service.default_model(), call,

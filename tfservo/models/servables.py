@@ -124,6 +124,7 @@ class ServableVersion:
         self,
         signature_name: str,
         inputs: dict[str, np.ndarray],
+        output_keys: Sequence[str] | None,
         callback: Callable[[dict[str, np.ndarray] | None, BaseException | None], None],
         *,
         alone: bool = False,
@@ -138,7 +139,7 @@ class ServableVersion:
         if submit is None:
             return False
         self.loaded  # noqa: B018 - refuses a version that is gone
-        return bool(submit(signature_name, inputs, None, callback, alone=alone))
+        return bool(submit(signature_name, inputs, output_keys, callback, alone=alone))
 
     def _take(self) -> bool:
         """One more handle, if the version still takes requests (AVAILABLE)."""
