@@ -244,7 +244,7 @@ class Invoker:
         """The invocation decoded and its version held, for a caller that runs the call itself
         (the HTTP door queues it for its batch without a thread); None when a handler runs it:
         use `call`. Client mistakes raise ServingError."""
-        attrs, name, version, method = self._target(custom_attributes, model_name)
+        _, name, version, method = self._target(custom_attributes, model_name)
         if self.handlers_for(name) is not None:
             return None
         return self._prepare(body, content_type, accept, name, version, method)

@@ -186,8 +186,8 @@ def verify_signature(verifier: SigV4Verifier, scope: Scope, body: bytes) -> None
     audit_log.debug("sigv4 key=%s (%s) path=%s", key.access_key, key.name, scope["path"])
 
 
-# A queued call's decoding, on the loop: the version held, the model call, and how its answer is
-# written (on the batch thread); None when the request needs its door's whole thread path.
+# A request decoded by its door: the version held, the model call, and how its answer is written
+# in the door's protocol (on the batch thread when queued).
 Prepared = tuple["ServableHandle", Call, Callable[[Answer], T]]
 
 
@@ -287,13 +287,12 @@ class HotRoutes:
         placement: CallPlacement,
         kind: Hashable,
         group: str | None,
-        prepare: Callable[[], Prepared[T] | None],
-        whole: Callable[[], T] | None = None,
+        prepare: Callable[[], Prepared[T]],
     ) -> T:
         """A small predict decoded on the loop and queued for its batch; the batch thread writes
         the answer and hands it straight back to the loop (one thread hand-off instead of three).
         What the batcher does not take (TFServingAPI.submit) runs in one of `placement`'s
-        threads, and so does `whole()`, the door's own path, when `prepare` answers None.
+        threads, decoded once all the same.
 
         A predict that is the only one in flight runs at once on the loop when its model's
         batcher is idle too (adaptive batching's "eager when idle", without a hand-off)."""
@@ -304,9 +303,6 @@ class HotRoutes:
             alone = self._predicting == 1 and (placement.estimate(kind) or 1.0) < INLINE_SECONDS
             started = time.perf_counter()
             prepared = prepare()
-            if prepared is None:
-                assert whole is not None, "prepare answers None only where the door has a path of its own"
-                return await placement.run(kind, 0, whole, may_inline=False, group=group)
             handle, call, finish = prepared
             loop = asyncio.get_running_loop()
             loop_thread = threading.get_ident()
@@ -336,12 +332,14 @@ class HotRoutes:
                 return result
         finally:
             self._predicting -= 1
+        return await placement.run(kind, 0, lambda: self._run_prepared(prepared), may_inline=False, group=group)
 
-        def run() -> T:
-            with handle as sv:
-                return finish(self.service.api.run(sv, call))
-
-        return await placement.run(kind, 0, run, may_inline=False, group=group)
+    def _run_prepared(self, prepared: Prepared[T]) -> T:
+        """A decoded request run in this thread, waiting for its batch if any; its version is
+        released after."""
+        handle, call, finish = prepared
+        with handle as sv:
+            return finish(self.service.api.run(sv, call))
 
     async def invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /invocations, or /models/{name}/invoke: through the service's one Invoker."""
@@ -378,15 +376,13 @@ class HotRoutes:
 
             return (*self.v2.prepare(request), finish)
 
-        def run(body: bytes) -> tuple[bytes, int | None]:
-            handle, call, finish = prepare(body)
-            with handle as sv:
-                return finish(self.service.api.run(sv, call))
-
         async def call(body: bytes) -> tuple[bytes, int | None]:
             if self._queueable(body):
                 return await self._queued(self.calls, (name, "v2"), name, lambda: prepare(body))
-            return await self.calls.run((name, "v2"), len(body), lambda: run(body), may_inline=not self.batched, group=name)
+            return await self.calls.run(
+                (name, "v2"), len(body), lambda: self._run_prepared(prepare(body)), may_inline=not self.batched,
+                group=name,
+            )
 
         async def answer(body: bytes) -> None:
             try:
@@ -501,15 +497,14 @@ class HotRoutes:
         def whole() -> InvocationResult:
             return invoker.invoke(body, content_type, accept, attributes, name)
 
-        def prepare() -> Prepared[InvocationResult] | None:
+        def prepare() -> Prepared[InvocationResult]:
             prepared = invoker.prepare(body, content_type, accept, attributes, name)
-            if prepared is None:
-                return None
+            assert prepared is not None, "queued only when the bundle has no handlers"
             return prepared.handle, prepared.call, lambda answer: prepared.result(answer).encoded()
 
         async def queued() -> InvocationResult:
             try:
-                return await self._queued(self.invocations, kind, group, prepare, whole)
+                return await self._queued(self.invocations, kind, group, prepare)
             except Overloaded:
                 raise  # the door's own refusal, as on the thread path
             except ServingError as exc:  # the invocation's: a result, as Invoker.invoke answers it
