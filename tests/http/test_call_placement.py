@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfservo.http.call_placement import INLINE_BODY_BYTES, CallPlacement
+from tfservo.server.call_placement import INLINE_BODY_BYTES, CallPlacement
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("test_var", default="unset")
 

@@ -27,7 +27,6 @@ from tfservo.core.dataplane import METHODS, parse_version
 from tfservo.core.errors import ServingError
 from tfservo.core.service import ModelService
 from tfservo.http.async_routes import AsyncRoutes
-from tfservo.http.call_placement import CallPlacement
 from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.docs_page import DocsPage
 from tfservo.http.hot_routes import HotRoutes
@@ -36,6 +35,7 @@ from tfservo.http.responses import error_response, internal_error, json_response
 from tfservo.http.routes import HotDispatch, RouteSpec, starlette_routes, tfs_path_parts
 from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
+from tfservo.server.call_placement import CallPlacement
 
 if TYPE_CHECKING:
     from tfservo.async_inference.intake import AsyncIntake

@@ -14,9 +14,7 @@ import asyncio
 import logging
 import math
 import sys
-import threading
-import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
@@ -26,11 +24,10 @@ from starlette.types import Receive, Scope, Send
 from tfservo.async_inference.intake import AsyncCall, AsyncIntake
 from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
-from tfservo.core.dataplane import Answer, Call, parse_version
+from tfservo.core.dataplane import Answer, parse_version
 from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, ServingError
 from tfservo.core.invocation import InvocationResult, error_result
 from tfservo.core.service import ModelService
-from tfservo.http.call_placement import INLINE_BODY_BYTES, INLINE_SECONDS, CallPlacement
 from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.routes import ROUTE_KEY
 from tfservo.http.runtime_api import (
@@ -42,11 +39,12 @@ from tfservo.http.runtime_api import (
     model_error,
     runtime_error,
 )
+from tfservo.server.call_placement import CallPlacement
+from tfservo.server.queued_calls import Prepared, QueuedCalls
 
 if TYPE_CHECKING:
     from tfservo.auth.sigv4 import SigV4Verifier
     from tfservo.core.v2_dataplane import V2DataPlane
-    from tfservo.models.servables import ServableHandle
     from tfservo.models.target_models import TargetModels
 
 __all__ = [
@@ -186,20 +184,6 @@ def verify_signature(verifier: SigV4Verifier, scope: Scope, body: bytes) -> None
     audit_log.debug("sigv4 key=%s (%s) path=%s", key.access_key, key.name, scope["path"])
 
 
-# A request decoded by its door: the version held, the model call, and how its answer is written
-# in the door's protocol (on the batch thread when queued).
-Prepared = tuple["ServableHandle", Call, Callable[[Answer], T]]
-
-
-def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)  # type: ignore[arg-type]  # set when error is None
-
-
 class HotRoutes:
     """The inference routes of one service, each a plain ASGI callable."""
 
@@ -240,7 +224,7 @@ class HotRoutes:
         self.v2 = v2  # the Open Inference Protocol's data plane (build_app makes the one the server has)
         self.sigv4 = sigv4  # --sigv4-credentials: the runtime API takes only requests signed with its keys
         self.async_intake = async_intake  # --async-inference-config: InvokeEndpointAsync's queue
-        self._predicting = 0  # small predicts between arrival and answer (on the loop: no lock)
+        self.queue = QueuedCalls(service.api, batched=batched)  # small batched predicts, queued from the loop
 
     async def tfs_method(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/models/{name}[/versions/{v}|/labels/{l}]:{predict|classify|regress}."""
@@ -258,8 +242,8 @@ class HotRoutes:
             return (*api.decode(method, name, version, label, body), api.encode_rest)
 
         async def call(body: bytes) -> bytes:
-            if self._queueable(body) and method == "predict":
-                return await self._queued(self.calls, (name, method), name, lambda: prepare(body))
+            if self.queue.queueable(len(body)) and method == "predict":
+                return await self.queue.queued(self.calls, (name, method), name, lambda: prepare(body))
             return await self.calls.run(
                 (name, method), len(body), lambda: api.rest(method, name, version, label, body),
                 may_inline=not self.batched, group=name,
@@ -277,69 +261,6 @@ class HotRoutes:
             await send_response(send, 200, out, JSON)
 
         await self._with_body(scope, receive, send, answer)
-
-    def _queueable(self, body: bytes) -> bool:
-        """Whether a request may be decoded on the loop and queued for its batch (`_queued`)."""
-        return self.batched and len(body) <= INLINE_BODY_BYTES
-
-    async def _queued(
-        self,
-        placement: CallPlacement,
-        kind: Hashable,
-        group: str | None,
-        prepare: Callable[[], Prepared[T]],
-    ) -> T:
-        """A small predict decoded on the loop and queued for its batch; the batch thread writes
-        the answer and hands it straight back to the loop (one thread hand-off instead of three).
-        What the batcher does not take (TFServingAPI.submit) runs in one of `placement`'s
-        threads, decoded once all the same.
-
-        A predict that is the only one in flight runs at once on the loop when its model's
-        batcher is idle too (adaptive batching's "eager when idle", without a hand-off)."""
-        self._predicting += 1
-        try:
-            # One turn of the loop first: requests that arrived with this one count themselves.
-            await asyncio.sleep(0)
-            alone = self._predicting == 1 and (placement.estimate(kind) or 1.0) < INLINE_SECONDS
-            started = time.perf_counter()
-            prepared = prepare()
-            handle, call, finish = prepared
-            loop = asyncio.get_running_loop()
-            loop_thread = threading.get_ident()
-            answer: asyncio.Future[T] = loop.create_future()
-
-            def done(result: Answer | None, error: BaseException | None) -> None:
-                out = None
-                if error is None:
-                    assert result is not None
-                    try:
-                        out = finish(result)
-                    except Exception as exc:  # an answer that cannot be written
-                        error = exc
-                if threading.get_ident() == loop_thread:
-                    _settle(answer, out, error)
-                else:
-                    loop.call_soon_threadsafe(_settle, answer, out, error)
-
-            try:
-                queued = self.service.api.submit(handle, call, done, alone=alone)
-            except BaseException:
-                handle.release()
-                raise
-            if queued:
-                result = await answer
-                placement.note(kind, time.perf_counter() - started)  # quick calls may run on the loop
-                return result
-        finally:
-            self._predicting -= 1
-        return await placement.run(kind, 0, lambda: self._run_prepared(prepared), may_inline=False, group=group)
-
-    def _run_prepared(self, prepared: Prepared[T]) -> T:
-        """A decoded request run in this thread, waiting for its batch if any; its version is
-        released after."""
-        handle, call, finish = prepared
-        with handle as sv:
-            return finish(self.service.api.run(sv, call))
 
     async def invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /invocations, or /models/{name}/invoke: through the service's one Invoker."""
@@ -377,10 +298,10 @@ class HotRoutes:
             return (*self.v2.prepare(request), finish)
 
         async def call(body: bytes) -> tuple[bytes, int | None]:
-            if self._queueable(body):
-                return await self._queued(self.calls, (name, "v2"), name, lambda: prepare(body))
+            if self.queue.queueable(len(body)):
+                return await self.queue.queued(self.calls, (name, "v2"), name, lambda: prepare(body))
             return await self.calls.run(
-                (name, "v2"), len(body), lambda: self._run_prepared(prepare(body)), may_inline=not self.batched,
+                (name, "v2"), len(body), lambda: self.queue.run_prepared(prepare(body)), may_inline=not self.batched,
                 group=name,
             )
 
@@ -504,14 +425,14 @@ class HotRoutes:
 
         async def queued() -> InvocationResult:
             try:
-                return await self._queued(self.invocations, kind, group, prepare)
+                return await self.queue.queued(self.invocations, kind, group, prepare)
             except Overloaded:
                 raise  # the door's own refusal, as on the thread path
             except ServingError as exc:  # the invocation's: a result, as Invoker.invoke answers it
                 return error_result(exc)
 
         def call() -> Awaitable[InvocationResult]:
-            if self._queueable(body) and not invoker.has_handlers():
+            if self.queue.queueable(len(body)) and not invoker.has_handlers():
                 return queued()
             # A handler may call back over HTTP, and a batched call waits for its batch: neither
             # may hold the loop.

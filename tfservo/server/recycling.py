@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from tfservo.core.memory import memory_limit_bytes, resident_bytes
 from tfservo.core.settings import Settings
-from tfservo.http.call_placement import CallPlacement
+from tfservo.server.call_placement import CallPlacement
 
 __all__ = ["REASONS", "WorkerWatch", "hard_limit", "worker_memory_limit"]
 

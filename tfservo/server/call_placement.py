@@ -1,4 +1,4 @@
-"""Where an HTTP request's work runs: on the event loop itself, or in a worker thread.
+"""Where a front door's request work runs: on the event loop itself, or in a worker thread.
 
 Handing work to a thread and back costs two thread wake-ups (~100-200 µs of GIL time under
 load), more than a small model's whole call. So a small request whose recent calls of the same
