@@ -1,10 +1,11 @@
 """gRPC beside its floor: tfservo's TF Serving Predict and KServe V2 ModelInfer against a
-do-nothing server on the same gRPC stack (grpcio's server with a thread pool, as tfservo's),
-which parses each request and answers tfservo's own answer bytes. The load client uses TF
-Serving's and Triton's generated stubs on grpc.aio, pinned to the load core as wrk is.
+do-nothing server on the same gRPC stack (grpc.aio on a uvloop event loop, as tfservo's), which
+parses each request and answers tfservo's own answer bytes — and against the same do-nothing
+servicer on grpcio's thread-pool server (the other stack grpcio offers, tfservo's before). The
+load client sends the requests' bytes on grpc.aio, pinned to the load core as wrk is.
 
     python bench/grpc_floor.py WORK RESULTS [--quick]       # writes RESULTS/grpc.json
-    python bench/grpc_floor.py floor PORT ANSWERS.json      # the do-nothing server
+    python bench/grpc_floor.py floor PORT ANSWERS.json [sync]   # the do-nothing server (aio; sync: thread pool)
     python bench/grpc_floor.py load ADDRESS METHOD SECONDS CONCURRENCY   # JSON on stdout
 
 WORK is bench/models.py's folder (WORK/models/mlp: a 784-256-256-10 MLP, input `x`).
@@ -60,22 +61,50 @@ def _parsers() -> dict[str, object]:
     return {"predict": predict_pb2.PredictRequest.FromString, "v2": service_pb2.ModelInferRequest.FromString}
 
 
-def serve_floor(port: int, answers_file: str) -> None:
-    """Answer every Predict and ModelInfer with fixed bytes, after parsing the request."""
+def _floor_handlers(answers_file: str, asynchronous: bool) -> list[object]:
+    """A handler per service answering every call with fixed bytes, after parsing the request."""
     import grpc
 
     answers = {k: base64.b64decode(v) for k, v in json.loads(Path(answers_file).read_text()).items()}
     parsers = _parsers()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+    handlers = []
     for method, (service, rpc) in METHODS.items():
         answer = answers[method]
+
+        async def answer_async(request: object, context: object, answer: bytes = answer) -> bytes:
+            return answer
+
+        def answer_sync(request: object, context: object, answer: bytes = answer) -> bytes:
+            return answer
+
         handler = grpc.unary_unary_rpc_method_handler(
-            lambda request, context, answer=answer: answer, request_deserializer=parsers[method],  # type: ignore[arg-type]
+            answer_async if asynchronous else answer_sync, request_deserializer=parsers[method],  # type: ignore[arg-type]
         )
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {rpc: handler}),))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    server.wait_for_termination()
+        handlers.append(grpc.method_handlers_generic_handler(service, {rpc: handler}))
+    return handlers
+
+
+def serve_floor(port: int, answers_file: str, sync: bool) -> None:
+    """The do-nothing server: grpc.aio on uvloop (tfservo's stack), or grpcio's thread-pool server."""
+    import grpc
+
+    if sync:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+        server.add_generic_rpc_handlers(_floor_handlers(answers_file, False))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        server.wait_for_termination()
+        return
+    import uvloop
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(_floor_handlers(answers_file, True))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    uvloop.run(serve())
 
 
 async def _load(address: str, method: str, seconds: float, concurrency: int) -> dict:
@@ -132,7 +161,7 @@ def measure(work: Path, results: Path, quick: bool) -> dict:
     import grpc
 
     seconds = 5.0 if quick else 15.0
-    http, grpc_port, floor_port = free_port(), free_port(), free_port()
+    http, grpc_port, floor_port, sync_port = free_port(), free_port(), free_port(), free_port()
     env = {**os.environ, "TFSERVO_TF_LOGS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
     logs = results / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -141,7 +170,7 @@ def measure(work: Path, results: Path, quick: bool) -> dict:
          "--grpc-port", str(grpc_port), "--log-level", "warning"],
         stdout=open(logs / "grpc-tfservo.log", "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
-    floor = None
+    floors: list[subprocess.Popen[bytes]] = []
     rows = []
     try:
         _wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{http}/ping", timeout=2).status == 200, "tfservo")
@@ -152,26 +181,29 @@ def measure(work: Path, results: Path, quick: bool) -> dict:
                 answers[method] = base64.b64encode(channel.unary_unary(f"/{service}/{rpc}")(bodies[method], timeout=30)).decode()
         answers_file = work / "grpc-floor-answers.json"
         answers_file.write_text(json.dumps(answers))
-        floor = subprocess.Popen([sys.executable, __file__, "floor", str(floor_port), str(answers_file)],
-                                 cwd=Path(__file__).parent, stdout=open(logs / "grpc-floor.log", "wb"),
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        with grpc.insecure_channel(f"127.0.0.1:{floor_port}") as channel:
-            call = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
-            _wait(lambda: call(bodies["predict"], timeout=2) is not None, "the gRPC floor")
+        for port, kind in ((floor_port, "aio"), (sync_port, "sync")):
+            floors.append(subprocess.Popen([sys.executable, __file__, "floor", str(port), str(answers_file), kind],
+                                           cwd=Path(__file__).parent, stdout=open(logs / f"grpc-floor-{kind}.log", "wb"),
+                                           stderr=subprocess.STDOUT, start_new_session=True))
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+                _wait(lambda: call(bodies["predict"], timeout=2) is not None, f"the gRPC floor ({kind})")
+        floor, sync_floor = "floor: do-nothing grpc.aio server (uvloop)", "do-nothing grpcio thread-pool server"
         for method, label in (("predict", "TF Serving Predict"), ("v2", "KServe V2 ModelInfer")):
-            measured = {}
-            for server, port in (("floor: do-nothing grpcio server", floor_port), ("tfservo defaults", grpc_port)):
+            measured: dict[str, dict] = {}
+            for server, port in ((floor, floor_port), (sync_floor, sync_port), ("tfservo defaults", grpc_port)):
                 load(f"127.0.0.1:{port}", method, 2.0, CONCURRENCY)  # warm-up
                 measured[server] = load(f"127.0.0.1:{port}", method, seconds, CONCURRENCY)
-            floor_rps = measured["floor: do-nothing grpcio server"]["rps"]
+            floor_rps, sync_rps = measured[floor]["rps"], measured[sync_floor]["rps"]
             for server, m in measured.items():
                 rows.append({"call": label, "server": server, "concurrency": CONCURRENCY, "req/s": f"{m['rps']:,.0f}",
-                             "× floor": f"{m['rps'] / floor_rps:.2f}×", "p50 ms": f"{m['p50_ms']:.2f}",
-                             "p99 ms": f"{m['p99_ms']:.2f}", "errors": m["errors"]})
-            print(f"grpc {label}: tfservo {measured['tfservo defaults']['rps']:.0f} req/s = "
-                  f"{measured['tfservo defaults']['rps'] / floor_rps:.2f}× the floor ({floor_rps:.0f})", flush=True)
+                             "× floor": f"{m['rps'] / floor_rps:.2f}×", "× thread-pool floor": f"{m['rps'] / sync_rps:.2f}×",
+                             "p50 ms": f"{m['p50_ms']:.2f}", "p99 ms": f"{m['p99_ms']:.2f}", "errors": m["errors"]})
+            mine = measured["tfservo defaults"]["rps"]
+            print(f"grpc {label}: tfservo {mine:.0f} req/s = {mine / floor_rps:.2f}× the floor ({floor_rps:.0f}), "
+                  f"{mine / sync_rps:.2f}× the thread-pool floor ({sync_rps:.0f})", flush=True)
     finally:
-        for proc in (tfservo, floor):
+        for proc in (tfservo, *floors):
             if proc is not None:
                 proc.terminate()
                 proc.wait(30)
@@ -180,8 +212,9 @@ def measure(work: Path, results: Path, quick: bool) -> dict:
         "rows": rows,
         "notes": [
             f"MLP 784-256-256-10, one 1×784 float32 row per call, {CONCURRENCY} concurrent calls on one grpc.aio "
-            f"channel pinned to the load core, {seconds:g} s after a 2 s warm-up. The floor parses each request "
-            "(PredictRequest / ModelInferRequest) and answers the bytes tfservo answered to the same request.",
+            f"channel pinned to the load core, {seconds:g} s after a 2 s warm-up. The floors parse each request "
+            "(PredictRequest / ModelInferRequest) and answer the bytes tfservo answered to the same request: "
+            "on grpc.aio with uvloop, tfservo's stack ('× floor'), and on grpcio's thread-pool server.",
             "Issue 28's target: tfservo's gRPC Predict at ≥ 50 % of the floor.",
         ],
     }
@@ -191,7 +224,7 @@ def measure(work: Path, results: Path, quick: bool) -> dict:
 
 def main() -> None:
     if sys.argv[1] == "floor":
-        serve_floor(int(sys.argv[2]), sys.argv[3])
+        serve_floor(int(sys.argv[2]), sys.argv[3], sys.argv[4:] == ["sync"])
     elif sys.argv[1] == "load":
         print(json.dumps(asyncio.run(_load(sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])))))
     else:

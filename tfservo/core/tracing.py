@@ -445,13 +445,13 @@ def from_traceparent(value: str | None) -> Parent:
     return propagate.extract({"traceparent": value})
 
 
-def grpc_server_interceptors() -> list[grpc.ServerInterceptor]:
-    """The gRPC server interceptor that continues callers' traces ([] when tracing is off)."""
+def grpc_server_interceptors() -> list[grpc.aio.ServerInterceptor]:
+    """The asyncio gRPC server interceptor that continues callers' traces ([] when tracing is off)."""
     if _TRACER is None:
         return []
     from opentelemetry.instrumentation import grpc as instrumentation
 
-    interceptor: grpc.ServerInterceptor = instrumentation.server_interceptor(  # type: ignore[no-untyped-call, unused-ignore]
+    interceptor: grpc.aio.ServerInterceptor = instrumentation.aio_server_interceptor(  # type: ignore[no-untyped-call, unused-ignore]
         tracer_provider=_PROVIDER)
     return [interceptor]
 

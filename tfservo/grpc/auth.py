@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -35,27 +35,39 @@ METHOD_SCOPES: dict[str, str | None] = {
 }
 
 
-class KeyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused-ignore]  # grpcio is untyped
+class _Refused(Exception):
+    """A call the key check turns away: its status and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(code, message)
+        self.code, self.message = code, message
+
+
+class KeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-ignore]  # grpcio is untyped
     """Checks each call's key, in the call itself (where its peer is known), before its method runs."""
 
     def __init__(self, ring: KeyRing, on_refused: Callable[[str], None] = lambda reason: None) -> None:
         self.ring = ring
         self.on_refused = on_refused
 
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
         method = details.method
         needed = METHOD_SCOPES.get(method, "read")
-        handler = continuation(details)
+        handler = await continuation(details)
         if needed is None or handler is None or handler.unary_unary is None:
             return handler
         presented = next((value for key, value in details.invocation_metadata or () if key == "authorization"), None)
         token = bearer(presented if isinstance(presented, str) else None)
         inner = handler.unary_unary
 
-        def behavior(request: object, context: grpc.ServicerContext) -> object:
-            who = caller.set(self._check(token, needed, method, request, context))
+        async def behavior(request: object, context: grpc.aio.ServicerContext) -> object:
             try:
-                return inner(request, context)
+                key = self._check(token, needed, method, request, context)
+            except _Refused as refused:
+                await context.abort(refused.code, refused.message)
+            who = caller.set(key)
+            try:
+                return await inner(request, context)
             finally:
                 caller.reset(who)
 
@@ -63,34 +75,33 @@ class KeyInterceptor(grpc.ServerInterceptor):  # type: ignore[misc, unused-ignor
             behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
 
-    def _check(self, token: str | None, needed: str, method: str, request: object, context: grpc.ServicerContext) -> str:
-        """Abort the call unless its key may (throttled peers first, then the key, its scope and
-        model); the key's name."""
+    def _check(self, token: str | None, needed: str, method: str, request: object, context: grpc.aio.ServicerContext) -> str:
+        """The key's name, or _Refused unless its key may (throttled peers first, then the key,
+        its scope and model)."""
         peer = peer_address(context.peer())
         wait = self.ring.throttle.held(peer)
         if wait:
             audit.warning("refused throttled peer=%s grpc %s: %.0f s to wait", peer, method, wait)
             self.on_refused("throttled")
             context.set_trailing_metadata((("retry-after", str(math.ceil(wait))),))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"too many failed authentications from {peer}: retry in {math.ceil(wait)} s")
+            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"too many failed authentications from {peer}: retry in {math.ceil(wait)} s")
         try:
             key = self.ring.authenticate(token)
         except Unauthenticated as exc:
             self.ring.throttle.failed(peer)
-            self._refuse(context, exc, grpc.StatusCode.UNAUTHENTICATED, method, needed, "-", peer)
+            raise self._refuse(exc, grpc.StatusCode.UNAUTHENTICATED, method, needed, "-", peer) from None
         self.ring.throttle.succeeded(peer)
         spec = getattr(request, "model_spec", None)
         model = (getattr(spec, "name", None) or getattr(request, "model_name", None) or None) if needed == "invoke" else None
         try:
             self.ring.authorize(key, needed, model)
         except NotAllowed as exc:
-            self._refuse(context, exc, grpc.StatusCode.PERMISSION_DENIED, method, needed, key.name, peer)
+            raise self._refuse(exc, grpc.StatusCode.PERMISSION_DENIED, method, needed, key.name, peer) from None
         return key.name
 
-    def _refuse(self, context: grpc.ServicerContext, exc: ServingError, code: grpc.StatusCode, method: str,
-                needed: str, key: str, peer: str) -> None:
+    def _refuse(self, exc: ServingError, code: grpc.StatusCode, method: str, needed: str, key: str, peer: str) -> _Refused:
         reason = "unauthenticated" if code == grpc.StatusCode.UNAUTHENTICATED else "forbidden"
         audit.warning("refused %s peer=%s key=%s grpc %s scope=%s: %s", reason, peer, key, method, needed, exc.message)
         self.on_refused(reason)
-        context.abort(code, exc.message)
+        return _Refused(code, exc.message)

@@ -14,7 +14,7 @@ from tfservo.core.settings import Settings
 from tfservo.core.tfs_configs import read_ssl_config
 from tfservo.core.v2_dataplane import V2DataPlane
 from tfservo.grpc.options import server_options
-from tfservo.grpc.tfserving import GrpcServer
+from tfservo.grpc.server import GrpcServer
 from tfservo.server.metrics import Metrics
 
 __all__ = ["start_grpc"]
@@ -45,6 +45,8 @@ def start_grpc(
         host=host,
         port=settings.grpc_port,
         max_message_bytes=settings.max_request_bytes,
+        batched=service.batches,
+        max_queued=settings.max_queued_per_model,
         scope=metrics.scope if metrics is not None else plain_scope,
         reload_config=lambda: service.model_config.reload_config,
         reuse_port=reuse_port,
@@ -57,7 +59,7 @@ def start_grpc(
     )
     from tfservo.grpc.v2 import v2_handler
 
-    server.add_service(v2_handler(v2, metrics.v2_scope if metrics is not None else plain_scope, gate))
+    server.add_service(v2_handler(v2, server.placement, server.queue, metrics.v2_scope if metrics is not None else plain_scope, gate))
     if settings.profiler:
         from tfservo.grpc.profiler import profiler_handler
 
@@ -70,7 +72,7 @@ def start_grpc(
     return server
 
 
-def _key_check(settings: Settings, metrics: Metrics | None) -> list[grpc.ServerInterceptor]:
+def _key_check(settings: Settings, metrics: Metrics | None) -> list[grpc.aio.ServerInterceptor]:
     """The API-key interceptor under --api-keys, else none."""
     if not settings.api_keys:
         return []

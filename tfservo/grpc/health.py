@@ -17,7 +17,7 @@ __all__ = ["HEALTH_METHODS", "HealthService"]
 HEALTH_METHODS = ("Check", "Watch")  # open to all: probes carry no key
 
 
-class HealthService(health.HealthServicer):  # type: ignore[misc, unused-ignore]  # grpcio is untyped
+class HealthService(health.aio.HealthServicer):  # type: ignore[misc, unused-ignore]  # grpcio is untyped
     """Health answered from the model manager at each check (Watch gets the same on each change
     the checks see)."""
 
@@ -42,9 +42,12 @@ class HealthService(health.HealthServicer):  # type: ignore[misc, unused-ignore]
             serving = False
         return int(health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING)
 
-    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> health_pb2.HealthCheckResponse:
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
         status = self.status(request.service)
         if status is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no model named {request.service!r} is served")
-        self.set(request.service, status)  # Watch streams hear of it
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no model named {request.service!r} is served")
+        assert status is not None  # abort raised
+        await self.set(request.service, status)  # Watch streams hear of it
         return health_pb2.HealthCheckResponse(status=status)

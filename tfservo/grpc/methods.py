@@ -1,10 +1,14 @@
 """A gRPC service's methods, declared once each — name, messages and the API-key scope it
-needs — and served from that declaration: tolerant request decoding, and the management
-methods behind the ManagementGate (UNIMPLEMENTED while off, one audit line per call)."""
+needs — and served from that declaration on the asyncio server: tolerant request decoding, a
+servicer's plain methods run in the loop's thread pool (`threaded`), and the management methods
+behind the ManagementGate (UNIMPLEMENTED while off, one audit line per call)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+import contextvars
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +16,7 @@ import grpc
 
 from tfservo.auth.audit import ManagementGate
 
-__all__ = ["Method", "UndecodableRequest", "method_scopes", "peer_address", "service_handler"]
+__all__ = ["Method", "SyncContext", "UndecodableRequest", "method_scopes", "peer_address", "service_handler", "threaded"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,70 @@ def _tolerant(message_class: Any) -> Callable[[bytes], Any]:
     return parse
 
 
+class _Aborted(Exception):
+    """SyncContext.abort: the status the call ends with, set on the loop once the thread returns."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, details)
+        self.code, self.details = code, details
+
+
+class SyncContext:
+    """An asyncio call's context as a method running in a thread uses it (grpc.ServicerContext's
+    calls tfservo makes): `abort` raises, trailing metadata is set when the method returns."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+        self._code: grpc.StatusCode | None = None
+        self.trailing: tuple[tuple[str, str], ...] | None = None
+
+    def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self._code = code
+        raise _Aborted(code, details)
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.trailing = metadata
+
+    def time_remaining(self) -> float | None:
+        return self._context.time_remaining()  # type: ignore[no-any-return, unused-ignore]
+
+    def cancelled(self) -> bool:
+        return self._context.cancelled()  # type: ignore[no-any-return, unused-ignore]
+
+    def peer(self) -> str:
+        return self._context.peer()  # type: ignore[no-any-return, unused-ignore]
+
+    def invocation_metadata(self) -> Any:
+        return self._context.invocation_metadata()
+
+
+def threaded(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """A plain method as an asyncio one: run in the loop's thread pool (in the caller's context:
+    deadline, trace, key) with a SyncContext; its abort ends the call on the loop."""
+
+    async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        sync = SyncContext(context)
+        call = contextvars.copy_context()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, call.run, behavior, request, sync)
+        except _Aborted as exc:
+            aborted = exc
+        finally:
+            if sync.trailing is not None:
+                context.set_trailing_metadata(sync.trailing)
+        await context.abort(aborted.code, aborted.details)
+
+    return run
+
+
+def _serialize(response: Any) -> bytes:
+    """A response message, or its bytes already written (on a batch thread)."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
 def method_scopes(service: str, methods: Sequence[Method]) -> dict[str, str | None]:
     """Full method name → the scope it needs."""
     return {f"/{service}/{method.name}": method.scope for method in methods}
@@ -57,26 +125,31 @@ def method_scopes(service: str, methods: Sequence[Method]) -> dict[str, str | No
 def service_handler(
     service: str, servicer: object, methods: Sequence[Method], gate: ManagementGate | None = None,
 ) -> grpc.GenericRpcHandler:
-    """The methods of `service` on `servicer` (an attribute per method name)."""
+    """The methods of `service` on `servicer` (an attribute per method name: a coroutine
+    function runs on the loop, a plain one in the loop's thread pool)."""
     handlers = {}
     for method in methods:
         behavior = getattr(servicer, method.name)
-        if method.scope == "manage" and gate is not None:
-            behavior = _gated(behavior, gate, f"/{service}/{method.name}")
+        if not inspect.iscoroutinefunction(behavior):
+            if method.scope == "manage" and gate is not None:
+                behavior = _gated(behavior, gate, f"/{service}/{method.name}")
+            behavior = threaded(behavior)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            behavior, request_deserializer=_tolerant(method.request), response_serializer=method.response.SerializeToString,
+            behavior, request_deserializer=_tolerant(method.request), response_serializer=_serialize,
         )
     return grpc.method_handlers_generic_handler(service, handlers)
 
 
-def _gated(behavior: Callable[[object, grpc.ServicerContext], object], gate: ManagementGate, action: str) -> object:
+def _gated(
+    behavior: Callable[[Any, SyncContext], Any], gate: ManagementGate, action: str
+) -> Callable[[Any, SyncContext], Any]:
     if not gate.open:
-        def off(request: Any, context: grpc.ServicerContext) -> Any:
+        def off(request: Any, context: SyncContext) -> Any:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, gate.off_message)
 
         return off
 
-    def audited(request: Any, context: grpc.ServicerContext) -> Any:
+    def audited(request: Any, context: SyncContext) -> Any:
         peer, model = peer_address(context.peer()), _model_named(request)
         try:
             response = behavior(request, context)

@@ -15,6 +15,8 @@ import threading
 
 import grpc
 
+from tfservo.grpc.methods import SyncContext, threaded
+
 __all__ = ["PROFILER_SERVICE", "profiler_handler"]
 
 log = logging.getLogger("tfservo.server")
@@ -42,7 +44,7 @@ class _Forwarder:
             return self._channel
 
     def forward(self, method: str) -> object:
-        def call(request: bytes, context: grpc.ServicerContext) -> bytes:
+        def call(request: bytes, context: SyncContext) -> bytes:
             remaining = context.time_remaining()
             stub = self.channel().unary_unary(f"/{PROFILER_SERVICE}/{method}")
             try:
@@ -51,7 +53,7 @@ class _Forwarder:
                 context.abort(exc.code(), exc.details() or f"{PROFILER_SERVICE}/{method} failed")
             return answer
 
-        return grpc.unary_unary_rpc_method_handler(call)  # bytes in, bytes out
+        return grpc.unary_unary_rpc_method_handler(threaded(call))  # bytes in, bytes out
 
 
 def profiler_handler() -> grpc.GenericRpcHandler:

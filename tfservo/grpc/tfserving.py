@@ -9,10 +9,7 @@ gRPC status of the same name (NOT_FOUND, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, â
 from __future__ import annotations
 
 import logging
-import os
-import threading
-from collections.abc import Callable, Sequence
-from concurrent import futures
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -30,18 +27,19 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from tfservo.auth.audit import ManagementGate
 from tfservo.codecs.results import classification_result_proto, regression_result_proto
 from tfservo.codecs.tensor_proto import MAX_FILL_BYTES, to_ndarray, write_tensor_proto
-from tfservo.core import deadlines, tracing
+from tfservo.core import deadlines
 from tfservo.core.api import TFServingAPI
-from tfservo.core.dataplane import Answer, Classification, ExamplesCall, Regression
-from tfservo.core.errors import Code, InvalidArgument, ServingError, Unavailable, Unimplemented
+from tfservo.core.dataplane import Answer, Classification, ExamplesCall, PredictCall, Prediction, Regression
+from tfservo.core.errors import Code, InvalidArgument, ServingError, Unimplemented
 from tfservo.core.request_labels import RequestScope, plain_scope
-from tfservo.grpc.methods import Method, UndecodableRequest, service_handler
+from tfservo.grpc.methods import Method, SyncContext, UndecodableRequest
 from tfservo.models.servables import ServableVersion
 from tfservo.models.signatures import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
 from tfservo.models.warmup import serialized_examples  # Input â†’ tf.Examples, shared with warmup replay
+from tfservo.server.call_placement import CallPlacement
+from tfservo.server.queued_calls import Prepared, QueuedCalls
 
 __all__ = [
     "MODEL_SERVICE",
@@ -49,7 +47,6 @@ __all__ = [
     "SIGNATURE_DEF_FIELD",
     "grpc_status",
     "GrpcCalls",
-    "GrpcServer",
     "MODEL_METHODS",
     "PREDICTION_METHODS",
     "ModelServicer",
@@ -114,62 +111,102 @@ def grpc_status(code: Code | int) -> grpc.StatusCode:
 
 
 class GrpcCalls:
-    """Runs one RPC inside a request scope and turns ServingErrors into gRPC statuses."""
+    """Runs one RPC inside a request scope and turns ServingErrors into gRPC statuses: `run` in
+    a thread (a SyncContext), `run_async` on the loop."""
 
     def __init__(self, service: str, scope: RequestScope) -> None:
         self._service = service
         self._scope = scope
 
-    def run(
-        self, rpc: str, method: str, context: grpc.ServicerContext, fn: Callable[[], object], request: object = None
+    def run(self, rpc: str, method: str, context: SyncContext, fn: Callable[[], object], request: object = None) -> object:
+        with self._scope(f"/{self._service}/{rpc}", method) as labels, deadlines.within(context.time_remaining()):
+            try:
+                self._check(rpc, context, request)
+                response = fn()
+            except Exception as exc:
+                code, message = self._failure(rpc, exc)
+                labels.status = code.name
+                context.abort(code, message)
+            labels.status = grpc.StatusCode.OK.name
+            return response
+
+    async def run_async(
+        self, rpc: str, method: str, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[object]],
+        request: object = None,
     ) -> object:
         with self._scope(f"/{self._service}/{rpc}", method) as labels, deadlines.within(context.time_remaining()):
             try:
-                if isinstance(request, UndecodableRequest):
-                    raise InvalidArgument(request.message)
-                if not context.is_active():  # the client gave up (deadline, cancel) while this waited
-                    raise deadlines.DeadlineExceeded(f"{rpc}: the client's deadline passed before the call started")
-                response = fn()
-            except ServingError as exc:
-                code = grpc_status(exc.code)
+                self._check(rpc, context, request)
+                response = await work()
+            except Exception as exc:
+                code, message = self._failure(rpc, exc)
                 labels.status = code.name
-                context.abort(code, exc.message)
-            except Exception as exc:  # a bug must answer INTERNAL, not hang or kill the server
-                log.exception("%s/%s failed", self._service, rpc)
-                labels.status = grpc.StatusCode.INTERNAL.name
-                context.abort(grpc.StatusCode.INTERNAL, f"Internal error: {type(exc).__name__}: {exc}")
+                await context.abort(code, message)
             labels.status = grpc.StatusCode.OK.name
             return response
+
+    @staticmethod
+    def _check(rpc: str, context: SyncContext | grpc.aio.ServicerContext, request: object) -> None:
+        if isinstance(request, UndecodableRequest):
+            raise InvalidArgument(request.message)
+        if context.cancelled():  # the client gave up (deadline, cancel) while this waited
+            raise deadlines.DeadlineExceeded(f"{rpc}: the client gave up (deadline or cancel) before the call started")
+
+    def _failure(self, rpc: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
+        """The status and message a call that raised `exc` ends with."""
+        if isinstance(exc, ServingError):
+            return grpc_status(exc.code), exc.message
+        log.exception("%s/%s failed", self._service, rpc, exc_info=exc)  # a bug: INTERNAL, not a hang
+        return grpc.StatusCode.INTERNAL, f"Internal error: {type(exc).__name__}: {exc}"
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):  # type: ignore[misc, unused-ignore]  # untyped generated stubs
     """tensorflow.serving.PredictionService: Predict, Classify, Regress, MultiInference, GetModelMetadata."""
 
-    def __init__(self, api: TFServingAPI, scope: RequestScope = plain_scope, max_fill_bytes: int = MAX_FILL_BYTES) -> None:
+    def __init__(
+        self,
+        api: TFServingAPI,
+        placement: CallPlacement,
+        queue: QueuedCalls,
+        scope: RequestScope = plain_scope,
+        max_fill_bytes: int = MAX_FILL_BYTES,
+    ) -> None:
         self.api = api
+        self.placement = placement  # where a predict runs when it is not queued for its batch
+        self.queue = queue  # this door's batched predicts, queued from the loop
         self.max_fill_bytes = max_fill_bytes  # what one value filling a shape may expand to
         self._calls = GrpcCalls(PREDICTION_SERVICE, scope)
 
-    def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
-        return self._calls.run("Predict", "predict", context, lambda: self.predict(request), request)
+    async def Predict(self, request: predict_pb2.PredictRequest, context: grpc.aio.ServicerContext) -> object:
+        return await self._calls.run_async("Predict", "predict", context, lambda: self.predict(request), request)
 
-    def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext) -> object:
+    def Classify(self, request: classification_pb2.ClassificationRequest, context: SyncContext) -> object:
         return self._calls.run("Classify", "classify", context, lambda: self.classify(request), request)
 
-    def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext) -> object:
+    def Regress(self, request: regression_pb2.RegressionRequest, context: SyncContext) -> object:
         return self._calls.run("Regress", "regress", context, lambda: self.regress(request), request)
 
-    def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext) -> object:
+    def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: SyncContext) -> object:
         return self._calls.run("MultiInference", "multi_inference", context, lambda: self.multi_inference(request), request)
 
     def GetModelMetadata(
-        self, request: get_model_metadata_pb2.GetModelMetadataRequest, context: grpc.ServicerContext
+        self, request: get_model_metadata_pb2.GetModelMetadataRequest, context: SyncContext
     ) -> object:
         return self._calls.run("GetModelMetadata", "metadata", context, lambda: self.metadata(request), request)
 
     # -- the calls, without gRPC -----------------------------------------------------------------
 
-    def predict(self, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
+    async def predict(self, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
+        """A small predict, batched: decoded on the loop and queued; else in a thread (or inline,
+        when quick and not batched), as HTTP's :predict."""
+        name = request.model_spec.name
+        return await self.queue.run(
+            self.placement, (name, "predict"), name, request.ByteSize(), lambda: self.prepare_predict(request)
+        )
+
+    def prepare_predict(self, request: predict_pb2.PredictRequest) -> Prepared[predict_pb2.PredictResponse]:
+        """The request's tensors as a predict on the version it names (held), and how its answer
+        becomes a PredictResponse."""
         name, version, label = _selection(request.model_spec)
         signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
         inputs = {key: to_ndarray(proto, f"input '{key}'", self.max_fill_bytes) for key, proto in request.inputs.items()}
@@ -177,12 +214,17 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         if output_keys is not None and len(set(output_keys)) != len(output_keys):
             dupes = sorted({k for k in output_keys if output_keys.count(k) > 1})
             raise InvalidArgument(f"duplicate output tensor alias in output_filter: {', '.join(dupes)}")
-        answer = self.api.predict(name, version, label, signature_name, inputs, output_keys)
-        response = predict_pb2.PredictResponse()
-        _answer_spec(response.model_spec, answer, signature_name)
-        for key, value in answer.outputs.items():
-            write_tensor_proto(value, response.outputs[key], f"output '{key}'")
-        return response
+        call = PredictCall(signature_name, inputs, True, tuple(output_keys) if output_keys is not None else None)
+
+        def finish(answer: Answer) -> predict_pb2.PredictResponse:
+            assert isinstance(answer, Prediction)
+            response = predict_pb2.PredictResponse()
+            _answer_spec(response.model_spec, answer, signature_name)
+            for key, value in answer.outputs.items():
+                write_tensor_proto(value, response.outputs[key], f"output '{key}'")
+            return response
+
+        return self.api.manager.acquire(name, version, label), call, finish
 
     def classify(self, request: classification_pb2.ClassificationRequest) -> classification_pb2.ClassificationResponse:
         response = classification_pb2.ClassificationResponse()
@@ -275,11 +317,11 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):  # type: ignor
         self._calls = GrpcCalls(MODEL_SERVICE, scope)
         self._reload_config = reload_config
 
-    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context: grpc.ServicerContext) -> object:
+    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context: SyncContext) -> object:
         return self._calls.run("GetModelStatus", "status", context, lambda: self.status(request), request)
 
     def HandleReloadConfigRequest(
-        self, request: model_management_pb2.ReloadConfigRequest, context: grpc.ServicerContext
+        self, request: model_management_pb2.ReloadConfigRequest, context: SyncContext
     ) -> object:
         return self._calls.run("HandleReloadConfigRequest", "reload_config", context, lambda: self.reload(request), request)
 
@@ -300,92 +342,3 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):  # type: ignor
         response = model_management_pb2.ReloadConfigResponse()
         response.status.error_code = 0  # OK
         return response
-
-
-class GrpcServer:
-    """TF Serving's gRPC services on one port, answered by a thread pool; `gate` decides and
-    records its management method (None: open, unrecorded)."""
-
-    def __init__(
-        self,
-        api: TFServingAPI,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 9000,
-        max_message_bytes: int = 100 * 2**20,
-        workers: int = 64,
-        scope: RequestScope = plain_scope,
-        reload_config: Callable[[], ReloadConfig | None] = lambda: None,
-        reuse_port: bool = False,
-        credentials: grpc.ServerCredentials | None = None,
-        draining: Callable[[], bool] = lambda: False,
-        socket_path: str | None = None,
-        options: Sequence[tuple[str, int | str]] = (),
-        interceptors: Sequence[grpc.ServerInterceptor] = (),
-        gate: ManagementGate | None = None,
-    ) -> None:
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc"),
-            # callers' traces continued (tracing on), then the callers' keys checked (--api-keys)
-            interceptors=[*tracing.grpc_server_interceptors(), *interceptors],
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", -1),
-                # Off unless several worker processes share the port: a second server on a
-                # taken port must fail rather than silently take half the traffic.
-                ("grpc.so_reuseport", 1 if reuse_port else 0),
-                *options,
-            ],
-        )
-        self._server.add_generic_rpc_handlers((
-            service_handler(PREDICTION_SERVICE, PredictionServicer(api, scope, max(MAX_FILL_BYTES, max_message_bytes)),
-                            PREDICTION_METHODS),
-            service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), MODEL_METHODS, gate),
-        ))
-        from grpc_health.v1 import health_pb2_grpc
-
-        from tfservo.grpc.health import HealthService
-
-        self.health = HealthService(api.manager, draining)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.host = host
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = self._bind(address, credentials)
-        if not self.port:
-            raise Unavailable(f"cannot listen for gRPC on {address} (port in use?); pick another --grpc-port")
-        if socket_path:  # TF Serving's --grpc_socket_path: the same services on a Unix socket
-            self._listen_on_socket(socket_path, credentials)
-        self._stopped: threading.Event | None = None
-
-    def _bind(self, address: str, credentials: grpc.ServerCredentials | None) -> int:
-        """Listen on `address` (TLS with `credentials`); the bound port, 0 if it cannot."""
-        try:
-            if credentials is not None:
-                return int(self._server.add_secure_port(address, credentials))
-            return int(self._server.add_insecure_port(address))
-        except RuntimeError:
-            return 0
-
-    def _listen_on_socket(self, path: str, credentials: grpc.ServerCredentials | None) -> None:
-        """gRPC replaces a socket file left at `path`; with several workers the last one started
-        answers there."""
-        address = f"unix:{os.path.abspath(path)}"
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise Unavailable(f"cannot serve gRPC on {address}: {folder} is not a directory; create it or change --grpc_socket_path")
-        if not self._bind(address, credentials):
-            raise Unavailable(f"cannot serve gRPC on {address}; check the path is writable or change --grpc_socket_path")
-
-    def add_service(self, handler: grpc.GenericRpcHandler) -> None:
-        """Serve another service on this port (before `start`): the front door adds V2's."""
-        self._server.add_generic_rpc_handlers((handler,))
-
-    def start(self) -> GrpcServer:
-        self._server.start()
-        return self
-
-    def stop(self, grace: float | None = 30.0) -> threading.Event:
-        """Refuse new calls now; calls in flight get `grace` seconds. Set when all have ended."""
-        if self._stopped is None:
-            self._stopped = self._server.stop(grace)
-        return self._stopped

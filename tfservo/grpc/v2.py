@@ -12,12 +12,14 @@ import numpy as np
 
 from tfservo.auth.audit import ManagementGate
 from tfservo.codecs.v2 import DTYPE_OF_V2, V2Error, decode_inputs, encode_outputs
-from tfservo.core.dataplane import parse_version
+from tfservo.core.dataplane import Answer, parse_version
 from tfservo.core.request_labels import RequestScope, plain_scope
 from tfservo.core.v2_dataplane import InferRequest, V2DataPlane
-from tfservo.grpc.methods import Method, service_handler
+from tfservo.grpc.methods import Method, SyncContext, service_handler
 from tfservo.grpc.tfserving import GrpcCalls
 from tfservo.grpc.v2_protocol import SERVICE, messages
+from tfservo.server.call_placement import CallPlacement
+from tfservo.server.queued_calls import Prepared, QueuedCalls
 
 __all__ = ["V2_METHODS", "V2Servicer", "v2_handler"]
 
@@ -39,29 +41,33 @@ def _parameters(entries: Any) -> dict[str, Any]:
 class V2Servicer:
     """The V2 calls, each through the one V2 data plane."""
 
-    def __init__(self, plane: V2DataPlane, scope: RequestScope = plain_scope) -> None:
+    def __init__(
+        self, plane: V2DataPlane, placement: CallPlacement, queue: QueuedCalls, scope: RequestScope = plain_scope,
+    ) -> None:
         self.plane = plane
+        self.placement = placement  # where an inference runs when it is not queued for its batch
+        self.queue = queue  # the gRPC door's batched predicts, queued from the loop
         self._calls = GrpcCalls(SERVICE, scope)
 
-    def ServerLive(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ServerLive(self, request: Any, context: SyncContext) -> Any:
         return self._calls.run("ServerLive", "live", context, lambda: messages["ServerLiveResponse"](live=True), request)
 
-    def ServerReady(self, request: object, context: grpc.ServicerContext) -> object:
+    def ServerReady(self, request: object, context: SyncContext) -> object:
         return self._calls.run("ServerReady", "ready", context,
                                lambda: messages["ServerReadyResponse"](ready=self.plane.server_ready()), request)
 
-    def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelReady(self, request: Any, context: SyncContext) -> Any:
         def run() -> object:
             ready = self.plane.model_ready(request.name, parse_version(request.version))
             return messages["ModelReadyResponse"](ready=ready)
 
         return self._calls.run("ModelReady", "ready", context, run, request)
 
-    def ServerMetadata(self, request: object, context: grpc.ServicerContext) -> object:
+    def ServerMetadata(self, request: object, context: SyncContext) -> object:
         return self._calls.run("ServerMetadata", "metadata", context,
                                lambda: messages["ServerMetadataResponse"](**self.plane.server_metadata()), request)
 
-    def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def ModelMetadata(self, request: Any, context: SyncContext) -> Any:
         def run() -> object:
             meta = self.plane.model_metadata(request.name, parse_version(request.version))
             answer = messages["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"],
@@ -73,7 +79,7 @@ class V2Servicer:
 
         return self._calls.run("ModelMetadata", "metadata", context, run, request)
 
-    def RepositoryIndex(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def RepositoryIndex(self, request: Any, context: SyncContext) -> Any:
         def run() -> object:
             answer = messages["RepositoryIndexResponse"]()
             for entry in self.plane.repository_index(request.ready):
@@ -82,24 +88,49 @@ class V2Servicer:
 
         return self._calls.run("RepositoryIndex", "repository", context, run, request)
 
-    def RepositoryModelLoad(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def RepositoryModelLoad(self, request: Any, context: SyncContext) -> Any:
         def run() -> object:
             self.plane.repository_load(request.model_name)
             return messages["RepositoryModelLoadResponse"]()
 
         return self._calls.run("RepositoryModelLoad", "load", context, run, request)
 
-    def RepositoryModelUnload(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def RepositoryModelUnload(self, request: Any, context: SyncContext) -> Any:
         def run() -> object:
             self.plane.repository_unload(request.model_name)
             return messages["RepositoryModelUnloadResponse"]()
 
         return self._calls.run("RepositoryModelUnload", "unload", context, run, request)
 
-    def ModelInfer(self, request: object, context: grpc.ServicerContext) -> object:
-        return self._calls.run("ModelInfer", "predict", context, lambda: self._infer(request), request)
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> object:
+        return await self._calls.run_async("ModelInfer", "predict", context, lambda: self._infer(request), request)
 
-    def _infer(self, request: Any) -> Any:
+    async def _infer(self, request: Any) -> Any:
+        """Queued for its batch when small and batched, as TF Serving's Predict (grpc.tfserving)."""
+        name = request.model_name
+        return await self.queue.run(self.placement, (name, "v2"), name, request.ByteSize(), lambda: self._prepare(request))
+
+    def _prepare(self, request: Any) -> Prepared[Any]:
+        """The request as the data plane's call (its version held), and how its answer becomes
+        a ModelInferResponse."""
+        infer = self._infer_request(request)
+        handle, call = self.plane.prepare(infer)
+
+        def finish(answer: Answer) -> Any:
+            response = self.plane.response(infer, answer)
+            listed, parts = encode_outputs(response.outputs, {name: True for name in response.outputs})
+            message = messages["ModelInferResponse"](model_name=response.model, model_version=str(response.version),
+                                                     id=request.id)
+            for entry in listed:
+                message.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
+            message.raw_output_contents.extend(parts)
+            return message
+
+        return handle, call, finish
+
+    @staticmethod
+    def _infer_request(request: Any) -> InferRequest:
+        """A ModelInferRequest's tensors (`contents` or `raw_input_contents`) as the data plane's request."""
         raw = list(request.raw_input_contents)
         if raw and len(raw) != len(request.inputs):
             raise V2Error(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send one per input")
@@ -125,16 +156,8 @@ class V2Servicer:
                     array[:] = list(tensor.contents.bytes_contents)
                     inputs[tensor.name] = array.reshape(list(tensor.shape))
         names = [o.name for o in request.outputs] or None
-        infer = InferRequest(request.model_name, parse_version(request.model_version), inputs, request.id or None,
-                             _parameters(request.parameters), names)
-        response = self.plane.infer(infer)
-        listed, parts = encode_outputs(response.outputs, {name: True for name in response.outputs})
-        answer = messages["ModelInferResponse"](model_name=response.model, model_version=str(response.version),
-                                                id=request.id)
-        for entry in listed:
-            answer.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
-        answer.raw_output_contents.extend(parts)
-        return answer
+        return InferRequest(request.model_name, parse_version(request.model_version), inputs, request.id or None,
+                            _parameters(request.parameters), names)
 
 
 V2_METHODS = (
@@ -148,7 +171,9 @@ V2_METHODS = (
 
 
 def v2_handler(
-    plane: V2DataPlane, scope: RequestScope = plain_scope, gate: ManagementGate | None = None,
+    plane: V2DataPlane, placement: CallPlacement, queue: QueuedCalls, scope: RequestScope = plain_scope,
+    gate: ManagementGate | None = None,
 ) -> grpc.GenericRpcHandler:
-    """The V2 service as a generic handler for GrpcServer."""
-    return service_handler(SERVICE, V2Servicer(plane, scope), V2_METHODS, gate)
+    """The V2 service as a generic handler for GrpcServer (its predicts placed and queued as the
+    server's own: `GrpcServer.placement`, `GrpcServer.queue`)."""
+    return service_handler(SERVICE, V2Servicer(plane, placement, queue, scope), V2_METHODS, gate)

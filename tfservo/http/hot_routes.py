@@ -298,12 +298,7 @@ class HotRoutes:
             return (*self.v2.prepare(request), finish)
 
         async def call(body: bytes) -> tuple[bytes, int | None]:
-            if self.queue.queueable(len(body)):
-                return await self.queue.queued(self.calls, (name, "v2"), name, lambda: prepare(body))
-            return await self.calls.run(
-                (name, "v2"), len(body), lambda: self.queue.run_prepared(prepare(body)), may_inline=not self.batched,
-                group=name,
-            )
+            return await self.queue.run(self.calls, (name, "v2"), name, len(body), lambda: prepare(body))
 
         async def answer(body: bytes) -> None:
             try:

@@ -21,7 +21,7 @@ from tfservo.core.service import ModelService, build_service
 from tfservo.core.settings import Settings
 
 if TYPE_CHECKING:
-    from tfservo.grpc.tfserving import GrpcServer
+    from tfservo.grpc.server import GrpcServer
 
 __all__ = ["LoopbackServer", "open_service", "start_handler_endpoints"]
 

@@ -11,10 +11,11 @@ threads, decoded once all the same.
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tfservo.core.dataplane import Answer, Call
 from tfservo.server.call_placement import INLINE_BODY_BYTES, INLINE_SECONDS, CallPlacement
@@ -41,14 +42,38 @@ def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | 
         future.set_result(result)  # type: ignore[arg-type]  # set when error is None
 
 
+class _Mailbox:
+    """Answers handed from batch threads to one event loop, one wake-up for all that arrive
+    before the loop runs: a batch's callers are woken together, not one self-pipe write each."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = collections.deque()
+        self._scheduled = False
+
+    def post(self, future: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+        self._items.append((future, result, error))
+        if not self._scheduled:  # appended first: a drain that already began still sees it
+            self._scheduled = True
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False  # before taking: an answer posted from now on schedules its own
+        while self._items:
+            _settle(*self._items.popleft())
+
+
 class QueuedCalls:
     """One door's queued predicts: `batched` says whether the service batches at all; the
-    count of predicts in flight (on the loop: no lock) lets a lone one skip the batch thread."""
+    count of predicts in flight (on the loop: no lock) lets a lone one skip the batch thread,
+    where `alone_inline` (a door whose requests arrive together, in one turn of its loop)."""
 
-    def __init__(self, api: TFServingAPI, *, batched: bool) -> None:
+    def __init__(self, api: TFServingAPI, *, batched: bool, alone_inline: bool = True) -> None:
         self.api = api
         self.batched = batched
+        self.alone_inline = alone_inline
         self._predicting = 0
+        self._mailbox: _Mailbox | None = None  # of the loop the door runs on
 
     def queueable(self, body_bytes: int) -> bool:
         """Whether a request of this size may be decoded on the loop and queued (`queued`)."""
@@ -62,15 +87,18 @@ class QueuedCalls:
         model's batcher is idle too (adaptive batching's "eager when idle", without a hand-off)."""
         self._predicting += 1
         try:
-            # One turn of the loop first: requests that arrived with this one count themselves.
-            await asyncio.sleep(0)
-            alone = self._predicting == 1 and (placement.estimate(kind) or 1.0) < INLINE_SECONDS
+            if self.alone_inline and self._predicting == 1:
+                await asyncio.sleep(0)  # one turn of the loop: requests that arrived with this one count themselves
+            alone = self.alone_inline and self._predicting == 1 and (placement.estimate(kind) or 1.0) < INLINE_SECONDS
             started = time.perf_counter()
             prepared = prepare()
             handle, call, finish = prepared
             loop = asyncio.get_running_loop()
             loop_thread = threading.get_ident()
             answer: asyncio.Future[T] = loop.create_future()
+            mailbox = self._mailbox
+            if mailbox is None or mailbox.loop is not loop:
+                mailbox = self._mailbox = _Mailbox(loop)
 
             def done(result: Answer | None, error: BaseException | None) -> None:
                 out = None
@@ -83,7 +111,7 @@ class QueuedCalls:
                 if threading.get_ident() == loop_thread:
                     _settle(answer, out, error)
                 else:
-                    loop.call_soon_threadsafe(_settle, answer, out, error)
+                    mailbox.post(answer, out, error)
 
             try:
                 queued = self.api.submit(handle, call, done, alone=alone)
@@ -97,6 +125,18 @@ class QueuedCalls:
         finally:
             self._predicting -= 1
         return await placement.run(kind, 0, lambda: self.run_prepared(prepared), may_inline=False, group=group)
+
+    async def run(
+        self, placement: CallPlacement, kind: Hashable, group: str | None, size: int, prepare: Callable[[], Prepared[T]],
+    ) -> T:
+        """A predict of `size` bytes: queued for its batch when small and batched (`queued`),
+        else decoded and run in one of `placement`'s threads — or inline when quick and the
+        service does not batch (nothing to wait for)."""
+        if self.queueable(size):
+            return await self.queued(placement, kind, group, prepare)
+        return await placement.run(
+            kind, size, lambda: self.run_prepared(prepare()), may_inline=not self.batched, group=group,
+        )
 
     def run_prepared(self, prepared: Prepared[T]) -> T:
         """A decoded request run in this thread, waiting for its batch if any; its version is
