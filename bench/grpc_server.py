@@ -5,14 +5,10 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SECONDS = 8.0
 
 
 def _timeit(fn, n: int) -> float:

@@ -102,10 +102,25 @@ class TFServingAPI:
         inputs: dict[str, np.ndarray],
         output_keys: Sequence[str] | None = None,
     ) -> Prediction:
-        keys = tuple(output_keys) if output_keys is not None else None
-        answer = self.call(name, version, label, PredictCall(signature_name, inputs, True, keys))
+        handle, call = self.prepare_predict(name, version, label, signature_name, inputs, output_keys)
+        with handle as sv:
+            answer = self.run(sv, call)
         assert isinstance(answer, Prediction)
         return answer
+
+    def prepare_predict(
+        self,
+        name: str,
+        version: int | None,
+        label: str | None,
+        signature_name: str,
+        inputs: dict[str, np.ndarray],
+        output_keys: Sequence[str] | None = None,
+    ) -> tuple[ServableHandle, PredictCall]:
+        """Decoded tensors as a predict on the version the request names, held for it (the
+        caller runs the call, e.g. queued by `submit`, and releases the handle)."""
+        keys = tuple(output_keys) if output_keys is not None else None
+        return self.manager.acquire(name, version, label), PredictCall(signature_name, inputs, True, keys)
 
     def classify(
         self, name: str, version: int | None, label: str | None, signature_name: str, examples: Sequence[bytes]

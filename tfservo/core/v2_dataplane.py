@@ -128,22 +128,15 @@ class V2DataPlane:
     def repository_unload(self, name: str) -> None:
         self._root().unload(name)
 
-    def infer(self, request: InferRequest) -> InferResponse:
-        """Run the request on its signature (`signature_name` parameter, else serving_default)."""
-        handle, call = self.prepare(request)
-        with handle as sv:
-            return self.response(request, self.api.run(sv, call))
-
     def prepare(self, request: InferRequest) -> tuple[ServableHandle, PredictCall]:
-        """The request as its model call, and the version it names held for it (the caller runs
-        the call, e.g. queued for its batch by `TFServingAPI.submit`, and releases the handle)."""
+        """The request as its model call on its signature (`signature_name` parameter, else
+        serving_default), the version it names held for it (the caller runs the call, e.g.
+        queued for its batch by `TFServingAPI.submit`, and releases the handle)."""
         signature_name = request.parameters.get("signature_name") or DEFAULT_SIGNATURE
         if not isinstance(signature_name, str):
             raise V2Error("parameter signature_name must be a string")
-        keys = tuple(request.outputs) if request.outputs is not None else None
-        return self.api.manager.acquire(request.model, request.version, None), PredictCall(
-            signature_name, request.inputs, True, keys
-        )
+        return self.api.prepare_predict(request.model, request.version, None, signature_name, request.inputs,
+                                        request.outputs)
 
     @staticmethod
     def response(request: InferRequest, answer: Answer) -> InferResponse:

@@ -59,6 +59,8 @@ def start_grpc(
     )
     from tfservo.grpc.v2 import v2_handler
 
+    if metrics is not None:
+        server.placement.on_queue = metrics.pool_queue
     server.add_service(v2_handler(v2, server.placement, server.queue, metrics.v2_scope if metrics is not None else plain_scope, gate))
     if settings.profiler:
         from tfservo.grpc.profiler import profiler_handler

@@ -62,13 +62,12 @@ class _Aborted(Exception):
 
 
 class SyncContext:
-    """An asyncio call's context as a method running in a thread uses it (grpc.ServicerContext's
-    calls tfservo makes): `abort` raises, trailing metadata is set when the method returns."""
+    """An asyncio call's context as a method running in a thread uses it (the calls of
+    grpc.ServicerContext that tfservo's plain methods make): `abort` raises."""
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self._context = context
         self._code: grpc.StatusCode | None = None
-        self.trailing: tuple[tuple[str, str], ...] | None = None
 
     def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         self._code = code
@@ -76,9 +75,6 @@ class SyncContext:
 
     def code(self) -> grpc.StatusCode | None:
         return self._code
-
-    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
-        self.trailing = metadata
 
     def time_remaining(self) -> float | None:
         return self._context.time_remaining()  # type: ignore[no-any-return, unused-ignore]
@@ -89,32 +85,20 @@ class SyncContext:
     def peer(self) -> str:
         return self._context.peer()  # type: ignore[no-any-return, unused-ignore]
 
-    def invocation_metadata(self) -> Any:
-        return self._context.invocation_metadata()
-
 
 def threaded(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     """A plain method as an asyncio one: run in the loop's thread pool (in the caller's context:
     deadline, trace, key) with a SyncContext; its abort ends the call on the loop."""
 
     async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        sync = SyncContext(context)
         call = contextvars.copy_context()
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, call.run, behavior, request, sync)
+            return await asyncio.get_running_loop().run_in_executor(None, call.run, behavior, request, SyncContext(context))
         except _Aborted as exc:
             aborted = exc
-        finally:
-            if sync.trailing is not None:
-                context.set_trailing_metadata(sync.trailing)
         await context.abort(aborted.code, aborted.details)
 
     return run
-
-
-def _serialize(response: Any) -> bytes:
-    """A response message, or its bytes already written (on a batch thread)."""
-    return response if isinstance(response, bytes) else response.SerializeToString()
 
 
 def method_scopes(service: str, methods: Sequence[Method]) -> dict[str, str | None]:
@@ -135,7 +119,7 @@ def service_handler(
                 behavior = _gated(behavior, gate, f"/{service}/{method.name}")
             behavior = threaded(behavior)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            behavior, request_deserializer=_tolerant(method.request), response_serializer=_serialize,
+            behavior, request_deserializer=_tolerant(method.request), response_serializer=method.response.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(service, handlers)
 

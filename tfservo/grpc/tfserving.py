@@ -31,7 +31,7 @@ from tfservo.codecs.results import classification_result_proto, regression_resul
 from tfservo.codecs.tensor_proto import MAX_FILL_BYTES, to_ndarray, write_tensor_proto
 from tfservo.core import deadlines
 from tfservo.core.api import TFServingAPI
-from tfservo.core.dataplane import Answer, Classification, ExamplesCall, PredictCall, Prediction, Regression
+from tfservo.core.dataplane import Answer, Classification, ExamplesCall, Prediction, Regression
 from tfservo.core.errors import Code, InvalidArgument, ServingError, Unimplemented
 from tfservo.core.request_labels import RequestScope, plain_scope
 from tfservo.grpc.methods import Method, SyncContext, UndecodableRequest
@@ -214,7 +214,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         if output_keys is not None and len(set(output_keys)) != len(output_keys):
             dupes = sorted({k for k in output_keys if output_keys.count(k) > 1})
             raise InvalidArgument(f"duplicate output tensor alias in output_filter: {', '.join(dupes)}")
-        call = PredictCall(signature_name, inputs, True, tuple(output_keys) if output_keys is not None else None)
+        handle, call = self.api.prepare_predict(name, version, label, signature_name, inputs, output_keys)
 
         def finish(answer: Answer) -> predict_pb2.PredictResponse:
             assert isinstance(answer, Prediction)
@@ -224,7 +224,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
                 write_tensor_proto(value, response.outputs[key], f"output '{key}'")
             return response
 
-        return self.api.manager.acquire(name, version, label), call, finish
+        return handle, call, finish
 
     def classify(self, request: classification_pb2.ClassificationRequest) -> classification_pb2.ClassificationResponse:
         response = classification_pb2.ClassificationResponse()

@@ -113,7 +113,8 @@ class Metrics:
         )
         self.pool_queued = Gauge(
             "tfservo_pool_queued", "Requests waiting for a thread of a pool (tfservo-call: TF Serving's REST "
-            "API; tfservo-invoke: invocations) because their model holds its share of it",
+            "API; tfservo-invoke: invocations; tfservo-grpc-call: gRPC Predict and ModelInfer) because their model "
+            "holds its share of it",
             ["pool"], multiprocess_mode="livesum", registry=reg,
         )
         self.model_loads = Counter(

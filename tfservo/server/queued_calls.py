@@ -64,9 +64,10 @@ class _Mailbox:
 
 
 class QueuedCalls:
-    """One door's queued predicts: `batched` says whether the service batches at all; the
-    count of predicts in flight (on the loop: no lock) lets a lone one skip the batch thread,
-    where `alone_inline` (a door whose requests arrive together, in one turn of its loop)."""
+    """One door's queued predicts: `batched` says whether the service batches at all. With
+    `alone_inline` (a door whose simultaneous requests reach its loop in one turn, as HTTP's
+    do), the count of predicts in flight (on the loop: no lock) lets a lone one skip the batch
+    thread."""
 
     def __init__(self, api: TFServingAPI, *, batched: bool, alone_inline: bool = True) -> None:
         self.api = api
