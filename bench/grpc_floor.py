@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from load import load_core
+from report import save_section
 from servers import TFSERVO, free_port
 
 CONCURRENCY = 32
@@ -218,7 +219,7 @@ def measure(work: Path, results: Path, quick: bool) -> dict:
             "Issue 28's target: tfservo's gRPC Predict at ≥ 50 % of the floor.",
         ],
     }
-    (results / "grpc.json").write_text(json.dumps(doc, indent=1))
+    save_section(results, "grpc", doc)
     return doc
 
 

@@ -242,8 +242,8 @@ class HotRoutes:
             return (*api.decode(method, name, version, label, body), api.encode_rest)
 
         async def call(body: bytes) -> bytes:
-            if self.queue.queueable(len(body)) and method == "predict":
-                return await self.queue.queued(self.calls, (name, method), name, lambda: prepare(body))
+            if method == "predict":  # classify/regress: their tf.Examples are built in a thread, never on the loop
+                return await self.queue.run(self.calls, (name, method), name, len(body), lambda: prepare(body))
             return await self.calls.run(
                 (name, method), len(body), lambda: api.rest(method, name, version, label, body),
                 may_inline=not self.batched, group=name,
