@@ -79,40 +79,43 @@ class GrpcServer:
         self._loop.set_default_executor(self._threads)
         self._thread = threading.Thread(target=self._loop.run_forever, name="tfservo-grpc-loop", daemon=True)
         self._thread.start()
-        # Predicts not queued for a batch: inline when quick and unbatched, else in threads of their own.
-        self.placement = CallPlacement(workers, "tfservo-grpc-call", inline=not batched, max_queued=max_queued)
-        # grpc.aio hands the loop one call at a time, so a call cannot see the others arriving
-        # with it: under load each would look alone and run on the loop, one at a time.
-        self.queue = QueuedCalls(api, batched=batched, alone_inline=False)
-        self._server: grpc.aio.Server = self._on_loop(self._create(
-            # callers' traces continued (tracing on), then the callers' keys checked (--api-keys)
-            interceptors=[*tracing.grpc_server_interceptors(), *interceptors],
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", -1),
-                # Off unless several worker processes share the port: a second server on a
-                # taken port must fail rather than silently take half the traffic.
-                ("grpc.so_reuseport", 1 if reuse_port else 0),
-                *options,
-            ],
-        ))
-        prediction = PredictionServicer(api, self.placement, self.queue, scope, max(MAX_FILL_BYTES, max_message_bytes))
-        self.add_service(service_handler(PREDICTION_SERVICE, prediction, PREDICTION_METHODS))
-        self.add_service(service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), MODEL_METHODS, gate))
-        from grpc_health.v1 import health_pb2_grpc
+        try:
+            # Predicts not queued for a batch: inline when quick and unbatched, else in threads of their own.
+            self.placement = CallPlacement(workers, "tfservo-grpc-call", inline=not batched, max_queued=max_queued)
+            # grpc.aio hands the loop one call at a time, so a call cannot see the others arriving
+            # with it: under load each would look alone and run on the loop, one at a time.
+            self.queue = QueuedCalls(api, batched=batched, alone_inline=False)
+            self._server: grpc.aio.Server = self._on_loop(self._create(
+                # callers' traces continued (tracing on), then the callers' keys checked (--api-keys)
+                interceptors=[*tracing.grpc_server_interceptors(), *interceptors],
+                options=[
+                    ("grpc.max_receive_message_length", max_message_bytes),
+                    ("grpc.max_send_message_length", -1),
+                    # Off unless several worker processes share the port: a second server on a
+                    # taken port must fail rather than silently take half the traffic.
+                    ("grpc.so_reuseport", 1 if reuse_port else 0),
+                    *options,
+                ],
+            ))
+            prediction = PredictionServicer(api, self.placement, self.queue, scope, max(MAX_FILL_BYTES, max_message_bytes))
+            self.add_service(service_handler(PREDICTION_SERVICE, prediction, PREDICTION_METHODS))
+            self.add_service(service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), MODEL_METHODS, gate))
+            from grpc_health.v1 import health_pb2_grpc
 
-        from tfservo.grpc.health import HealthService
+            from tfservo.grpc.health import HealthService
 
-        self.health = HealthService(api.manager, draining)
-        self._on_loop(_call(health_pb2_grpc.add_HealthServicer_to_server, self.health, self._server))
-        self.host = host
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.port = self._bind(address, credentials)
-        if not self.port:
+            self.health = HealthService(api.manager, draining)
+            self._on_loop(_call(health_pb2_grpc.add_HealthServicer_to_server, self.health, self._server))
+            self.host = host
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            self.port = self._bind(address, credentials)
+            if not self.port:
+                raise Unavailable(f"cannot listen for gRPC on {address} (port in use?); pick another --grpc-port")
+            if socket_path:  # TF Serving's --grpc_socket_path: the same services on a Unix socket
+                self._listen_on_socket(socket_path, credentials)
+        except BaseException:  # nothing half-started: the loop's thread ends
             self._close()
-            raise Unavailable(f"cannot listen for gRPC on {address} (port in use?); pick another --grpc-port")
-        if socket_path:  # TF Serving's --grpc_socket_path: the same services on a Unix socket
-            self._listen_on_socket(socket_path, credentials)
+            raise
         self._stopped: threading.Event | None = None
 
     @staticmethod
@@ -138,10 +141,8 @@ class GrpcServer:
         address = f"unix:{os.path.abspath(path)}"
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
-            self._close()
             raise Unavailable(f"cannot serve gRPC on {address}: {folder} is not a directory; create it or change --grpc_socket_path")
         if not self._bind(address, credentials):
-            self._close()
             raise Unavailable(f"cannot serve gRPC on {address}; check the path is writable or change --grpc_socket_path")
 
     def add_service(self, handler: grpc.GenericRpcHandler) -> None:
