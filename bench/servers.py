@@ -158,15 +158,23 @@ def tfservo_defaults(model: str, bundle: str) -> Server:
     )
 
 
-def floor(model: str, answers: Path, *, tfservo_protocol: bool = False) -> Server:
-    """bench/floor_app.py: the same requests answered by a do-nothing app on tfservo's HTTP stack."""
+_FLOORS = {
+    # stack: (row name, family, Python, floor_app.py flags)
+    "uvicorn": ("floor: do-nothing app, uvicorn + httptools", "floor", REPO / ".venv", []),
+    "tfservo": ("floor: do-nothing app, tfservo's protocol", "floor-protocol", REPO / ".venv", ["--tfservo-protocol"]),
+    "granian": ("floor: do-nothing app, granian", "floor-granian", BENCH / ".venv-tools", ["--granian"]),
+}
+
+
+def floor(model: str, answers: Path, *, stack: str = "uvicorn") -> Server:
+    """bench/floor_app.py: the same requests answered by a do-nothing app on an HTTP stack:
+    tfservo's (uvicorn + httptools), through tfservo's protocol class, or a candidate (granian)."""
     port = free_port()
-    name = "floor: do-nothing app, tfservo's protocol" if tfservo_protocol else "floor: do-nothing app, uvicorn + httptools"
+    name, family, venv, flags = _FLOORS[stack]
     return Server(
         name=name,
-        family="floor-protocol" if tfservo_protocol else "floor",
-        command=[str(REPO / ".venv" / "bin" / "python"), str(BENCH / "floor_app.py"), str(port), str(answers)]
-        + (["--tfservo-protocol"] if tfservo_protocol else []),
+        family=family,
+        command=[str(venv / "bin" / "python"), str(BENCH / "floor_app.py"), str(port), str(answers), *flags],
         ready_path="/ping",
         endpoints=_tfservo_endpoints(model),
         port=port,

@@ -43,7 +43,8 @@ def server_configs(model: str, paths: dict[str, str], answers: Path) -> list[ser
     batching = BATCHING[model]
     return [
         servers.floor(model, answers),
-        servers.floor(model, answers, tfservo_protocol=True),
+        servers.floor(model, answers, stack="tfservo"),
+        servers.floor(model, answers, stack="granian"),
         servers.tfservo_defaults(model, bundle),
         servers.tfservo(model, bundle, batching=None, workers=1),
         servers.tfservo(model, bundle, batching=batching, workers=1),
