@@ -174,3 +174,48 @@ def test_a_worker_over_its_memory_limit_once_loaded_stops_the_server_with_a_clea
     with pytest.raises(RuntimeError) as caught:
         ServerProcess([str(bundle), "--max-worker-memory-mb", "50"]).start()
     assert "more than its memory limit of 50 MB" in str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def hanging_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A SavedModel with two signatures: `serving_default` (x * 2) and `hang`, which waits for
+    an element of a queue nothing ever fills: a model call that never ends, using no CPU."""
+    import tensorflow as tf
+
+    root = tmp_path_factory.mktemp("stuck") / "hangs"
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+        queue = tf.queue.FIFOQueue(1, tf.float32, shapes=[[]])
+        with tf.compat.v1.Session(graph=graph) as session:
+            builder = tf.compat.v1.saved_model.Builder(str(root / "1"))
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "serving_default": tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": x * 2}),
+                "hang": tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"y": x + queue.dequeue()}),
+            })
+            builder.save()
+    return str(root)
+
+
+def test_a_model_call_stuck_in_a_batch_thread_replaces_its_worker(hanging_model) -> None:
+    # With the default batching the call runs on a batch thread, where no door's thread pool
+    # sees it: the worker watch reads every model call in progress.
+    server = ServerProcess([hanging_model, "--request-timeout", "1", "--invocation-timeout", "1"]).start()
+    try:
+        with server.client() as http:
+            stuck = http.post("/v1/models/hangs:predict", json={"signature_name": "hang", "instances": [1.0]})
+            assert stuck.status_code == 504, stuck.text
+            output = server.wait_for("after it was replaced", timeout=120)
+            assert "after it was replaced" in output, output
+            assert "is replaced: a call has run" in output and "hard limit of 2 s" in output, output
+            answers = [http.post("/v1/models/hangs:predict", json={"instances": [1.0, 2.0]}) for _ in range(5)]
+            assert [a.status_code for a in answers] == [200] * 5
+            assert answers[-1].json() == {"predictions": [2.0, 4.0]}
+            assert replacements(http).get("stuck") == 1.0
+            # The stuck call ended (cancelled) as its old worker closed, its loop already gone:
+            # the late answer is dropped, not logged as a failure.
+            assert "Traceback" not in server.output, server.output
+        assert server.stop() == 0
+    finally:
+        if server.proc and server.proc.poll() is None:
+            server.stop()

@@ -36,6 +36,7 @@ from tfservo.core.errors import (
 from tfservo.core.errors import (
     first_line as _first_line,
 )
+from tfservo.core.running import RunningCalls
 from tfservo.core.settings import INTER_OP_IN_CALLER_THREAD
 from tfservo.models import QUIET_TENSORFLOW  # sets TF_CPP_MIN_LOG_LEVEL before TF loads
 from tfservo.models.captured_variables import UnrestorableVariables, restore_captured_variables
@@ -43,7 +44,11 @@ from tfservo.models.profiling import annotation
 from tfservo.models.session_callable import make_session_callable
 from tfservo.models.signatures import SignatureDef, TensorSpec, signature_from_proto, tensor_info_name
 
-__all__ = ["INIT_OP_SIGNATURE", "Feeds", "load_saved_model", "LoadedModel"]
+__all__ = ["INIT_OP_SIGNATURE", "Feeds", "load_saved_model", "LoadedModel", "model_calls"]
+
+# Every model call of this process in progress (any backend, any thread): a worker whose call
+# is stuck past its hard limit is replaced (server.recycling.WorkerWatch).
+model_calls = RunningCalls()
 
 if QUIET_TENSORFLOW:
     from absl import logging as _absl_logging
@@ -240,6 +245,7 @@ class LoadedModel:
         runner = self._runners.get((sig.name, in_keys, out_keys))
         if runner is None:
             runner = self._make_runner(sig, in_keys, out_keys)
+        call = model_calls.begin()
         try:
             with annotation("tfservo.run", signature=sig.name, model=self.path):
                 values = runner([feeds[k] for k in in_keys])
@@ -247,6 +253,8 @@ class LoadedModel:
             raise self._run_error(sig, feeds, exc.error_code, exc.message) from None
         except (TypeError, ValueError) as exc:
             raise self._run_error(sig, feeds, Code.INVALID_ARGUMENT, str(exc)) from None
+        finally:
+            model_calls.end(call)
         return {key: _to_numpy(value, sig.outputs[key]) for key, value in zip(out_keys, values)}
 
     def example_feature_types(self) -> dict[str, str]:

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from tfservo.core.errors import Overloaded
+from tfservo.core.running import RunningCalls
 
 __all__ = ["INLINE_BODY_BYTES", "INLINE_SECONDS", "CallPlacement"]
 
@@ -61,7 +62,7 @@ class CallPlacement:
         self.on_queue: Callable[[str, int], None] | None = None
         self._groups: dict[Hashable, _Group] = {}
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
-        self._started: dict[int, float] = {}  # call id → when it started (the oldest is a stuck one)
+        self.running = RunningCalls()  # its calls in progress (the oldest may be a stuck one)
         # Lower envelope of each kind's wall time: a thread's wall time includes waiting for the
         # GIL under load, so the estimate drops to any faster call and rises only slowly.
         self._cost: dict[Hashable, float] = {}
@@ -131,18 +132,12 @@ class CallPlacement:
 
     def _timed(self, kind: Hashable, fn: Callable[[], T]) -> T:
         started = time.perf_counter()
-        key = id(started)
-        self._started[key] = started
+        key = self.running.begin()
         try:
             return fn()
         finally:
-            del self._started[key]
+            self.running.end(key)
             self.note(kind, time.perf_counter() - started)
-
-    def longest_running(self) -> float:
-        """Seconds the longest call still running has been running (0 when none is)."""
-        starts = list(self._started.values())
-        return time.perf_counter() - min(starts) if starts else 0.0
 
     def note(self, kind: Hashable, seconds: float) -> None:
         """One call of `kind` took `seconds` (calls timed by their caller, e.g. batched predicts)."""

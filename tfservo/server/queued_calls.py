@@ -55,7 +55,10 @@ class _Mailbox:
         self._items.append((future, result, error))
         if not self._scheduled:  # appended first: a drain that already began still sees it
             self._scheduled = True
-            self.loop.call_soon_threadsafe(self._drain)
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed (its server stopped): no caller is left to answer
+                self._items.clear()
 
     def _drain(self) -> None:
         self._scheduled = False  # before taking: an answer posted from now on schedules its own

@@ -1,6 +1,7 @@
-"""When a worker should be replaced, decided inside it: a call stuck past the hard limit, resident
-memory past the worker's limit, or its quota of requests answered. The watch then asks the
-supervisor (workers.py) for a replacement, once; the worker keeps serving until the
+"""When a worker should be replaced, decided inside it: a call stuck past the hard limit (work in
+a door's threads, or a model call in any thread: batch threads and the event loop too),
+resident memory past the worker's limit, or its quota of requests answered. The watch then asks
+the supervisor (workers.py) for a replacement, once; the worker keeps serving until the
 replacement is ready, except past its memory limit, where it takes no new connections at once.
 """
 
@@ -13,8 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from tfservo.core.memory import memory_limit_bytes, resident_bytes
+from tfservo.core.running import RunningCalls
 from tfservo.core.settings import Settings
-from tfservo.server.call_placement import CallPlacement
 
 __all__ = ["REASONS", "WorkerWatch", "hard_limit", "worker_memory_limit"]
 
@@ -52,7 +53,7 @@ class WorkerWatch:
 
     def __init__(
         self,
-        placements: Sequence[CallPlacement],
+        running: Sequence[RunningCalls],
         *,
         stuck_limit: float,
         memory_limit: int,
@@ -61,7 +62,7 @@ class WorkerWatch:
         stop_accepting: Callable[[], None],
         on_memory: Callable[[int], None] = lambda rss: None,
     ) -> None:
-        self.placements = placements
+        self.running = running  # every place this worker's calls run
         self.stuck_limit = stuck_limit
         self.memory_limit = memory_limit
         self.max_requests = max_requests
@@ -98,7 +99,7 @@ class WorkerWatch:
             time.sleep(_CHECK_EVERY)
             self._check_memory()
             if self.stuck_limit:
-                running = max(p.longest_running() for p in self.placements)
+                running = max(calls.longest() for calls in self.running)
                 if running > self.stuck_limit:
                     self._ask("stuck", f"a call has run {running:.0f} s, past the hard limit of "
                               f"{self.stuck_limit:g} s (twice the time limit)")

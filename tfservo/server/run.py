@@ -210,6 +210,7 @@ def serve(settings: Settings) -> None:
 def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | None = None) -> None:
     """One serving process on `sock` until SIGINT/SIGTERM; with `link`, one of several workers."""
     from tfservo.grpc.endpoint import start_grpc
+    from tfservo.models.savedmodel import model_calls
 
     port = sock.getsockname()[1]
     metrics, drain = Metrics(), Drain()
@@ -259,7 +260,8 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
         metrics.count_replacements(lambda: link.replacements, REASONS)
         metrics.worker_memory_limit.set(memory_limit)
         watch = WorkerWatch(
-            (serving_app.hot.calls, serving_app.hot.invocations),
+            (serving_app.hot.calls.running, serving_app.hot.invocations.running, model_calls)
+            + ((grpc_server.placement.running,) if grpc_server is not None else ()),
             stuck_limit=hard_limit(settings),
             memory_limit=memory_limit,
             max_requests=settings.max_requests,
