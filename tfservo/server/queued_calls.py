@@ -66,6 +66,12 @@ class _Mailbox:
             _settle(*self._items.popleft())
 
 
+def _by_signature(kind: Hashable, call: Call) -> Hashable:
+    """The key a call's time is kept under: its door's kind and its signature (one signature of
+    a model may be quick and another slow)."""
+    return (kind, call.signature_name)
+
+
 class QueuedCalls:
     """One door's queued predicts: `batched` says whether the service batches at all. With
     `alone_inline` (a door whose simultaneous requests reach its loop in one turn, as HTTP's
@@ -88,15 +94,17 @@ class QueuedCalls:
     ) -> T:
         """`prepare()` on the loop, then its call queued for its batch; the answer as the door
         writes it. A predict that is the only one in flight runs at once on the loop when its
-        model's batcher is idle too (adaptive batching's "eager when idle", without a hand-off)."""
+        model's batcher is idle too (adaptive batching's "eager when idle", without a hand-off),
+        and when calls of its signature have been quick."""
         self._predicting += 1
         try:
             if self.alone_inline and self._predicting == 1:
                 await asyncio.sleep(0)  # one turn of the loop: requests that arrived with this one count themselves
-            alone = self.alone_inline and self._predicting == 1 and (placement.estimate(kind) or 1.0) < INLINE_SECONDS
             started = time.perf_counter()
             prepared = prepare()
             handle, call, finish = prepared
+            timed = _by_signature(kind, call)
+            alone = self.alone_inline and self._predicting == 1 and (placement.estimate(timed) or 1.0) < INLINE_SECONDS
             loop = asyncio.get_running_loop()
             loop_thread = threading.get_ident()
             answer: asyncio.Future[T] = loop.create_future()
@@ -124,23 +132,47 @@ class QueuedCalls:
                 raise
             if queued:
                 result = await answer
-                placement.note(kind, time.perf_counter() - started)  # quick calls may run on the loop
+                placement.note(timed, time.perf_counter() - started)  # quick calls may run on the loop
                 return result
         finally:
             self._predicting -= 1
-        return await placement.run(kind, 0, lambda: self.run_prepared(prepared), may_inline=False, group=group)
+        return await self._placed(placement, timed, 0, prepared, may_inline=False, group=group)
 
     async def run(
         self, placement: CallPlacement, kind: Hashable, group: str | None, size: int, prepare: Callable[[], Prepared[T]],
     ) -> T:
         """A predict of `size` bytes: queued for its batch when small and batched (`queued`),
-        else decoded and run in one of `placement`'s threads — or inline when quick and the
-        service does not batch (nothing to wait for)."""
+        else run in one of `placement`'s threads — or inline when calls of its signature have
+        been quick and the service does not batch (nothing to wait for). A small body is decoded
+        on the loop first (its signature picks the estimate), a large one in the thread."""
         if self.queueable(size):
             return await self.queued(placement, kind, group, prepare)
-        return await placement.run(
-            kind, size, lambda: self.run_prepared(prepare()), may_inline=not self.batched, group=group,
-        )
+        if size <= INLINE_BODY_BYTES:
+            prepared = prepare()
+            return await self._placed(
+                placement, _by_signature(kind, prepared[1]), size, prepared, may_inline=not self.batched, group=group,
+            )
+        return await placement.run(kind, size, lambda: self.run_prepared(prepare()), may_inline=False, group=group)
+
+    async def _placed(
+        self, placement: CallPlacement, timed: Hashable, size: int, prepared: Prepared[T], *, may_inline: bool,
+        group: str | None,
+    ) -> T:
+        """A decoded request run by `placement`; its version is released here when the call
+        never started (refused as overloaded, or its caller gave up while it waited)."""
+        started = False
+
+        def run() -> T:
+            nonlocal started
+            started = True
+            return self.run_prepared(prepared)
+
+        try:
+            return await placement.run(timed, size, run, may_inline=may_inline, group=group)
+        except BaseException:
+            if not started:  # once started, run_prepared releases it (a repeated release does nothing)
+                prepared[0].release()
+            raise
 
     def run_prepared(self, prepared: Prepared[T]) -> T:
         """A decoded request run in this thread, waiting for its batch if any; its version is
