@@ -103,6 +103,7 @@ class Metrics:
         # converts every value on every call (a few µs a request, three times).
         self._answered: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self._in_flight: dict[str, Any] = {}
+        self._batches: dict[str, tuple[Any, Any, Any]] = {}  # model → its batch metrics' children
         self.model_state = Gauge(
             "tfservo_model_state", "1 for the state each model version is in (TF Serving's states), else 0",
             ["model", "version", "state"], multiprocess_mode="liveall", registry=reg,
@@ -266,10 +267,15 @@ class Metrics:
     def batch_hook(self, model: str, real: int, padded: int, seconds: float, queued: float) -> None:
         """The batcher's on_batch: a batch of `model` with `real` rows ran as `padded` rows in
         `seconds`, its first row having waited `queued` seconds."""
-        self.batch_size.labels(model).observe(real)
+        children = self._batches.get(model)
+        if children is None:  # labels() costs more than the update itself: once per model
+            children = self._batches[model] = (
+                self.batch_size.labels(model), self.batch_padding.labels(model), self.batch_seconds.labels(model),
+            )
+        children[0].observe(real)
         if padded > real:
-            self.batch_padding.labels(model).inc(padded - real)
-        self.batch_seconds.labels(model).observe(seconds)
+            children[1].inc(padded - real)
+        children[2].observe(seconds)
         if self.tfs is not None:
             self.tfs.batch(model, real, padded, queued)
             self.tfs.runtime(model, "predict", seconds)
