@@ -69,6 +69,12 @@ class TFServingAPI:
             return Classification(sv.model_name, sv.version, sig.name, results)
         return Regression(sv.model_name, sv.version, sig.name, regression_results(outputs, sig, len(call.examples)))
 
+    def run_held(self, handle: ServableHandle, call: Call) -> Answer:
+        """Run a prepared call on the version `handle` holds (`prepare`, `decode`,
+        `prepare_predict`), and release that version after."""
+        with handle as sv:
+            return self.run(sv, call)
+
     def _run_examples(self, sv: ServableVersion, call: ExamplesCall) -> tuple[SignatureDef, dict[str, np.ndarray]]:
         sig = sv.signature(call.signature_name or DEFAULT_SIGNATURE)
         check = check_classify_signature if call.method == "classify" else check_regress_signature
@@ -102,9 +108,7 @@ class TFServingAPI:
         inputs: dict[str, np.ndarray],
         output_keys: Sequence[str] | None = None,
     ) -> Prediction:
-        handle, call = self.prepare_predict(name, version, label, signature_name, inputs, output_keys)
-        with handle as sv:
-            answer = self.run(sv, call)
+        answer = self.run_held(*self.prepare_predict(name, version, label, signature_name, inputs, output_keys))
         assert isinstance(answer, Prediction)
         return answer
 
@@ -154,9 +158,7 @@ class TFServingAPI:
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]
     ) -> Answer:
         """Decode a TF Serving REST body and run it: one version lookup, held for the call."""
-        handle, call = self.decode(method, name, version, label, body)
-        with handle as sv:
-            return self.run(sv, call)
+        return self.run_held(*self.decode(method, name, version, label, body))
 
     def decode(
         self, method: str, name: str, version: int | None, label: str | None, body: bytes | dict[str, object]

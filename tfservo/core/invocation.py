@@ -288,8 +288,7 @@ class Invoker:
                 note_model(name)
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
         prepared = self._prepare(body, content_type, accept, name, version, method)
-        with prepared.handle as sv:
-            return prepared.result(self.api.run(sv, prepared.call))
+        return prepared.result(self.api.run_held(prepared.handle, prepared.call))
 
     def _with_handlers(
         self,

@@ -178,5 +178,4 @@ class QueuedCalls:
         """A decoded request run in this thread, waiting for its batch if any; its version is
         released after."""
         handle, call, finish = prepared
-        with handle as sv:
-            return finish(self.api.run(sv, call))
+        return finish(self.api.run_held(handle, call))
