@@ -96,8 +96,7 @@ class TFServingAPI:
 
     def call(self, name: str, version: int | None, label: str | None, call: Call) -> Answer:
         """Run `call` on the version the request names, holding it for the call."""
-        with self.manager.acquire(name, version, label) as sv:
-            return self.run(sv, call)
+        return self.run_held(self.manager.acquire(name, version, label), call)
 
     def predict(
         self,
@@ -108,6 +107,7 @@ class TFServingAPI:
         inputs: dict[str, np.ndarray],
         output_keys: Sequence[str] | None = None,
     ) -> Prediction:
+        """Run decoded tensors as a predict on the version the request names (`prepare_predict`)."""
         answer = self.run_held(*self.prepare_predict(name, version, label, signature_name, inputs, output_keys))
         assert isinstance(answer, Prediction)
         return answer
