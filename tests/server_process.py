@@ -21,7 +21,10 @@ _GRPC = re.compile(r"gRPC(?: \(TLS\))? on (?P<host>[^:]+):(?P<port>\d+)")
 
 
 class ServerProcess:
-    """A `tfservo serve` child process; `url` is its base URL once started."""
+    """A `tfservo serve` child process; `url` is its base URL once started. One worker unless
+    the test asks for more (`--workers`, SAGEMAKER_GUNICORN_WORKERS): the default, one per core
+    for the small models tests use, would double every server's start on the suite's 2 cores
+    for tests that are not about workers (those about the default count test `auto_workers`)."""
 
     def __init__(
         self,
@@ -36,6 +39,8 @@ class ServerProcess:
         if "--grpc-port" not in args:
             self.args += ["--grpc-port", "0"]
         self.env = {**os.environ, **(env or {})}
+        if "--workers" not in args and "SAGEMAKER_GUNICORN_WORKERS" not in (env or {}):
+            self.env["SAGEMAKER_GUNICORN_WORKERS"] = "1"
         self.timeout = timeout
         self.lines: list[str] = []
         self.url = ""

@@ -93,7 +93,7 @@ def test_batching_is_adaptive_unless_a_sagemaker_or_tf_serving_setting_says_othe
         mode({"TFSERVO_BATCHING": "sometimes"})
 
 
-def test_workers_default_to_one_per_two_cores_that_memory_allows(tmp_path, monkeypatch):
+def test_workers_default_to_one_per_core_for_small_models_and_two_for_large_that_memory_allows(tmp_path, monkeypatch):
     from tfservo.core import settings as settings_module
 
     monkeypatch.setattr(settings_module, "usable_cores", lambda: 16)
@@ -101,7 +101,11 @@ def test_workers_default_to_one_per_two_cores_that_memory_allows(tmp_path, monke
     small = tmp_path / "small"
     small.mkdir()
     (small / "weights").write_bytes(b"x" * 1000)
-    assert resolve_settings(paths=[str(small)], env={}).workers == 8  # cores: 16 // 2
+    assert resolve_settings(paths=[str(small)], env={}).workers == 16  # a small model: one per core
+    medium = tmp_path / "medium.tar.gz"
+    with open(medium, "wb") as f:
+        f.truncate(settings_module.SMALL_MODELS_BYTES + 1)
+    assert resolve_settings(paths=[str(medium)], env={}).workers == 8  # larger: one per two cores
     big = tmp_path / "big.tar.gz"
     with open(big, "wb") as f:
         f.truncate(3 * 2**30)  # sparse: a 3 GB bundle, 7 GB a worker
@@ -110,6 +114,7 @@ def test_workers_default_to_one_per_two_cores_that_memory_allows(tmp_path, monke
     assert resolve_settings(paths=[str(small)], env={"SAGEMAKER_GUNICORN_WORKERS": "3"}).workers == 3
     assert resolve_settings(paths=[str(small)], env={}, workers=1).workers == 1
     assert resolve_settings(multi_model=True, env={}).workers == 1
+    assert resolve_settings(paths=[str(small)], env={}, no_supervisor=True).workers == 1  # one process
     assert resolve_settings(paths=[str(small)], env={}, serving=False).workers == 1  # invoke, transform
     monkeypatch.setattr(settings_module, "usable_cores", lambda: 1)
     assert resolve_settings(paths=[str(small)], env={}).workers == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ import pytest
 
 from tfservo.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tfservo.models.batching import Batcher, BatchingOptions, make_runner_factory
+from tfservo.models.batching.batcher import LoopBatches
 
 
 class FakeModel:
@@ -516,29 +518,40 @@ def test_adaptive_reruns_a_failed_merged_batch_call_by_call(model: FakeModel) ->
     assert model.batch_sizes == [1, 3, 1, 1, 1]
 
 
-def test_adaptive_runs_a_call_alone_in_the_callers_thread_only_when_idle(model: FakeModel) -> None:
+def test_adaptive_batches_a_quick_models_calls_on_their_event_loop_and_a_slow_ones_in_threads(model: FakeModel) -> None:
     batcher = make(model, adaptive=True, batch_timeout_micros=300_000)
-    threads: list[str] = []
+    answers: list[tuple[str, np.ndarray]] = []
 
     def callback(outputs, error) -> None:
-        threads.append(threading.current_thread().name)
+        assert error is None
+        answers.append((threading.current_thread().name, outputs["y"]))
 
-    x = np.ones((1, 2), np.float32)
+    xs = [np.full((1, 2), v, np.float32) for v in range(5)]
+
+    async def turn(count: int) -> None:
+        """`count` calls submitted in one turn of the loop, then the turns until they answer."""
+        here = LoopBatches(asyncio.get_running_loop().call_soon)
+        before = len(answers)
+        for x in xs[:count]:
+            assert batcher.submit("serving_default", {"x": x}, None, callback, here=here)
+        while len(answers) < before + count:
+            await asyncio.sleep(0.001)
+
+    loop_thread = threading.current_thread().name
+    model.delay = 0
     try:
-        assert batcher.submit("serving_default", {"x": x}, None, callback, alone=True)
-        assert threads == [threading.current_thread().name]  # answered before submit returned
-        model.gate, model.entered = threading.Event(), threading.Event()
-        (held,) = submit_all(batcher, [x])  # a batch running now
-        assert model.entered.wait(10)
-        assert batcher.submit("serving_default", {"x": x}, None, callback, alone=True)
-        assert len(threads) == 1  # not idle: queued behind the running batch, not run here
-        model.gate.set()
-        assert held.wait(10)
-        wait_until(lambda: len(threads) == 2)
+        asyncio.run(turn(1))  # nothing known of its speed yet: a batch thread
+        asyncio.run(turn(5))  # quick: the five, one batch, on the loop
+        model.delay = 0.005
+        asyncio.run(turn(2))  # its last batch was quick: on the loop, taking 5 ms
+        asyncio.run(turn(2))  # now known to be slow: a batch thread
     finally:
-        model.gate.set()
         batcher.close()
-    assert threads[1] != threading.current_thread().name and model.batch_sizes == [1, 1, 1]
+    threads = [name for name, _ in answers]
+    assert threads[0] != loop_thread and threads[1:8] == [loop_thread] * 7 and loop_thread not in threads[8:], threads
+    assert model.batch_sizes[:3] == [1, 5, 2] and sum(model.batch_sizes[3:]) == 2
+    for (_, y), x in zip(answers[1:6], xs, strict=True):
+        np.testing.assert_array_equal(y, x * 2 + 1)  # each caller its own rows
 
 
 def test_adaptive_blocking_calls_run_in_their_own_thread_when_idle_and_merge_under_load(model: FakeModel) -> None:

@@ -9,7 +9,7 @@ batcher's callers use the array-level methods.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from google.protobuf import json_format
@@ -40,6 +40,9 @@ from tfservo.models.signatures import (
     DEFAULT_SIGNATURE,
     SignatureDef,
 )
+
+if TYPE_CHECKING:
+    from tfservo.models.batching.batcher import LoopBatches
 
 __all__ = ["METHODS", "TFServingAPI", "signature_def_map", "signature_def_map_proto"]
 
@@ -200,11 +203,11 @@ class TFServingAPI:
         call: Call,
         done: Callable[[Answer | None, BaseException | None], None],
         *,
-        alone: bool = False,
+        here: LoopBatches | None = None,
     ) -> bool:
         """Queue a prepared predict on its version's batcher without waiting: `done` gets the
-        answer (or the error) from a batch thread, inside the request's trace — or at once, in
-        this thread, when the call is `alone` and the batcher idle (see Batcher.submit).
+        answer (or the error) from a batch thread, inside the request's trace — or on the
+        caller's event loop (`here`) when its model is quick (see Batcher.submit).
 
         Takes `handle` (released when the call ends) only when it returns True. False, with
         nothing queued, when the call must go through `run` instead: not a predict, no batcher,
@@ -227,7 +230,7 @@ class TFServingAPI:
             with tracing.activate(within):  # on a batch thread: spans go under the request
                 done(answer, error)
 
-        return sv.submit(name, call.inputs, call.output_keys, finish, alone=alone)
+        return sv.submit(name, call.inputs, call.output_keys, finish, here=here)
 
     # -- metadata and status -------------------------------------------------------------------
 

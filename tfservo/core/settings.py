@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_MODEL_ENV",
     "INPUTS",
     "INTER_OP_IN_CALLER_THREAD",
+    "SMALL_MODELS_BYTES",
     "ConfigError",
     "Option",
     "Settings",
@@ -63,6 +64,9 @@ DEFAULT_MODEL_ROOT = "/opt/ml/models"
 # Resident memory a loaded SavedModel takes per byte on disk (docs/decisions.md); 0 turns the
 # multi-model memory check off.
 DEFAULT_MEMORY_FACTOR = 2.0
+# Bundles up to this size on disk get one worker per core by default, larger ones one per two
+# (auto_workers; measurements: docs/decisions.md, "Fast by default").
+SMALL_MODELS_BYTES = 8 * 2**20
 # A model session's inter-op threads by default: negative runs each call's ops in the thread
 # that made the call (ConfigProto's own meaning), with no hand-off to TF's pool and back;
 # kernels still use the intra-op threads. Measurements: docs/decisions.md.
@@ -193,8 +197,9 @@ class Settings:
     workers: int = setting(  # 0 (the default): auto_workers()
         0, "--workers", env="SAGEMAKER_GUNICORN_WORKERS", check="at_least_one",
         help="Serving processes sharing the port, each with its own copy of the models "
-        "[default: $SAGEMAKER_GUNICORN_WORKERS, else one per two cores as long as each copy of the models "
-        "fits in memory, at least 1; 1 with --multi-model].")
+        "[default: $SAGEMAKER_GUNICORN_WORKERS, else one per core for models of up to 8 MB on disk and one "
+        "per two cores for larger ones, as long as each copy of the models fits in memory, at least 1; "
+        "1 with --multi-model].")
     no_supervisor: bool = setting(
         False, "--no-supervisor", env="TFSERVO_NO_SUPERVISOR",
         help="Serve in this process alone, without the supervisor that replaces a worker that dies "
@@ -551,7 +556,8 @@ def resolve_settings(
             "drop PATH and load models with POST /models, or drop --multi-model / SAGEMAKER_MULTI_MODEL"
         )
     if not value["workers"]:
-        value["workers"] = auto_workers(paths, value["memory_factor"]) if serving and not value["multi_model"] else 1
+        chosen = serving and not value["multi_model"] and not value["no_supervisor"]
+        value["workers"] = auto_workers(paths, value["memory_factor"]) if chosen else 1
     if value["multi_model"] and value["workers"] > 1:
         raise ConfigError(
             "multi-model mode needs one worker (models are loaded into one process); "
@@ -637,16 +643,20 @@ def archive_limits_from_env(env: Mapping[str, str]) -> ArchiveLimits:
 
 
 def auto_workers(paths: Sequence[str] = (), memory_factor: float = DEFAULT_MEMORY_FACTOR) -> int:
-    """Workers when none is asked for: one per two usable cores (a worker's event loop takes one,
-    its batch and TensorFlow threads the other), as long as each fits in 80 % of the memory with
+    """Workers when none is asked for: one per usable core when the models are small (up to
+    `SMALL_MODELS_BYTES` on disk: a request's time is the worker's Python, and such a model's
+    batches run on the worker's event loop), else one per two (a worker's event loop takes one,
+    its batch and TensorFlow threads the other); as long as each fits in 80 % of the memory with
     its copy of the models (1 GB of TensorFlow plus the bundles' size on disk × `memory_factor`,
     as multi-model loads estimate it; an archive counts as its size, since weights barely
-    compress; 4 GB per worker when a bundle is remote); at least one."""
-    local = all(os.path.exists(path) for path in paths)
+    compress; 4 GB per worker, one per two cores, when a bundle is remote); at least one."""
+    size = sum(tree_bytes(p) for p in paths) if all(os.path.exists(path) for path in paths) else None
     factor = memory_factor if memory_factor > 0 else DEFAULT_MEMORY_FACTOR
-    per_worker = 2**30 + int(factor * sum(tree_bytes(p) for p in paths)) if local else 4 * 2**30
+    per_worker = 2**30 + int(factor * size) if size is not None else 4 * 2**30
     limit = memory_limit_bytes() or 8 * 2**30
-    return max(1, min(usable_cores() // 2, int(limit * 0.8) // per_worker))
+    cores = usable_cores()
+    wanted = cores if size is not None and size <= SMALL_MODELS_BYTES else cores // 2
+    return max(1, min(wanted, int(limit * 0.8) // per_worker))
 
 
 def resolve_batching(

@@ -82,9 +82,9 @@ class GrpcServer:
         try:
             # Predicts not queued for a batch: inline when quick and unbatched, else in threads of their own.
             self.placement = CallPlacement(workers, "tfservo-grpc-call", inline=not batched, max_queued=max_queued)
-            # grpc.aio hands the loop one call at a time, so a call cannot see the others arriving
-            # with it: under load each would look alone and run on the loop, one at a time.
-            self.queue = QueuedCalls(api, batched=batched, alone_inline=False)
+            # grpc.aio hands the loop one call at a time, so calls cannot be gathered on it: under
+            # load each would be a batch of one on the loop, one at a time.
+            self.queue = QueuedCalls(api, batched=batched, gather=False)
             self._server: grpc.aio.Server = self._on_loop(self._create(
                 # callers' traces continued (tracing on), then the callers' keys checked (--api-keys)
                 interceptors=[*tracing.grpc_server_interceptors(), *interceptors],

@@ -24,6 +24,7 @@ from tfservo.core.request_labels import note_model, note_version
 from tfservo.models.signatures import Runner, SignatureDef
 
 if TYPE_CHECKING:
+    from tfservo.models.batching.batcher import LoopBatches
     from tfservo.models.savedmodel import LoadedModel
 
 __all__ = ["ModelManager", "Runner", "RunnerFactory", "ServableHandle", "ServableVersion", "ServedModel", "State"]
@@ -127,10 +128,10 @@ class ServableVersion:
         output_keys: Sequence[str] | None,
         callback: Callable[[dict[str, np.ndarray] | None, BaseException | None], None],
         *,
-        alone: bool = False,
+        here: LoopBatches | None = None,
     ) -> bool:
-        """Queue a call on this version's batcher without waiting (see Batcher.submit; `alone`:
-        no other request of the caller's is in flight, so an idle batcher may run it at once).
+        """Queue a call on this version's batcher without waiting (see Batcher.submit; `here`:
+        the caller's event loop, where a quick model's calls are batched).
 
         False, with nothing queued, when the call has to go through `run` instead: no batcher,
         or a call the batcher only takes blocking.
@@ -139,7 +140,7 @@ class ServableVersion:
         if submit is None:
             return False
         self.loaded  # noqa: B018 - refuses a version that is gone
-        return bool(submit(signature_name, inputs, output_keys, callback, alone=alone))
+        return bool(submit(signature_name, inputs, output_keys, callback, here=here))
 
     def _take(self) -> bool:
         """One more handle, if the version still takes requests (AVAILABLE)."""

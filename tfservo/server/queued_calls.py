@@ -4,7 +4,8 @@ front door (HTTP's inference routes, the gRPC services) does with a small batche
 A door decodes the request on its loop into a `Prepared` (the version held, the model call, and
 how the answer is written in the door's protocol); the batcher runs the call with others and
 its batch thread writes the answer and hands it straight back to the loop — one thread hand-off
-instead of three. What the batcher does not take runs in one of the door's `CallPlacement`
+instead of three. A quick model's calls are batched on the loop itself (`LoopBatches`: no
+hand-off at all). What the batcher does not take runs in one of the door's `CallPlacement`
 threads, decoded once all the same.
 """
 
@@ -13,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-import time
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tfservo.core.dataplane import Answer, Call
-from tfservo.server.call_placement import INLINE_BODY_BYTES, INLINE_SECONDS, CallPlacement
+from tfservo.models.batching.batcher import LoopBatches
+from tfservo.server.call_placement import INLINE_BODY_BYTES, CallPlacement
 
 if TYPE_CHECKING:
     from tfservo.core.api import TFServingAPI
@@ -74,16 +75,15 @@ def _by_signature(kind: Hashable, call: Call) -> Hashable:
 
 class QueuedCalls:
     """One door's queued predicts: `batched` says whether the service batches at all. With
-    `alone_inline` (a door whose simultaneous requests reach its loop in one turn, as HTTP's
-    do), the count of predicts in flight (on the loop: no lock) lets a lone one skip the batch
-    thread."""
+    `gather` (a door whose simultaneous requests reach its loop in one turn, as HTTP's do), a
+    quick model's calls are batched on the loop (`LoopBatches`)."""
 
-    def __init__(self, api: TFServingAPI, *, batched: bool, alone_inline: bool = True) -> None:
+    def __init__(self, api: TFServingAPI, *, batched: bool, gather: bool = True) -> None:
         self.api = api
         self.batched = batched
-        self.alone_inline = alone_inline
-        self._predicting = 0
+        self.gather = gather
         self._mailbox: _Mailbox | None = None  # of the loop the door runs on
+        self._here: LoopBatches | None = None  # the same loop's batches of quick models
 
     def queueable(self, body_bytes: int) -> bool:
         """Whether a request of this size may be decoded on the loop and queued (`queued`)."""
@@ -93,50 +93,39 @@ class QueuedCalls:
         self, placement: CallPlacement, kind: Hashable, group: str | None, prepare: Callable[[], Prepared[T]],
     ) -> T:
         """`prepare()` on the loop, then its call queued for its batch; the answer as the door
-        writes it. A predict that is the only one in flight runs at once on the loop when its
-        model's batcher is idle too (adaptive batching's "eager when idle", without a hand-off),
-        and when calls of its signature have been quick."""
-        self._predicting += 1
+        writes it. With `gather`, a quick model's call is batched on this loop with the others
+        of the loop's turn (adaptive batching: a lone request runs at once, without a hand-off)."""
+        prepared = prepare()
+        handle, call, finish = prepared
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+        answer: asyncio.Future[T] = loop.create_future()
+        mailbox = self._mailbox
+        if mailbox is None or mailbox.loop is not loop:
+            mailbox = self._mailbox = _Mailbox(loop)
+            self._here = LoopBatches(loop.call_soon) if self.gather else None
+
+        def done(result: Answer | None, error: BaseException | None) -> None:
+            out = None
+            if error is None:
+                assert result is not None
+                try:
+                    out = finish(result)
+                except Exception as exc:  # an answer that cannot be written
+                    error = exc
+            if threading.get_ident() == loop_thread:
+                _settle(answer, out, error)
+            else:
+                mailbox.post(answer, out, error)
+
         try:
-            if self.alone_inline and self._predicting == 1:
-                await asyncio.sleep(0)  # one turn of the loop: requests that arrived with this one count themselves
-            started = time.perf_counter()
-            prepared = prepare()
-            handle, call, finish = prepared
-            timed = _by_signature(kind, call)
-            alone = self.alone_inline and self._predicting == 1 and (placement.estimate(timed) or 1.0) < INLINE_SECONDS
-            loop = asyncio.get_running_loop()
-            loop_thread = threading.get_ident()
-            answer: asyncio.Future[T] = loop.create_future()
-            mailbox = self._mailbox
-            if mailbox is None or mailbox.loop is not loop:
-                mailbox = self._mailbox = _Mailbox(loop)
-
-            def done(result: Answer | None, error: BaseException | None) -> None:
-                out = None
-                if error is None:
-                    assert result is not None
-                    try:
-                        out = finish(result)
-                    except Exception as exc:  # an answer that cannot be written
-                        error = exc
-                if threading.get_ident() == loop_thread:
-                    _settle(answer, out, error)
-                else:
-                    mailbox.post(answer, out, error)
-
-            try:
-                queued = self.api.submit(handle, call, done, alone=alone)
-            except BaseException:
-                handle.release()
-                raise
-            if queued:
-                result = await answer
-                placement.note(timed, time.perf_counter() - started)  # quick calls may run on the loop
-                return result
-        finally:
-            self._predicting -= 1
-        return await self._placed(placement, timed, 0, prepared, may_inline=False, group=group)
+            queued = self.api.submit(handle, call, done, here=self._here)
+        except BaseException:
+            handle.release()
+            raise
+        if queued:
+            return await answer
+        return await self._placed(placement, _by_signature(kind, call), 0, prepared, may_inline=False, group=group)
 
     async def run(
         self, placement: CallPlacement, kind: Hashable, group: str | None, size: int, prepare: Callable[[], Prepared[T]],

@@ -9,7 +9,11 @@ every batcher of one `BatchScheduler`) run closed batches, oldest first; a queue
 The adaptive mode (tfservo's default) is eager when idle and batched under load: a batch whose
 first call finds none of its batcher's batches queued or running is ready at once (a lone
 request runs without waiting); a batch started while others are queued or running waits to
-fill, up to the timeout, as TF Serving's does. It never changes an answer: a call that fills a
+fill, up to the timeout, as TF Serving's does. Calls submitted from an event loop
+(`LoopBatches`) to a quick model — its last batch ran within `LOOP_BATCH_SECONDS` — are
+batched on that loop instead: what arrives in one turn of the loop runs as one batch in the
+loop's thread, with no hand-off to a batch thread and back (for such a model the hand-offs
+cost about what batching saves). It never changes an answer: a call that fills a
 batch by itself runs alone, a model whose outputs are not batch-major is run one call at a time
 from its first such batch on, and a merged batch that fails is rerun call by call so that each
 caller gets its own result.
@@ -42,6 +46,8 @@ __all__ = [
     "BatchingRunnerFactory",
     "BatchScheduler",
     "Callback",
+    "LOOP_BATCH_SECONDS",
+    "LoopBatches",
     "make_runner_factory",
     "ModelBatchHook",
 ]
@@ -54,6 +60,11 @@ BatchHook = Callable[[int, int, float, float], None]
 ModelBatchHook = Callable[[str, int, int, float, float], None]
 # Called once, on a batch thread, with a submitted call's outputs or its error.
 Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
+
+# A batch that ran within this may hold an event loop: later calls of its kind submitted from a
+# loop are batched there (LoopBatches). A slower model's batches run in batch threads.
+LOOP_BATCH_SECONDS = 0.001
+_MAX_KEYS = 4096
 
 
 class _Task:
@@ -110,6 +121,37 @@ class _Batch:
         self.created = time.monotonic()
         self.closed = False
         self.at_once = at_once  # ready now, though it may still grow until a thread takes it
+
+
+class LoopBatches:
+    """Calls of quick models gathered on one event loop and run there: what its requests submit
+    within one turn of the loop runs as one batch per kind of call (at most max_batch_size rows
+    each), once those requests' steps have run (`call_soon`: the loop's next turn)."""
+
+    def __init__(self, call_soon: Callable[[Callable[[], None]], object]) -> None:
+        self._call_soon = call_soon
+        self._pending: dict[tuple[object, ...], list[_Batch]] = {}
+
+    def _add(self, owner: Batcher, key: tuple[object, ...], signature: str, outs: tuple[str, ...] | None,
+             task: _Task) -> None:
+        pending = self._pending
+        if not pending:
+            self._call_soon(self._run)
+        batches = pending.get(key)
+        if batches is None:
+            batches = pending[key] = [_Batch(_Queue(key, owner, signature, outs), at_once=True)]
+        last = batches[-1]
+        if last.size + task.size > owner._max:
+            last = _Batch(last.queue, at_once=True)
+            batches.append(last)
+        last.tasks.append(task)
+        last.size += task.size
+
+    def _run(self) -> None:
+        pending, self._pending = self._pending, {}
+        for batches in pending.values():
+            for batch in batches:
+                batch.queue.owner._run_here(batch)
 
 
 class BatchScheduler:
@@ -227,6 +269,8 @@ class Batcher:
         self._busy = 0  # batches of this batcher queued or running (under the scheduler's lock)
         # Queue keys whose outputs proved not batch-major (adaptive mode runs those calls alone).
         self._solo: set[tuple[object, ...]] = set()
+        # Seconds the last batch of each queue key took to run (whether its calls may batch on a loop).
+        self._took: dict[tuple[object, ...], float] = {}
         self._owns_scheduler = scheduler is None
         self._scheduler = scheduler or BatchScheduler(
             options.num_batch_threads, name=f"tfservo-batch-{name}".replace(" ", "-")
@@ -292,15 +336,15 @@ class Batcher:
         output_keys: Sequence[str] | None,
         callback: Callback,
         *,
-        alone: bool = False,
+        here: LoopBatches | None = None,
     ) -> bool:
         """Queue `inputs` without waiting; `callback` gets this call's rows from a batch thread.
 
         For callers that must not block (the event loop). False, with nothing queued, when the
         call needs the blocking path (more rows than max_batch_size, no batch dimension): use
-        `run` then. A full queue raises ResourceExhausted here, as `run` does. `alone`: the
-        caller has no other request in flight; in adaptive mode, with this batcher idle too,
-        the call runs at once in the caller's thread (no hand-off to a batch thread and back).
+        `run` then. A full queue raises ResourceExhausted here, as `run` does. `here`: the
+        caller's event loop; in adaptive mode, when this kind of call's last batch was quick,
+        the call is batched on that loop and `callback` runs there.
         """
         arrays, size = self._batch_rows(signature_name, inputs)
         if not size or size > self._max:
@@ -309,31 +353,26 @@ class Batcher:
         key = self._queue_key(signature_name, outs, arrays)
         if self._alone(key, size):
             return False
-        if alone and self._adaptive:
-            try:
-                outputs = self._run_now(signature_name, arrays, outs, span=True)
-            except Exception as exc:
-                callback(None, exc)
-                return True
-            if outputs is not None:
-                callback(outputs, None)
-                return True
+        if here is not None and self._adaptive and self._took.get(key, LOOP_BATCH_SECONDS) < LOOP_BATCH_SECONDS:
+            if self._closed:
+                raise Unavailable(f"model {self._name} is unloading; retry the request")
+            here._add(self, key, signature_name, outs, _Task(arrays, size, callback))
+            return True
         self._enqueue(key, signature_name, outs, _Task(arrays, size, callback), block=False)
         return True
 
     def _run_now(
-        self, signature: str, arrays: dict[str, np.ndarray], outs: tuple[str, ...] | None, *, span: bool = False
+        self, signature: str, arrays: dict[str, np.ndarray], outs: tuple[str, ...] | None
     ) -> dict[str, np.ndarray] | None:
-        """Run one call in this thread if no batch of this batcher is queued or running (calls
-        arriving meanwhile wait to merge, as behind any running batch); None if not idle.
-        `span`: record its "model" span (a submitted call; a blocking caller has its own)."""
+        """Run one blocking caller's call in its thread if no batch of this batcher is queued or
+        running (calls arriving meanwhile wait to merge, as behind any running batch); None if
+        not idle."""
         sched = self._scheduler
         with sched._lock:
             if self._busy or self._closed or sched._stopped:
                 return None
             self._busy += 1
         size = next(iter(arrays.values())).shape[0]
-        within, started_ns = (tracing.parent(), tracing.now_ns()) if span else (None, 0)
         try:
             t0 = time.perf_counter()
             outputs = self._runner(signature, arrays, list(outs) if outs is not None else None)
@@ -341,10 +380,24 @@ class Batcher:
         finally:
             with sched._lock:
                 self._busy -= 1
-        if within is not None:
-            self._model_span(within, signature, started_ns, tracing.now_ns())
         self._report(size, size, seconds, 0.0)
         return {k: np.asarray(v) for k, v in outputs.items()}
+
+    def _run_here(self, batch: _Batch) -> None:
+        """Run a batch gathered on an event loop in the loop's thread (LoopBatches)."""
+        sched = self._scheduler
+        with sched._lock:
+            refused = self._closed or sched._stopped
+            if not refused:
+                self._busy += 1
+        if refused:
+            self._fail(batch.tasks)
+            return
+        try:
+            self._process(batch)
+        finally:
+            with sched._lock:
+                self._busy -= 1
 
     def _report(self, size: int, padded: int, seconds: float, queued: float) -> None:
         """The batch hook (the metrics), which must never fail a call."""
@@ -500,6 +553,9 @@ class Batcher:
             t0, started_ns = time.perf_counter(), tracing.now_ns()
             outputs = self._runner(q.signature, inputs, keys_arg)
             seconds = time.perf_counter() - t0
+            if len(self._took) >= _MAX_KEYS and q.key not in self._took:
+                self._took.clear()  # keys follow the shapes clients send: forget them all beyond this
+            self._took[q.key] = seconds
             self._trace(tasks, q.signature, size, padded, started_ns)
             outputs = {k: np.asarray(v) for k, v in outputs.items()}
             misfit = next((k for k, v in outputs.items() if v.ndim == 0 or v.shape[0] != padded), None)
