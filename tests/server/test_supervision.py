@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import threading
 import time
 
@@ -82,6 +83,39 @@ def test_the_lone_default_worker_is_replaced_when_it_dies(bundle) -> None:
         for told in ("exited with code 1", "was killed by SIGSEGV", "was killed by SIGKILL"):
             assert any(told in line and "starting a new one" in line for line in server.lines), server.output
         assert server.stop() == 0
+
+
+def test_with_two_workers_connections_opened_together_reach_both(bundle) -> None:
+    """Each worker listens on a socket of its own on the port, so the kernel spreads a burst of
+    connections over them (with one shared socket the first worker awake took most bursts whole)."""
+    with ServerProcess([str(bundle), "--workers", "2"]) as server:
+        deadline = time.monotonic() + 120
+        while len(worker_pids(server)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = httpx.URL(server.url)
+        connections = [socket.create_connection((address.host, address.port), timeout=60) for _ in range(16)]
+        answered: list[int] = []
+        try:
+            for conn in connections:  # every one open before any is used
+                conn.sendall(b"POST /invocations HTTP/1.1\r\nHost: tfservo\r\nContent-Type: text/plain\r\n"
+                             b"Content-Length: 3\r\nConnection: close\r\n\r\npid")
+            for conn in connections:
+                reply = b""
+                while chunk := conn.recv(65536):
+                    reply += chunk
+                answered.append(int(reply.rsplit(b"\r\n\r\n", 1)[1]))
+        finally:
+            for conn in connections:
+                conn.close()
+        assert set(answered) == set(worker_pids(server)[:2]), answered
+        assert listening_sockets(address.port) == 2  # the kernel's choice, not whichever worker wakes first
+
+
+def listening_sockets(port: int) -> int:
+    """How many TCP sockets listen on `port` (IPv4, from /proc/net/tcp: state 0A is LISTEN)."""
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return sum(1 for row in rows if int(row[1].split(":")[1], 16) == port and row[3] == "0A")
 
 
 def test_with_two_workers_a_request_in_flight_on_the_other_worker_is_not_lost(bundle) -> None:

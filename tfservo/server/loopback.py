@@ -33,7 +33,8 @@ class LoopbackServer:
 
     def __init__(self, service: ModelService) -> None:
         from tfservo.http.app import build_app
-        from tfservo.server.run import bind_socket, uvicorn_config
+        from tfservo.server.listener import bind_socket
+        from tfservo.server.run import uvicorn_config
 
         self.service = service
         self._sock = bind_socket("127.0.0.1", 0)

@@ -18,6 +18,7 @@ from tfservo.auth.doors import log_access
 from tfservo.core.errors import ServingError
 from tfservo.core.memory import resident_bytes
 from tfservo.core.settings import Settings
+from tfservo.server.listener import bind_socket, bind_sockets
 from tfservo.server.metrics import Metrics
 from tfservo.server.recycling import REASONS, WorkerWatch, hard_limit, worker_memory_limit
 from tfservo.server.shutdown import Drain, GracefulServer
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from tfservo.http.app import ServingApp
     from tfservo.http.capture_tap import Tap
 
-__all__ = ["bind_socket", "serve", "serve_process", "start_worker", "uvicorn_config"]
+__all__ = ["serve", "serve_process", "start_worker", "uvicorn_config"]
 
 # The service, app and gRPC modules import TensorFlow (TF Serving's protos do); they are
 # imported where a process serves, so that the supervisor of --workers N never loads it.
@@ -143,17 +144,6 @@ def payload_taps(
     return taps
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (port 0 picks a free one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
 def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, **kw: Any) -> uvicorn.Config:
     """uvicorn's settings for a tfservo app: uvloop, httptools through ServingProtocol (JSON
     errors, header timeout, connection cap), no WebSockets, no access log of its own.
@@ -203,8 +193,8 @@ def serve(settings: Settings) -> None:
     if settings.no_supervisor:  # resolve_settings refused the flags that need a supervisor
         serve_process(settings, bind_socket(settings.host, settings.port))
         return
-    sock = bind_socket(settings.host, settings.port)
-    Supervisor(serve_process, settings, sock).run()  # each worker runs serve_process
+    socks = bind_sockets(settings.host, settings.port, settings.workers)
+    Supervisor(serve_process, settings, socks).run()  # each worker runs serve_process on one of them
 
 
 def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | None = None) -> None:

@@ -5,8 +5,10 @@ listening socket it inherits, so 1 and N workers stop the same way (`shutdown.py
 supervisor forwards SIGTERM/SIGINT, lets the workers stop listening only once every one of
 them has drained (a handler in one worker may call back into another through the shared
 ports), replaces a worker that dies, and stops the server with a worker's error when one
-fails to start. The supervisor holds the listening socket, so while a lone worker is
-replaced, new connections wait in its backlog instead of being refused.
+fails to start. The supervisor holds the listening sockets — one per worker on the same port
+(`listener.bind_sockets`), each worker and its replacement serving the same one — so while a
+worker is replaced, the new connections the kernel gives its socket wait in that socket's
+backlog instead of being refused.
 
 A worker that asks to be replaced (recycling.py: memory, request quota, a stuck call) keeps
 serving until its replacement is ready; then the supervisor tells it to retire: it takes no
@@ -35,6 +37,7 @@ from types import FrameType
 
 from tfservo.core.errors import ServingError
 from tfservo.core.settings import Settings
+from tfservo.server.listener import port_free
 from tfservo.server.metrics import MULTIPROC_ENV, mark_worker_dead
 
 __all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
@@ -154,6 +157,7 @@ def _worker_main(
 class _Worker:
     process: BaseProcess
     conn: Connection
+    slot: int  # which of the supervisor's listening sockets it serves
     ready: bool = False
     drained: bool = False
     connected: bool = True
@@ -162,20 +166,21 @@ class _Worker:
 
 
 class Supervisor:
-    """Keeps settings.workers processes serving on `sock` until SIGTERM/SIGINT, then stops them."""
+    """Keeps settings.workers processes serving until SIGTERM/SIGINT, then stops them: worker `i`
+    (and each replacement of it) on `socks[i]`, or every worker on `socks[0]` when there is one."""
 
-    def __init__(self, target: WorkerTarget, settings: Settings, sock: socket.socket) -> None:
+    def __init__(self, target: WorkerTarget, settings: Settings, socks: list[socket.socket]) -> None:
         # Every worker binds the same gRPC port with SO_REUSEPORT, which another server of this
         # user could share silently: the port must be free now.
         grpc_host = settings.grpc_host or settings.host
         if settings.grpc_port == 0:
             settings = replace(settings, grpc_port=_free_port(grpc_host))
-        elif settings.grpc_port is not None and not _port_free(grpc_host, settings.grpc_port):
+        elif settings.grpc_port is not None and not port_free(grpc_host, settings.grpc_port):
             raise ServingError(f"cannot listen for gRPC on {grpc_host}:{settings.grpc_port} (port in use?); "
                                "pick another --grpc-port")
         self.target = target
         self.settings = settings
-        self.sock = sock
+        self.socks = socks
         self.workers: list[_Worker] = []
         self.stopping = False
         self.released = False  # the workers got the go-ahead to close their listeners
@@ -189,12 +194,12 @@ class Supervisor:
         if self.settings.workers > 1 and not os.environ.get(MULTIPROC_ENV):
             own_metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="tfservo-metrics-")
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        host, port = self.sock.getsockname()[:2]
+        host, port = self.socks[0].getsockname()[:2]
         log.info("starting %d worker%s on %s:%d", self.settings.workers, "s" if self.settings.workers > 1 else "",
                  host, port)
         try:
-            for _ in range(self.settings.workers):
-                self._start()
+            for slot in range(self.settings.workers):
+                self._start(slot)
             while self.workers:
                 wait([w.conn for w in self.workers if w.connected] + [w.process.sentinel for w in self.workers], 1.0)
                 for worker in list(self.workers):
@@ -213,15 +218,16 @@ class Supervisor:
             raise ServingError("workers did not stop cleanly: " + "; ".join(self.failures) + "; see the log above")
         log.info("stopped")
 
-    def _start(self) -> None:
+    def _start(self, slot: int) -> None:
         parent_conn, child_conn = _SPAWN.Pipe()
+        sock = self.socks[slot % len(self.socks)]
         process = _SPAWN.Process(
-            target=_worker_main, args=(self.target, self.settings, self.sock, child_conn, self.replacements),
+            target=_worker_main, args=(self.target, self.settings, sock, child_conn, self.replacements),
             name="tfservo-worker",
         )
         process.start()
         child_conn.close()  # the worker's end lives in the worker only, so its death reads as EOF here
-        self.workers.append(_Worker(process, parent_conn))
+        self.workers.append(_Worker(process, parent_conn, slot))
         if self.stopping:  # a signal came while this one was starting
             self._signal_all(signal.SIGTERM)
 
@@ -252,7 +258,7 @@ class Supervisor:
         worker.recycling = True
         log.warning("worker %d is replaced: %s", worker.process.pid, why)
         self._count(reason)
-        self._start()
+        self._start(worker.slot)
 
     def _retire_replaced(self) -> None:
         """A worker is ready: those waiting for a replacement retire."""
@@ -302,7 +308,7 @@ class Supervisor:
         else:
             log.warning("worker %d %s; starting a new one", pid, how)
             self._count("died")
-            self._start()
+            self._start(worker.slot)
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         if not self.stopping:
@@ -336,16 +342,6 @@ def _describe(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         return f"was killed by {signal.Signals(-exitcode).name}"
     return f"exited with code {exitcode}"
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def _free_port(host: str) -> int:
