@@ -131,7 +131,7 @@ def main() -> None:
         "title": "Seeing every request: Data Capture and the payload logger (MLP, /invocations, 32 clients)",
         "rows": rows,
         "notes": [
-            f"tfservo serve with its defaults (adaptive batching, one worker on 2 cores); {ROUNDS} interleaved rounds "
+            f"tfservo serve with its defaults (adaptive batching; two workers for this MLP on 2 cores since a7c7927, one before); {ROUNDS} interleaved rounds "
             f"of {seconds:g} s per configuration, each round's rate divided by the same round's 'off'.",
             f"Data Capture to disk wrote {captured:,} lines in its runs (every answered request of them), "
             "about 30 MB/s of JSON lines for these 15 KB bodies.",

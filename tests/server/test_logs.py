@@ -23,7 +23,9 @@ def test_json_lines_with_an_access_line_per_request() -> None:
         while sum('"tfservo.access"' in line for line in server.lines) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         server.stop()
-    docs = [json.loads(line) for line in server.lines]  # every line: a log line, and JSON
+    not_json = [line for line in server.lines if not line.startswith("{")]
+    assert not not_json, not_json  # every line: a log line, and JSON
+    docs = [json.loads(line) for line in server.lines]
     assert all({"time", "level", "logger", "message"} <= doc.keys() for doc in docs)
     assert any(doc["logger"] == "tfservo.server" and doc["message"].startswith("serving ") for doc in docs)
     access = [doc for doc in docs if doc["logger"] == "tfservo.access"]
