@@ -26,13 +26,14 @@ from typing import Any, TypeVar
 
 from tfservo.core.errors import Overloaded
 from tfservo.core.running import RunningCalls
+from tfservo.models.batching.batcher import LOOP_BATCH_SECONDS
 
 __all__ = ["INLINE_BODY_BYTES", "INLINE_SECONDS", "CallPlacement"]
 
 T = TypeVar("T")
 
 # A request runs inline when its kind's estimated cost is under this, and its body under the size.
-INLINE_SECONDS = 0.001
+INLINE_SECONDS = LOOP_BATCH_SECONDS  # one bound for every call that may hold the event loop
 INLINE_BODY_BYTES = 64 * 1024
 _RISE = 0.05  # how fast an estimate follows slower calls; it follows faster ones at once
 _MAX_KINDS = 4096  # kinds are keyed by names clients send; forget them all beyond this
@@ -137,10 +138,10 @@ class CallPlacement:
             return fn()
         finally:
             self.running.end(key)
-            self.note(kind, time.perf_counter() - started)
+            self._note(kind, time.perf_counter() - started)
 
-    def note(self, kind: Hashable, seconds: float) -> None:
-        """One call of `kind` took `seconds` (calls timed by their caller, e.g. batched predicts)."""
+    def _note(self, kind: Hashable, seconds: float) -> None:
+        """One call of `kind` took `seconds`."""
         old = self._cost.get(kind)
         if old is None and len(self._cost) >= _MAX_KINDS:
             self._cost.clear()
