@@ -10,7 +10,7 @@ The adaptive mode (tfservo's default) is eager when idle and batched under load:
 first call finds none of its batcher's batches queued or running is ready at once (a lone
 request runs without waiting); a batch started while others are queued or running waits to
 fill, up to the timeout, as TF Serving's does. Calls submitted from an event loop
-(`LoopBatches`) to a quick model — its last batch ran within `LOOP_BATCH_SECONDS` — are
+(`LoopBatches`) to a quick model — one of its last batches ran within `LOOP_BATCH_SECONDS` — are
 batched on that loop instead: what arrives in one turn of the loop runs as one batch in the
 loop's thread, with no hand-off to a batch thread and back (for such a model the hand-offs
 cost about what batching saves). It never changes an answer: a call that fills a
@@ -65,6 +65,36 @@ Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
 # loop are batched there (LoopBatches). A slower model's batches run in batch threads.
 LOOP_BATCH_SECONDS = 0.001
 _MAX_KEYS = 4096
+# How many of a queue key's last batches `_RunTimes` keeps: their quickest is its cost.
+_RUNS_KEPT = 8
+
+
+class _RunTimes:
+    """Per queue key, the quickest of its last few batches' run times: what the model costs.
+
+    One batch's wall time also holds what was not the model's: on a batch thread, the wait to
+    take the GIL back from the event loop (up to the 5 ms switch interval under load), and on
+    any thread, the OS running another process meanwhile. Taken alone, one such batch sent a
+    quick model's calls to the batch threads, whose own inflated times then kept them there."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[object, ...], tuple[deque[float], float]] = {}
+
+    def note(self, key: tuple[object, ...], seconds: float) -> None:
+        kept = self._runs.get(key)
+        if kept is None:
+            if len(self._runs) >= _MAX_KEYS:
+                self._runs.clear()  # keys follow the shapes clients send: forget them all beyond this
+            runs = deque((seconds,), maxlen=_RUNS_KEPT)
+        else:
+            runs = kept[0]
+            runs.append(seconds)
+        self._runs[key] = (runs, min(runs))
+
+    def quick(self, key: tuple[object, ...]) -> bool:
+        """Whether a batch of this kind may run on an event loop (never before one ran)."""
+        kept = self._runs.get(key)
+        return kept is not None and kept[1] < LOOP_BATCH_SECONDS
 
 
 class _Task:
@@ -269,8 +299,8 @@ class Batcher:
         self._busy = 0  # batches of this batcher queued or running (under the scheduler's lock)
         # Queue keys whose outputs proved not batch-major (adaptive mode runs those calls alone).
         self._solo: set[tuple[object, ...]] = set()
-        # Seconds the last batch of each queue key took to run (whether its calls may batch on a loop).
-        self._took: dict[tuple[object, ...], float] = {}
+        # How long each queue key's batches take to run (whether its calls may batch on a loop).
+        self._took = _RunTimes()
         self._owns_scheduler = scheduler is None
         self._scheduler = scheduler or BatchScheduler(
             options.num_batch_threads, name=f"tfservo-batch-{name}".replace(" ", "-")
@@ -343,7 +373,7 @@ class Batcher:
         For callers that must not block (the event loop). False, with nothing queued, when the
         call needs the blocking path (more rows than max_batch_size, no batch dimension): use
         `run` then. A full queue raises ResourceExhausted here, as `run` does. `here`: the
-        caller's event loop; in adaptive mode, when this kind of call's last batch was quick,
+        caller's event loop; in adaptive mode, when this kind of call's batches are quick,
         the call is batched on that loop and `callback` runs there.
         """
         arrays, size = self._batch_rows(signature_name, inputs)
@@ -353,7 +383,7 @@ class Batcher:
         key = self._queue_key(signature_name, outs, arrays)
         if self._alone(key, size):
             return False
-        if here is not None and self._adaptive and self._took.get(key, LOOP_BATCH_SECONDS) < LOOP_BATCH_SECONDS:
+        if here is not None and self._adaptive and self._took.quick(key):
             if self._closed:
                 raise Unavailable(f"model {self._name} is unloading; retry the request")
             here._add(self, key, signature_name, outs, _Task(arrays, size, callback))
@@ -553,9 +583,7 @@ class Batcher:
             t0, started_ns = time.perf_counter(), tracing.now_ns()
             outputs = self._runner(q.signature, inputs, keys_arg)
             seconds = time.perf_counter() - t0
-            if len(self._took) >= _MAX_KEYS and q.key not in self._took:
-                self._took.clear()  # keys follow the shapes clients send: forget them all beyond this
-            self._took[q.key] = seconds
+            self._took.note(q.key, seconds)
             self._trace(tasks, q.signature, size, padded, started_ns)
             outputs = {k: np.asarray(v) for k, v in outputs.items()}
             misfit = next((k for k, v in outputs.items() if v.ndim == 0 or v.shape[0] != padded), None)
