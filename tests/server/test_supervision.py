@@ -118,6 +118,29 @@ def listening_sockets(port: int) -> int:
     return sum(1 for row in rows if int(row[1].split(":")[1], 16) == port and row[3] == "0A")
 
 
+def test_with_two_workers_new_connections_reach_the_survivor_while_a_dead_worker_is_replaced(bundle) -> None:
+    """A dead worker's socket leaves the port's group at once: connections opened while its
+    replacement starts go to the worker alive instead of waiting in the dead one's backlog."""
+    with ServerProcess([str(bundle), "--workers", "2"]) as server:
+        deadline = time.monotonic() + 120
+        while len(worker_pids(server)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        survivor, doomed = worker_pids(server)[:2]
+        os.kill(doomed, signal.SIGKILL)
+        while not any("starting a new one" in line for line in server.lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Each request on a connection of its own, from a port of its own: the kernel's hash
+        # would give about half of them to the dead worker's socket if it still listened.
+        with httpx.Client(base_url=server.url, timeout=10, headers={"Connection": "close"}) as client:
+            answered = {int(invoke(client, b"pid").text) for _ in range(16)}
+        assert answered == {survivor}, f"answered by {answered}: some waited for the replacement"
+        assert len(worker_pids(server)) == 2, "the replacement served already: the test proved nothing"
+        port = httpx.URL(server.url).port
+        while len(worker_pids(server)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert listening_sockets(port) == 2  # the replacement's socket listens once it serves
+
+
 def test_with_two_workers_a_request_in_flight_on_the_other_worker_is_not_lost(bundle) -> None:
     with ServerProcess([str(bundle), "--workers", "2"]) as server:
         deadline = time.monotonic() + 120

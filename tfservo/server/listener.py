@@ -39,9 +39,10 @@ _DROP_SYN = (
 )
 
 
-def bind_socket(host: str, port: int, *, shared_port: bool = False) -> socket.socket:
+def bind_socket(host: str, port: int, *, shared_port: bool = False, listen: bool = True) -> socket.socket:
     """A listening TCP socket (port 0 picks a free one), inherited by spawned workers;
-    `shared_port`: one of several on the port (SO_REUSEPORT)."""
+    `shared_port`: one of several on the port (SO_REUSEPORT). Without `listen` it is only bound:
+    the kernel gives it no connection until its server listens (asyncio does, once serving)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -49,7 +50,8 @@ def bind_socket(host: str, port: int, *, shared_port: bool = False) -> socket.so
         if shared_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        sock.listen(_BACKLOG)
+        if listen:
+            sock.listen(_BACKLOG)
     except BaseException:
         sock.close()
         raise

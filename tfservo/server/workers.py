@@ -6,9 +6,11 @@ supervisor forwards SIGTERM/SIGINT, lets the workers stop listening only once ev
 them has drained (a handler in one worker may call back into another through the shared
 ports), replaces a worker that dies, and stops the server with a worker's error when one
 fails to start. The supervisor holds the listening sockets — one per worker on the same port
-(`listener.bind_sockets`), each worker and its replacement serving the same one — so while a
-worker is replaced, the new connections the kernel gives its socket wait in that socket's
-backlog instead of being refused.
+(`listener.bind_sockets`). A lone worker's replacement serves the same socket, so the new
+connections that come while it starts wait in its backlog instead of being refused. Where
+several workers have a socket each, a dead worker's socket is closed and its replacement gets
+a new one that listens only once it serves: meanwhile the kernel gives every new connection to
+the workers alive (the connections queued on the dead one's socket are reset with it).
 
 A worker that asks to be replaced (recycling.py: memory, request quota, a stuck call) keeps
 serving until its replacement is ready; then the supervisor tells it to retire: it takes no
@@ -37,7 +39,7 @@ from types import FrameType
 
 from tfservo.core.errors import ServingError
 from tfservo.core.settings import Settings
-from tfservo.server.listener import port_free
+from tfservo.server.listener import bind_socket, port_free
 from tfservo.server.metrics import MULTIPROC_ENV, mark_worker_dead
 
 __all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
@@ -218,7 +220,14 @@ class Supervisor:
             raise ServingError("workers did not stop cleanly: " + "; ".join(self.failures) + "; see the log above")
         log.info("stopped")
 
-    def _start(self, slot: int) -> None:
+    def _start(self, slot: int, *, new_socket: bool = False) -> None:
+        """Start a worker on socket `slot`; `new_socket`: on a new one in its place, which
+        listens only once the worker serves (see the module's docstring)."""
+        if new_socket and len(self.socks) > 1:
+            old = self.socks[slot]
+            host, port = old.getsockname()[:2]
+            old.close()  # out of the port's group: the kernel gives its share to the others
+            self.socks[slot] = bind_socket(host, port, shared_port=True, listen=False)
         parent_conn, child_conn = _SPAWN.Pipe()
         sock = self.socks[slot % len(self.socks)]
         process = _SPAWN.Process(
@@ -308,7 +317,7 @@ class Supervisor:
         else:
             log.warning("worker %d %s; starting a new one", pid, how)
             self._count("died")
-            self._start(worker.slot)
+            self._start(worker.slot, new_socket=True)
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         if not self.stopping:
