@@ -52,13 +52,16 @@ def test_slow_large_and_non_inlinable_calls_stay_in_threads(placement: CallPlace
     assert placement.estimate("slow") >= 0.005
 
 
-def test_an_estimate_drops_at_once_and_rises_slowly(placement: CallPlacement) -> None:
+def test_a_kind_costs_its_quickest_recent_call(placement: CallPlacement) -> None:
     async def main() -> None:
         await placement.run("k", 0, lambda: time.sleep(0.004))
         await placement.run("k", 0, lambda: None)
         assert placement.estimate("k") < 0.001
         await placement.run("k", 0, lambda: time.sleep(0.02))  # one slow call among quick ones
         assert placement.estimate("k") < 0.002
+        for _ in range(8):  # only slow ones of late: slow
+            await placement.run("k", 0, lambda: time.sleep(0.002))
+        assert placement.estimate("k") >= 0.002
 
     asyncio.run(main())
 

@@ -24,18 +24,16 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from tfservo.core.call_costs import CallCosts
 from tfservo.core.errors import Overloaded
 from tfservo.core.running import RunningCalls
-from tfservo.models.batching.batcher import LOOP_BATCH_SECONDS
 
-__all__ = ["INLINE_BODY_BYTES", "INLINE_SECONDS", "CallPlacement"]
+__all__ = ["INLINE_BODY_BYTES", "CallPlacement"]
 
 T = TypeVar("T")
 
-# A request runs inline when its kind's estimated cost is under this, and its body under the size.
-INLINE_SECONDS = LOOP_BATCH_SECONDS  # one bound for every call that may hold the event loop
+# A request runs inline when its kind is quick (core.call_costs) and its body under this size.
 INLINE_BODY_BYTES = 64 * 1024
-_RISE = 0.05  # how fast an estimate follows slower calls; it follows faster ones at once
 _MAX_KINDS = 4096  # kinds are keyed by names clients send; forget them all beyond this
 
 
@@ -64,9 +62,7 @@ class CallPlacement:
         self._groups: dict[Hashable, _Group] = {}
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
         self.running = RunningCalls()  # its calls in progress (the oldest may be a stuck one)
-        # Lower envelope of each kind's wall time: a thread's wall time includes waiting for the
-        # GIL under load, so the estimate drops to any faster call and rises only slowly.
-        self._cost: dict[Hashable, float] = {}
+        self._costs = CallCosts()
 
     async def run(
         self, kind: Hashable, body_bytes: int, fn: Callable[[], T], *, may_inline: bool = True,
@@ -74,8 +70,7 @@ class CallPlacement:
     ) -> T:
         """`fn()` inline or in a thread (in the caller's context either way); its time updates
         `kind`. In a thread it counts against `group`'s share of the pool."""
-        cost = self._cost.get(kind)
-        if self.inline and may_inline and cost is not None and cost < INLINE_SECONDS and body_bytes <= INLINE_BODY_BYTES:
+        if self.inline and may_inline and body_bytes <= INLINE_BODY_BYTES and self._costs.quick(kind):
             return self._timed(kind, fn)
         entry = self._groups.get(group)
         if entry is None:
@@ -129,7 +124,7 @@ class CallPlacement:
 
     def estimate(self, kind: Hashable) -> float | None:
         """The current cost estimate of `kind` in seconds (None before its first call)."""
-        return self._cost.get(kind)
+        return self._costs.cost(kind)
 
     def _timed(self, kind: Hashable, fn: Callable[[], T]) -> T:
         started = time.perf_counter()
@@ -138,14 +133,7 @@ class CallPlacement:
             return fn()
         finally:
             self.running.end(key)
-            self._note(kind, time.perf_counter() - started)
-
-    def _note(self, kind: Hashable, seconds: float) -> None:
-        """One call of `kind` took `seconds`."""
-        old = self._cost.get(kind)
-        if old is None and len(self._cost) >= _MAX_KINDS:
-            self._cost.clear()
-        self._cost[kind] = seconds if old is None or seconds < old else old + (seconds - old) * _RISE
+            self._costs.note(kind, time.perf_counter() - started)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

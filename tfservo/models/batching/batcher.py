@@ -10,7 +10,7 @@ The adaptive mode (tfservo's default) is eager when idle and batched under load:
 first call finds none of its batcher's batches queued or running is ready at once (a lone
 request runs without waiting); a batch started while others are queued or running waits to
 fill, up to the timeout, as TF Serving's does. Calls submitted from an event loop
-(`LoopBatches`) to a quick model — one of its last batches ran within `LOOP_BATCH_SECONDS` — are
+(`LoopBatches`) to a quick model — its batches run within `core.call_costs.LOOP_SECONDS` — are
 batched on that loop instead: what arrives in one turn of the loop runs as one batch in the
 loop's thread, with no hand-off to a batch thread and back (for such a model the hand-offs
 cost about what batching saves). It never changes an answer: a call that fills a
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tfservo.core import deadlines, tracing
+from tfservo.core.call_costs import CallCosts
 from tfservo.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from tfservo.models.batching.options import BatchingOptions
 from tfservo.models.signatures import Runner
@@ -46,7 +47,6 @@ __all__ = [
     "BatchingRunnerFactory",
     "BatchScheduler",
     "Callback",
-    "LOOP_BATCH_SECONDS",
     "LoopBatches",
     "make_runner_factory",
     "ModelBatchHook",
@@ -60,41 +60,6 @@ BatchHook = Callable[[int, int, float, float], None]
 ModelBatchHook = Callable[[str, int, int, float, float], None]
 # Called once, on a batch thread, with a submitted call's outputs or its error.
 Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
-
-# A batch that ran within this may hold an event loop: later calls of its kind submitted from a
-# loop are batched there (LoopBatches). A slower model's batches run in batch threads.
-LOOP_BATCH_SECONDS = 0.001
-_MAX_KEYS = 4096
-# How many of a queue key's last batches `_RunTimes` keeps: their quickest is its cost.
-_RUNS_KEPT = 8
-
-
-class _RunTimes:
-    """Per queue key, the quickest of its last few batches' run times: what the model costs.
-
-    One batch's wall time also holds what was not the model's: on a batch thread, the wait to
-    take the GIL back from the event loop (up to the 5 ms switch interval under load), and on
-    any thread, the OS running another process meanwhile. Taken alone, one such batch sent a
-    quick model's calls to the batch threads, whose own inflated times then kept them there."""
-
-    def __init__(self) -> None:
-        self._runs: dict[tuple[object, ...], tuple[deque[float], float]] = {}
-
-    def note(self, key: tuple[object, ...], seconds: float) -> None:
-        kept = self._runs.get(key)
-        if kept is None:
-            if len(self._runs) >= _MAX_KEYS:
-                self._runs.clear()  # keys follow the shapes clients send: forget them all beyond this
-            runs = deque((seconds,), maxlen=_RUNS_KEPT)
-        else:
-            runs = kept[0]
-            runs.append(seconds)
-        self._runs[key] = (runs, min(runs))
-
-    def quick(self, key: tuple[object, ...]) -> bool:
-        """Whether a batch of this kind may run on an event loop (never before one ran)."""
-        kept = self._runs.get(key)
-        return kept is not None and kept[1] < LOOP_BATCH_SECONDS
 
 
 class _Task:
@@ -300,7 +265,7 @@ class Batcher:
         # Queue keys whose outputs proved not batch-major (adaptive mode runs those calls alone).
         self._solo: set[tuple[object, ...]] = set()
         # How long each queue key's batches take to run (whether its calls may batch on a loop).
-        self._took = _RunTimes()
+        self._took = CallCosts()
         self._owns_scheduler = scheduler is None
         self._scheduler = scheduler or BatchScheduler(
             options.num_batch_threads, name=f"tfservo-batch-{name}".replace(" ", "-")
