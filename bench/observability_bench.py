@@ -92,6 +92,9 @@ def main() -> None:
     environments = {"tracing 100% sampled, OTLP/HTTP to a receiver on loopback": {
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver_url, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         "OTEL_TRACES_SAMPLER": "always_on",
+    }, "tracing 10% sampled (parentbased_traceidratio 0.1), same receiver": {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver_url, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1",
     }}
     for name in environments:
         configs[name] = []
@@ -113,6 +116,10 @@ def main() -> None:
                 finally:
                     os.killpg(proc.pid, signal.SIGTERM)
                     proc.wait(60)
+                    # Capture to disk leaves ~1 GB of dirty pages whose writeback would run
+                    # during the next configuration's measurement: written out here instead.
+                    os.sync()
+                    time.sleep(2)
     finally:
         receiver.shutdown()
     captured = sum(1 for path in (scratch / "captured").rglob("*.jsonl") for _ in open(path))
