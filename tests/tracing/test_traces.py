@@ -239,11 +239,13 @@ tracing.flush()
 @pytest.mark.parametrize(("sampler", "names"), [
     ("parentbased_always_on", ["decode", "POST /x 01"]),  # the caller's 00 is not sampled
     ("always_on", ["decode", "POST /x 01", "decode", "POST /x 00"]),
-    ("always_off", []),  # a sampler the SDK decides for
+    ("always_off", []),
+    ("parentbased_traceidratio", ["decode", "POST /x 01"]),  # a caller's flag wins over the ratio (0.0)
 ])
 def test_the_server_span_follows_the_sampler_and_the_callers_flag(sampler, names) -> None:
     done = subprocess.run([sys.executable, "-c", SERVER_SPAN], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": sampler})
+                          env={**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": sampler,
+                               "OTEL_TRACES_SAMPLER_ARG": "0.0"})
     assert done.returncode == 0, done.stderr[-2000:]
     spans = [json.loads(s) for s in done.stdout.replace("}\n{", "}\x00{").split("\x00") if s.strip()]
     assert [s["name"] for s in spans] == names
@@ -251,3 +253,27 @@ def test_the_server_span_follows_the_sampler_and_the_callers_flag(sampler, names
         assert server["kind"] == "SpanKind.SERVER" and server["status"]["status_code"] == "ERROR"
         assert server["context"]["trace_id"] == "0x4bf92f3577b34da6a3ce929d0e0e4736"
         assert server["parent_id"] == "0x00f067aa0ba902b7" and server["attributes"]["http.response.status_code"] == 503
+
+
+ROOTS = """
+import json, sys
+from tfservo.core import tracing
+tracing.configure()
+for _ in range(400):  # no traceparent: new traces, sampled by their ids at the ratio
+    with tracing.server_span("POST", {}, {"url.path": "/x"}):
+        with tracing.span("decode"):
+            pass
+tracing.flush()
+"""
+
+
+def test_new_traces_are_sampled_at_the_samplers_ratio() -> None:
+    done = subprocess.run([sys.executable, "-c", ROOTS], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "traceidratio",
+                               "OTEL_TRACES_SAMPLER_ARG": "0.25"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    spans = [json.loads(s) for s in done.stdout.replace("}\n{", "}\x00{").split("\x00") if s.strip()]
+    servers = [s for s in spans if s["name"] == "POST"]
+    decodes = [s for s in spans if s["name"] == "decode"]
+    assert 60 <= len(servers) <= 140, len(servers)  # 100 expected; 4.7 standard deviations either side
+    assert sorted(d["parent_id"] for d in decodes) == sorted(s["context"]["span_id"] for s in servers)

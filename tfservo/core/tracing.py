@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the SDK is the [otel] extra: imported only once tracing is 
     from opentelemetry.context import Context
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.sampling import Sampler
     from opentelemetry.trace import Span, SpanContext, Status, Tracer
     from opentelemetry.util.types import AttributeValue
 
@@ -136,7 +137,7 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         RequestsInstrumentor().instrument(tracer_provider=provider)
         _PROVIDER = provider
         _TRACER = provider.get_tracer("tfservo")
-        _PHASES = _PhaseRecorder(resource, child, console, _sampled_by(provider.sampler.get_description()))
+        _PHASES = _PhaseRecorder(resource, child, console, provider.sampler)
         log.info("tracing on: %s exporter(s), service %s", ",".join(exporters), resource.attributes[SERVICE_NAME])
         return True
 
@@ -167,7 +168,7 @@ class _PhaseRecorder:
     sampled flag, as the default parent-based sampler would."""
 
     def __init__(self, resource: Resource, child: ChildExport | None, processors: list[SpanProcessor],
-                 server_sampling: str | None = None) -> None:
+                 sampler: Sampler) -> None:
         from opentelemetry import context, trace
         from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -181,8 +182,12 @@ class _PhaseRecorder:
         self.sampled_flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
         self.unsampled_flags = trace.TraceFlags(trace.TraceFlags.DEFAULT)
         self.no_state = trace.TraceState()
-        self.server_kind = trace.SpanKind.SERVER.value
-        self.server_sampling = server_sampling  # see _sampled_by
+        self.server_kind = trace.SpanKind.SERVER
+        self.sampler = sampler  # the provider's, from OTEL_TRACES_SAMPLER: decides each server span
+        from opentelemetry.sdk.trace.sampling import Decision
+
+        self.sample = Decision.RECORD_AND_SAMPLE
+        self.root = context.Context()  # no parent: what a server span without a traceparent continues
         from opentelemetry import propagate
 
         self.extract = propagate.extract
@@ -269,18 +274,11 @@ def server_span(
     """A SERVER span continuing the caller's trace from its W3C `traceparent` in `carrier`
     (`attributes` is taken over: the span adds to it).
 
-    Under the samplers whose decision needs only the caller's sampled flag (the SDK's default
-    ParentBased(AlwaysOn), and AlwaysOn) it is recorded as the phases are, at a third of the
-    SDK's cost per request; under any other sampler the SDK makes it."""
+    The provider's sampler (OTEL_TRACES_SAMPLER) decides, through its public `should_sample`,
+    and the span is recorded as the phases are, at a third of the SDK's cost per request; a
+    request it does not sample costs a context and no span."""
     recorder = _PHASES
-    assert recorder is not None and _TRACER is not None  # only called with tracing on
-    if recorder.server_sampling is None:
-        from opentelemetry.trace import SpanKind
-
-        span: AbstractContextManager[Span] = _TRACER.start_as_current_span(
-            name, context=recorder.extract(carrier), kind=SpanKind.SERVER, attributes=attributes
-        )
-        return span
+    assert recorder is not None  # only called with tracing on
     return _ServerSpan(recorder, name, carrier, attributes)
 
 
@@ -300,18 +298,19 @@ class _ServerSpan:
         recorder = self.recorder
         trace = recorder.trace
         # No trace header (most requests): nothing to extract, a new trace.
-        parent = trace.get_current_span(recorder.extract(self.carrier)).get_span_context() if self.carrier else None
-        if parent is not None and parent.is_valid:
-            self.parent = parent
-            self.sampled = parent.trace_flags.sampled if recorder.server_sampling == "parent" else True
-            flags = recorder.sampled_flags if self.sampled else recorder.unsampled_flags
-            self.context = trace.SpanContext(
-                parent.trace_id, random.getrandbits(64) or 1, False, flags, parent.trace_state)
+        within = recorder.extract(self.carrier) if self.carrier else recorder.root
+        parent = trace.get_current_span(within).get_span_context()
+        if parent.is_valid:
+            self.parent, trace_id, state = parent, parent.trace_id, parent.trace_state
         else:
-            self.parent, self.sampled = None, True
-            self.context = trace.SpanContext(
-                random.getrandbits(128) or 1, random.getrandbits(64) or 1, False, recorder.sampled_flags,
-                recorder.no_state)
+            within, self.parent, trace_id, state = recorder.root, None, random.getrandbits(128) or 1, recorder.no_state
+        decided = recorder.sampler.should_sample(within, trace_id, self.name, recorder.server_kind, self.attributes)
+        self.sampled = decided.decision is recorder.sample
+        if decided.attributes:
+            self.attributes.update(decided.attributes)
+        flags = recorder.sampled_flags if self.sampled else recorder.unsampled_flags
+        self.context = trace.SpanContext(trace_id, random.getrandbits(64) or 1, False, flags,
+                                         decided.trace_state if decided.trace_state is not None else state)
         self.token = recorder.context.attach(trace.set_span_in_context(trace.NonRecordingSpan(self.context)))
         self.start_ns = time.time_ns()
         return self
@@ -324,7 +323,7 @@ class _ServerSpan:
         recorder.context.detach(self.token)
         if self.sampled:
             recorder.finish(self.name, self.context, self.parent, self.attributes, self.start_ns, end_ns,
-                            self.error, kind=recorder.server_kind)
+                            self.error, kind=recorder.server_kind.value)
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         self.attributes[key] = value
@@ -335,17 +334,6 @@ class _ServerSpan:
 
     def update_name(self, name: str) -> None:
         self.name = name
-
-
-def _sampled_by(description: str) -> str | None:
-    """"parent" under ParentBased(AlwaysOn) — sampled as the caller's traceparent says, else
-    always —, "always" under AlwaysOn, None under any other sampler (the SDK decides)."""
-    if description == "AlwaysOnSampler":
-        return "always"
-    if description.startswith("ParentBased{root:AlwaysOnSampler,remoteParentSampled:AlwaysOnSampler,"
-                              "remoteParentNotSampled:AlwaysOffSampler,"):
-        return "parent"
-    return None
 
 
 def error_status(description: str) -> Status:
