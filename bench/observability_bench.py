@@ -104,8 +104,11 @@ def main() -> None:
         configs[name] = ["--api-keys", keys_file]
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     try:
-        for _ in range(ROUNDS):  # interleaved: drift on a shared machine hits every configuration alike
-            for name, extra in configs.items():
+        names = list(configs)
+        for round_ in range(ROUNDS):  # interleaved: drift on a shared machine hits every configuration alike
+            # each round starts one configuration later, so no configuration always runs first or last
+            for name in names[round_:] + names[:round_]:
+                extra = configs[name]
                 proc, url = serve(paths["mlp"], extra, scratch / "server.log", environments.get(name))
                 try:
                     authorization = authorizations.get(name)
