@@ -164,13 +164,14 @@ class _PhaseRecorder:
     quarter of the SDK's per-span cost: each is made current as a non-recording span with its
     own id (so spans opened inside it, the instrumented `requests` calls, have it as parent) and
     handed to the span processors as a finished ReadableSpan when it ends. It is always a child
-    of a span the SDK made, so the sampler has already decided: a phase follows its parent's
-    sampled flag, as the default parent-based sampler would."""
+    of a span the sampler already decided (the HTTP server span, gRPC's, a transform's job): a
+    phase follows its parent's sampled flag, as the default parent-based sampler would."""
 
     def __init__(self, resource: Resource, child: ChildExport | None, processors: list[SpanProcessor],
                  sampler: Sampler) -> None:
-        from opentelemetry import context, trace
+        from opentelemetry import context, propagate, trace
         from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.trace.sampling import Decision
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self.resource = resource
@@ -184,12 +185,8 @@ class _PhaseRecorder:
         self.no_state = trace.TraceState()
         self.server_kind = trace.SpanKind.SERVER
         self.sampler = sampler  # the provider's, from OTEL_TRACES_SAMPLER: decides each server span
-        from opentelemetry.sdk.trace.sampling import Decision
-
         self.sample = Decision.RECORD_AND_SAMPLE
         self.root = context.Context()  # no parent: what a server span without a traceparent continues
-        from opentelemetry import propagate
-
         self.extract = propagate.extract
 
     def finish(self, name: str, context: SpanContext, parent: SpanContext | None, attributes: Attributes | None,
@@ -270,7 +267,7 @@ class _Leaf:
 
 def server_span(
     name: str, carrier: Mapping[str, str], attributes: dict[str, AttributeValue]
-) -> AbstractContextManager[Span | _ServerSpan]:
+) -> _ServerSpan:
     """A SERVER span continuing the caller's trace from its W3C `traceparent` in `carrier`
     (`attributes` is taken over: the span adds to it).
 

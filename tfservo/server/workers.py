@@ -227,7 +227,16 @@ class Supervisor:
             old = self.socks[slot]
             host, port = old.getsockname()[:2]
             old.close()  # out of the port's group: the kernel gives its share to the others
-            self.socks[slot] = bind_socket(host, port, shared_port=True, listen=False)
+            try:
+                self.socks[slot] = bind_socket(host, port, shared_port=True, listen=False)
+            except OSError as exc:
+                self.error = self.error or (
+                    f"cannot bind {host}:{port} again for a replacement worker ({exc}); another process "
+                    "took the port? Stop it and start tfservo again"
+                )
+                log.error("%s; stopping the server", self.error)
+                self._stop_all()
+                return
         parent_conn, child_conn = _SPAWN.Pipe()
         sock = self.socks[slot % len(self.socks)]
         process = _SPAWN.Process(

@@ -265,7 +265,7 @@ class Batcher:
         # Queue keys whose outputs proved not batch-major (adaptive mode runs those calls alone).
         self._solo: set[tuple[object, ...]] = set()
         # How long each queue key's batches take to run (whether its calls may batch on a loop).
-        self._took = CallCosts()
+        self._costs = CallCosts()
         self._owns_scheduler = scheduler is None
         self._scheduler = scheduler or BatchScheduler(
             options.num_batch_threads, name=f"tfservo-batch-{name}".replace(" ", "-")
@@ -348,7 +348,7 @@ class Batcher:
         key = self._queue_key(signature_name, outs, arrays)
         if self._alone(key, size):
             return False
-        if here is not None and self._adaptive and self._took.quick(key):
+        if here is not None and self._adaptive and self._costs.quick(key):
             if self._closed:
                 raise Unavailable(f"model {self._name} is unloading; retry the request")
             here._add(self, key, signature_name, outs, _Task(arrays, size, callback))
@@ -548,7 +548,7 @@ class Batcher:
             t0, started_ns = time.perf_counter(), tracing.now_ns()
             outputs = self._runner(q.signature, inputs, keys_arg)
             seconds = time.perf_counter() - t0
-            self._took.note(q.key, seconds)
+            self._costs.note(q.key, seconds)
             self._trace(tasks, q.signature, size, padded, started_ns)
             outputs = {k: np.asarray(v) for k, v in outputs.items()}
             misfit = next((k for k, v in outputs.items() if v.ndim == 0 or v.shape[0] != padded), None)
