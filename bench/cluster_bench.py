@@ -4,7 +4,7 @@ in-process calls (issue 12).
 
 Jobs: the ResNet-50 b64 JPEG bundle over N JPEGs (`--content-type image/jpeg`, one request
 per image through code/inference.py), and the insurance-style CSV job (`id,value` lines,
-filters and join) over R records (millions: the job runs at hundreds of thousands of records/s) in 8 objects. Each engine is timed as a command over the full
+filters and join) over R records (120 million, 20 with --quick) in 8 objects. Each engine is timed as a command over the full
 input and over a quarter of it; (work_N − work_¼) / (T_N − T_¼) is its steady rate (cluster
 start, model loads and process start cancel out). Writes RESULTS/clusters.json.
 
@@ -86,7 +86,7 @@ def main(work: Path, results: Path, quick: bool) -> dict:
     images, one_image = work / "clusters" / f"jpegs-{n_images}", work / "clusters" / f"jpegs-{small_images}"
     make_jpegs(images, n_images)
     make_jpegs(one_image, small_images)
-    records = 10_000_000 if quick else 30_000_000
+    records = 20_000_000 if quick else 120_000_000  # a run of tens of seconds: start-up noise is seconds
     small_records = records // 4
     csv, one_csv = work / "clusters" / f"csv-{records}", work / "clusters" / f"csv-{small_records}-in-8"
     csv_input(csv, records, 8)
@@ -129,10 +129,10 @@ def main(work: Path, results: Path, quick: bool) -> dict:
             "All three use both cores. Where the cluster engines' time goes: two model copies instead of one, "
             "and Ray starts each 1-CPU actor with OMP_NUM_THREADS=1 (seen in its workers), so each copy's "
             "oneDNN convolutions run on one thread where the local engine's one model uses both (each "
-            "call's ops run in the calling thread in every engine: no inter-op pool hand-offs); Ray "
-            "pickles every request and answer through its object store and its driver dispatches each "
-            "request; Spark tasks take whole objects from reading to writing when each worker has two or "
-            "more, column requests travel as Arrow IPC bytes. Start-up (local cluster, JVM, a model load per "
+            "call's ops run in the calling thread in every engine: no inter-op pool hand-offs). With two "
+            "objects or more per worker (both jobs here), Ray's actors and Spark's tasks take whole objects "
+            "through the local engine's threads from reading to writing: nothing but names and outcomes "
+            "crosses between processes, and two processes hold the GIL where the local engine has one. Start-up (local cluster, JVM, a model load per "
             "worker) adds 10–20 s per run, excluded from the steady rates (bench/cluster_bench.py).",
         ],
     }

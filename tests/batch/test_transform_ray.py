@@ -6,6 +6,7 @@ identical bytes; and the Ray Data adapter on a keyed dataset."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -41,12 +42,18 @@ def both(service, model: Path, source: Path, tmp_path: Path, **flags):
     return local, on_ray
 
 
-def test_csv_with_filters_join_and_one_large_object_across_both_workers(cluster, hp3, tmp_path):
+def test_csv_with_filters_join_as_whole_objects_and_one_large_object_across_both_workers(cluster, hp3, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tfservo.batch")
     source = insurance_input(tmp_path / "in")
     _, on_ray = both(hp3, HALF_PLUS_THREE, source, tmp_path, **INSURANCE, max_payload_mb=0.0005)  # quotes: ~40 requests
     assert (on_ray.done, len(on_ray.failed), on_ray.records) == (3, 1, 304)
-    assert len(on_ray.workers) == 2, on_ray.workers  # both raylets' actors answered
+    assert len(on_ray.workers) == 2, on_ray.workers  # both raylets' actors took objects
     assert "on 2 workers" in on_ray.line()
+    assert "running 4 objects on Ray (whole objects on each actor)" in caplog.text  # two objects an actor or more
+
+    _, alone = both(hp3, HALF_PLUS_THREE, source / "2024", tmp_path / "alone", **INSURANCE, max_payload_mb=0.0005)
+    assert (alone.done, alone.records) == (1, 300) and len(alone.workers) == 2, alone.workers
+    assert "running 1 objects on Ray (each object's requests spread over the actors)" in caplog.text
 
 
 def test_json_lines_with_skipped_records_and_dead_letters(cluster, hp3, tmp_path):
@@ -163,7 +170,6 @@ def test_data_capture_on_ray_matches_the_local_engines(cluster, hp3, tmp_path):
 def test_follow_on_ray_transforms_objects_as_they_land_with_its_actors_kept(cluster, hp3, tmp_path, caplog):
     """`transform --follow --runner ray`: each poll's new objects run on the same model actors,
     and the outputs are the local engine's."""
-    import logging
     import threading
 
     from tfservo.batch.engines.ray import RayPasses

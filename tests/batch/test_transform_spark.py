@@ -6,6 +6,7 @@ a b64 handler; and the pandas UDF and mapInPandas adapters on a keyed DataFrame.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -60,19 +61,23 @@ def both(service, model: Path, source: Path, tmp_path: Path, **flags):
     return local, on_spark
 
 
-def test_csv_with_filters_join_and_one_large_object_across_both_workers(spark, hp3, tmp_path):
+def test_csv_with_filters_join_as_whole_objects_in_both_executors(spark, hp3, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tfservo.batch")
     source = insurance_input(tmp_path / "in")
     _, on_spark = both(hp3, HALF_PLUS_THREE, source, tmp_path, **INSURANCE, max_payload_mb=0.0005)
     assert (on_spark.done, len(on_spark.failed), on_spark.records) == (3, 1, 304)
     assert len(on_spark.workers) >= 2, on_spark.workers  # Python workers of both executors answered
+    assert "whole objects in each task" in caplog.text  # four objects, two workers
 
 
-def test_big_json_lines_object_with_dead_letters(spark, hp3, tmp_path):
+def test_big_json_lines_object_with_dead_letters(spark, hp3, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tfservo.batch")
     write(tmp_path / "in" / "big.jsonl", "".join(f'{{"id": "r{i}", "x": {i}.5}}\n' if i != 17 else '{"id": "r17", "x": "?"}\n'
                                                 for i in range(2000)))
     _, on_spark = both(hp3, HALF_PLUS_THREE, tmp_path / "in", tmp_path, split_type="Line", assemble_with="Line",
                        input_filter="$.x", join_source="Input", on_record_error="skip", max_payload_mb=0.002)
     assert on_spark.ok and on_spark.records == 2000 and on_spark.dead_lettered[0].dead_letters == 1
+    assert "each object's requests spread over the workers" in caplog.text
 
 
 def test_images_through_a_b64_handler(spark, tmp_path):

@@ -3,8 +3,11 @@ requests, a request answered by the worker's model, an object's answers written 
 
 Each engine only moves these between its workers: `split_object` where the input is read,
 `call_request` in a worker holding the model (`worker_service`, loaded once per process),
-`write_object` where the answers of one object meet. So the .out files, dead letters and
-failures are the local engine's, byte for byte, whatever engine ran them.
+`write_object` where the answers of one object meet. With objects enough to keep every worker
+busy (`takes_whole_objects`), a worker runs the local engine on its share instead
+(`transform_objects`): nothing crosses between workers but the objects' names and outcomes.
+So the .out files, dead letters and failures are the local engine's, byte for byte, whatever
+engine ran them.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from tfservo.batch.calls import BatchCaller, BatchResult
 from tfservo.batch.capture import capture_writer
 from tfservo.batch.columnar import ColumnBatch
 from tfservo.batch.engines.driver import DriverRun, publish, start_driver_run
-from tfservo.batch.engines.local import failure_from, object_format, object_requests
+from tfservo.batch.engines.local import TransformEngine, failure_from, object_format, object_requests
 from tfservo.batch.job import TransformJob
 from tfservo.batch.joiner import DataProcessing
+from tfservo.batch.progress import Progress
 from tfservo.batch.records import RecordBatch, Wire, where
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.sources import InputObject, OpenedInput
@@ -51,6 +55,8 @@ __all__ = [
     "release_services",
     "run_on_cluster",
     "split_object",
+    "takes_whole_objects",
+    "transform_objects",
     "worker_id",
     "worker_service",
     "write_object",
@@ -243,6 +249,22 @@ def write_wired(job: TransformJob, tail: Tail, answers: Iterable[Wire], stale_de
     store, state = OutputStore(job.output), OutputStore(job.state_url)
     outcome = write_object(job, store, state, tail, [Answer.unwire(a) for a in answers], stale_dead_letters)
     return outcome_json(outcome)
+
+
+def takes_whole_objects(objects: int, workers: int) -> bool:
+    """Whether each worker should take whole objects from reading to writing: with two objects
+    or more per worker, every worker stays busy without one object's requests crossing to
+    another (a large object alone is split across all of them instead)."""
+    return objects >= 2 * max(workers, 1)
+
+
+def transform_objects(job: TransformJob, objects: list[InputObject], stale_dead_letters: set[str]) -> list[ObjectOutcome]:
+    """Whole objects from reading to publishing in this worker: the local engine's threads
+    around the worker's loaded model, its outcomes for the driver."""
+    engine = TransformEngine(job, worker_service(job).invoker, progress="none")
+    progress = Progress(len(objects), None, mode="none")
+    return engine.transform(objects, OutputStore(job.output), OutputStore(job.state_url), stale_dead_letters,
+                            tracing.from_traceparent(job.trace_parent), progress)
 
 
 def outcome_name(folder: str, rel: str) -> str:

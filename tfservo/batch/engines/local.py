@@ -95,16 +95,20 @@ class TransformEngine:
         """Transform every object not done yet (listing INPUT unless `objects` are given): the
         driver's start and end every engine shares, with this machine's threads in between."""
         run = start_driver_run(self.job, objects, self.versions, read_versions=False)
-        self.state, self.stale_dead_letters = run.state, run.stale_dead_letters
-        self.trace = run.trace
         progress = run.progress(self.progress_mode, self.progress_interval)
         try:
-            outcomes = self._run(run.todo, run.store, progress)
+            outcomes = self.transform(run.todo, run.store, run.state, run.stale_dead_letters, run.trace, progress)
         finally:
             progress.close()
         return run.finish(outcomes)
 
-    def _run(self, todo: list[InputObject], store: OutputStore, progress: Progress) -> list[ObjectOutcome]:
+    def transform(
+        self, todo: list[InputObject], store: OutputStore, state: OutputStore, stale_dead_letters: set[str],
+        trace: tracing.Parent, progress: Progress,
+    ) -> list[ObjectOutcome]:
+        """Read, answer and publish `todo` with this machine's threads, between a driver's start
+        and finish (this engine's own run, or a cluster worker's share of objects)."""
+        self.state, self.stale_dead_letters, self.trace = state, stale_dead_letters, trace
         n = self.job.concurrency
         readers = min(16, max(2, n))
         self.model_pool = ThreadPoolExecutor(n, thread_name_prefix="tfservo-model")

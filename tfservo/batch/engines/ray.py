@@ -1,7 +1,10 @@
 """The transform job on a Ray cluster (`tfservo transform --runner ray`).
 
 A pool of model actors (one loaded ModelService per actor, `--max-concurrent-transforms` model
-calls at a time in each) does everything: an actor splits each object not done yet into
+calls at a time in each) does everything. With two objects or more per actor, each actor takes
+whole objects, a few at a time, and runs them through the local engine's threads from reading
+to writing (distributed.transform_objects): only names and outcomes cross between processes.
+With fewer, one object's requests are spread over every actor: an actor splits each object into
 requests (a streaming generator, so a large object's requests reach the other actors while it
 is still being read), the requests go to the least busy actor, and when an object's answers
 are all in, an actor writes its .out atomically (distributed.write_object). Splitting and
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -26,8 +30,11 @@ from tfservo.batch.engines.distributed import (
     Tail,
     call_request,
     outcome_from_json,
+    outcome_json,
     run_on_cluster,
     split_object,
+    takes_whole_objects,
+    transform_objects,
     worker_id,
     worker_service,
     write_wired,
@@ -42,6 +49,9 @@ from tfservo.core.extras import require
 __all__ = ["RayPasses", "RaySettings", "run_ray_transform"]
 
 log = logging.getLogger("tfservo.batch")
+
+WHOLE_SHARE = 16  # objects an actor takes at once when actors take whole objects
+_SHAPES = {True: "whole objects on each actor", False: "each object's requests spread over the actors"}
 
 
 @dataclass
@@ -80,7 +90,7 @@ def _actor_class(ray: Any, concurrency: int) -> Any:
     """The model worker: an actor holding the model that also splits objects and writes them
     (in its own threads), so no task needs a worker process of its own."""
 
-    @ray.remote(num_cpus=1, concurrency_groups={"model": concurrency, "io": 2})
+    @ray.remote(num_cpus=1, concurrency_groups={"model": concurrency, "io": 2, "whole": 1})
     class ModelWorker:
         def __init__(self, job: TransformJob) -> None:
             self.job = job
@@ -89,6 +99,10 @@ def _actor_class(ray: Any, concurrency: int) -> Any:
 
         def ready(self) -> str:
             return self.id
+
+        @ray.method(concurrency_group="whole")
+        def transform(self, objects: list[InputObject], stale: set[str]) -> tuple[list[bytes], str]:
+            return [outcome_json(o) for o in transform_objects(self.job, objects, stale)], self.id
 
         @ray.method(concurrency_group="io")
         def split(self, obj: InputObject) -> Iterator[Wire | Tail]:
@@ -188,10 +202,17 @@ def _drive(
 def _drive_objects(
     ray: Any, run: DriverRun, actors: list[Any], progress_mode: str, interval: float
 ) -> tuple[list[ObjectOutcome], set[str]]:
-    """The objects of `run` through the actors: split, called and written on them."""
+    """The objects of `run` through the actors: whole objects on each, or split, called and
+    written on them."""
     job, count = run.job, len(actors)
-    log.info("running %d objects on Ray", len(run.todo))
+    whole = takes_whole_objects(len(run.todo), count)
+    log.info("running %d objects on Ray (%s)", len(run.todo), _SHAPES[whole])
     meter = run.progress(progress_mode, interval)
+    if whole:
+        try:
+            return _drive_whole_objects(ray, run, actors, meter)
+        finally:
+            meter.close()
     busy = {i: 0 for i in range(count)}
     limit = 2 * job.concurrency  # requests queued per actor before splitting waits
     objects: dict[object, _Object] = {}  # generator → its object
@@ -248,6 +269,39 @@ def _drive_objects(
         raise JobError(f"the Ray job failed: {exc}; run the same command again to resume") from None
     finally:
         meter.close()
+    return outcomes, workers
+
+
+def _drive_whole_objects(ray: Any, run: DriverRun, actors: list[Any], meter: Any) -> tuple[list[ObjectOutcome], set[str]]:
+    """Each actor transforms whole objects, in shares of a few (about four shares per actor, for
+    balance, and at most WHOLE_SHARE objects, for progress), two shares queued on each."""
+    todo, count = list(run.todo), len(actors)
+    size = max(1, min(WHOLE_SHARE, math.ceil(len(todo) / (4 * count))))
+    shares = [todo[i:i + size] for i in range(0, len(todo), size)]
+    queued = {i: 0 for i in range(count)}
+    calls: dict[object, tuple[int, list[InputObject]]] = {}
+    outcomes: list[ObjectOutcome] = []
+    workers: set[str] = set()
+    try:
+        while shares or calls:
+            for actor in range(count):
+                while shares and queued[actor] < 2:
+                    share = shares.pop(0)
+                    calls[actors[actor].transform.remote(share, run.stale_dead_letters)] = (actor, share)
+                    queued[actor] += 1
+            ready, _ = ray.wait(list(calls), num_returns=1, timeout=1.0)
+            for ref in ready:
+                actor, share = calls.pop(ref)
+                queued[actor] -= 1
+                answers, worker = ray.get(ref)
+                workers.add(worker)
+                for obj, data in zip(share, answers):
+                    outcome = outcome_from_json(obj, data)
+                    outcomes.append(outcome)
+                    meter.add(objects=1, failed=int(outcome.status != "done"), records=outcome.records,
+                              nbytes=obj.size or 0)
+    except ray.exceptions.RayError as exc:
+        raise JobError(f"the Ray job failed: {exc}; run the same command again to resume") from None
     return outcomes, workers
 
 

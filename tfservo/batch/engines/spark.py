@@ -5,7 +5,8 @@ requests where they are read, each Python worker holds one loaded ModelService (
 its Python workers, so the model is loaded once per worker process) and answers its partition
 --max-concurrent-transforms at a time, and each object's answers are put in order and written
 atomically (distributed.write_object). With at least two objects per worker, a task takes
-whole objects from reading to writing, and nothing is shuffled; with fewer, the requests are
+whole objects and runs them through the local engine's threads from reading to writing
+(distributed.transform_objects), and nothing is shuffled; with fewer, the requests are
 repartitioned across the workers (one object's requests spread over all of them) and the
 answers grouped per object again. Without a master URL it runs on local[N], this machine's cores.
 """
@@ -27,8 +28,11 @@ from tfservo.batch.engines.distributed import (
     Tail,
     call_request,
     outcome_from_json,
+    outcome_json,
     run_on_cluster,
     split_object,
+    takes_whole_objects,
+    transform_objects,
     worker_id,
     worker_service,
     write_wired,
@@ -36,6 +40,7 @@ from tfservo.batch.engines.distributed import (
 from tfservo.batch.engines.driver import DriverRun
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.records import Wire
+from tfservo.batch.sources import InputObject
 from tfservo.batch.state import ObjectOutcome, TransformSummary
 from tfservo.core.extras import require
 from tfservo.core.logs import library_logs_wanted
@@ -119,7 +124,9 @@ def _drive(
     parallel = settings.workers or sc.defaultParallelism
     records, nbytes, seen = sc.accumulator(0), sc.accumulator(0), sc.accumulator(set(), _Union())
     stale = run.stale_dead_letters
-    log.info("running %d objects on Spark (%s, %d parallel model workers)", len(run.todo), sc.master, parallel)
+    whole = takes_whole_objects(len(run.todo), parallel)
+    log.info("running %d objects on Spark (%s, %d parallel model workers, %s)", len(run.todo), sc.master, parallel,
+             "whole objects in each task" if whole else "each object's requests spread over the workers")
     meter = run.progress(progress_mode, interval)
     stop = threading.Event()
 
@@ -132,18 +139,15 @@ def _drive(
 
     follower = threading.Thread(target=follow, daemon=True, name="tfservo-spark-progress")
     follower.start()
-    whole_objects = len(run.todo) >= 2 * parallel
     try:
-        # Whole objects: four tasks per worker, not one per object (a PySpark task costs tens
-        # of milliseconds), each reading, answering and writing its objects in order.
-        slices = min(len(run.todo), 4 * parallel) if whole_objects else len(run.todo)
-        requests = sc.parallelize(run.todo, slices).flatMap(lambda obj: split_object(obj, job))
-        if not whole_objects:
-            requests = requests.repartition(max(parallel * 2, 1))  # one object's requests over all workers
-        answers = requests.mapPartitions(lambda parts: _call_partition(job, parts, records, nbytes, seen))
-        if whole_objects:
-            written = answers.mapPartitions(lambda parts: _write_in_order(job, stale, parts))
+        if whole:
+            # four tasks per worker, not one per object (a PySpark task costs tens of milliseconds)
+            objects = sc.parallelize(run.todo, min(len(run.todo), 4 * parallel))
+            written = objects.mapPartitions(lambda objs: _transform_partition(job, stale, objs, records, nbytes, seen))
         else:
+            requests = sc.parallelize(run.todo, len(run.todo)).flatMap(lambda obj: split_object(obj, job))
+            requests = requests.repartition(max(parallel * 2, 1))  # one object's requests over all workers
+            answers = requests.mapPartitions(lambda parts: _call_partition(job, parts, records, nbytes, seen))
             written = answers.groupByKey(max(parallel, 1)).map(lambda grouped: _write(job, stale, grouped))
         results = written.collect()
     except Exception as exc:  # Py4JJavaError and friends: the job did not finish
@@ -189,16 +193,16 @@ def _call_partition(
             yield pending.pop(0).result()
 
 
-def _write_in_order(job: TransformJob, stale: set[str], parts: Iterable[tuple[str, Wire | Tail]]) -> Iterator[tuple[str, bytes]]:
-    """Write each object of a partition whose objects arrive whole, in order: its answers, then
-    its Tail (split_object's order, kept by _call_partition)."""
-    answers: list[Wire] = []
-    for rel, part in parts:
-        if isinstance(part, Tail):
-            yield _write(job, stale, (rel, [*answers, part]))
-            answers = []
-        else:
-            answers.append(part)
+def _transform_partition(
+    job: TransformJob, stale: set[str], objects: Iterable[InputObject], records: Any, nbytes: Any, seen: Any
+) -> Iterator[tuple[str, bytes]]:
+    """A partition of whole objects through this Python worker's model, read to written."""
+    share = list(objects)
+    seen.add({worker_id()})
+    for obj, outcome in zip(share, transform_objects(job, share, stale)):
+        records.add(outcome.records)
+        nbytes.add(obj.size or 0)
+        yield obj.rel, outcome_json(outcome)
 
 
 def _write(job: TransformJob, stale: set[str], grouped: tuple[str, Iterable[Wire | Tail]]) -> tuple[str, bytes]:
