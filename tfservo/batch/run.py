@@ -38,13 +38,16 @@ def apply_env(env: dict[str, str]) -> None:
         os.environ[key] = value
 
 
-def load_service(model: str, env: dict[str, str] | None = None) -> ModelService:
+def load_service(model: str, env: dict[str, str] | None = None, *, cores: int | None = None) -> ModelService:
     """Load a bundle through the one service factory, with the settings `serve` would use and
-    a job's `--env` over this process's environment."""
+    a job's `--env` over this process's environment; `cores`: the CPUs a cluster worker owns,
+    its TensorFlow intra-op threads unless the environment sets them."""
     try:
         settings = resolve_settings(paths=[model], multi_model=False, serving=False, env=environment(env))
     except ConfigError as exc:
         raise JobError(exc.message) from None
+    if cores and not settings.intra_op_threads:
+        settings = settings.replace(intra_op_threads=cores)
     service = build_service(settings)
     if not service.is_healthy():
         problems = service.load_errors()

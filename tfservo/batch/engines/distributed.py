@@ -12,6 +12,7 @@ engine ran them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -53,6 +54,7 @@ __all__ = [
     "outcome_json",
     "outcome_name",
     "release_services",
+    "on_cores",
     "run_on_cluster",
     "split_object",
     "takes_whole_objects",
@@ -164,9 +166,20 @@ class _WorkerService:
         self.service.close()
 
 
-def worker_service(job: TransformJob) -> Any:
+def on_cores(job: TransformJob, cores: int | None) -> TransformJob:
+    """The job as a worker owning `cores` CPUs runs it: that many model calls at a time, unless
+    --max-concurrent-transforms says (os.cpu_count() is the whole machine's, shared with the
+    other workers on it)."""
+    if not cores or job.max_concurrent_transforms:
+        return job
+    return dataclasses.replace(job, max_concurrent_transforms=cores)
+
+
+def worker_service(job: TransformJob, cores: int | None = None) -> Any:
     """The job's ModelService in this process, loaded once (with --env applied, and a loopback
-    server when the bundle has handlers, as `transform` and `serve` do)."""
+    server when the bundle has handlers, as `transform` and `serve` do); `cores`: the CPUs this
+    worker owns, its TensorFlow intra-op threads unless the job's environment sets them (a
+    thread per core of the machine in every worker ran twice the threads there are cores)."""
     from tfservo.batch.run import apply_env, load_service
     from tfservo.server.loopback import start_handler_endpoints
 
@@ -174,12 +187,12 @@ def worker_service(job: TransformJob) -> Any:
         quiet_libraries()  # a worker in another process: TF's and Beam's noise off there too
         apply_env(job.env)
         started = time.monotonic()
-        service = load_service(job.model, job.env)
+        service = load_service(job.model, job.env, cores=cores)
         loopback = start_handler_endpoints(service)
         log.info("loaded %s in %.1fs in worker process %d", job.model, time.monotonic() - started, os.getpid())
         return _WorkerService(service, loopback)
 
-    return load_once(("transform", job.model, tuple(sorted(job.env.items()))), load).service
+    return load_once(("transform", job.model, tuple(sorted(job.env.items())), cores), load).service
 
 
 def release_services() -> None:
@@ -258,10 +271,13 @@ def takes_whole_objects(objects: int, workers: int) -> bool:
     return objects >= 2 * max(workers, 1)
 
 
-def transform_objects(job: TransformJob, objects: list[InputObject], stale_dead_letters: set[str]) -> list[ObjectOutcome]:
-    """Whole objects from reading to publishing in this worker: the local engine's threads
-    around the worker's loaded model, its outcomes for the driver."""
-    engine = TransformEngine(job, worker_service(job).invoker, progress="none")
+def transform_objects(
+    job: TransformJob, objects: list[InputObject], stale_dead_letters: set[str], cores: int | None = None
+) -> list[ObjectOutcome]:
+    """Whole objects from reading to publishing in this worker (owning `cores` CPUs): the local
+    engine's threads around the worker's loaded model, its outcomes for the driver."""
+    job = on_cores(job, cores)
+    engine = TransformEngine(job, worker_service(job, cores).invoker, progress="none")
     progress = Progress(len(objects), None, mode="none")
     return engine.transform(objects, OutputStore(job.output), OutputStore(job.state_url), stale_dead_letters,
                             tracing.from_traceparent(job.trace_parent), progress)

@@ -29,6 +29,7 @@ from tfservo.batch.engines.distributed import (
     Request,
     Tail,
     call_request,
+    on_cores,
     outcome_from_json,
     outcome_json,
     run_on_cluster,
@@ -50,6 +51,7 @@ __all__ = ["RayPasses", "RaySettings", "run_ray_transform"]
 
 log = logging.getLogger("tfservo.batch")
 
+ACTOR_CPUS = 1  # each model actor's: its model calls at a time and TensorFlow threads follow
 WHOLE_SHARE = 16  # objects an actor takes at once when actors take whole objects
 _SHAPES = {True: "whole objects on each actor", False: "each object's requests spread over the actors"}
 
@@ -90,11 +92,11 @@ def _actor_class(ray: Any, concurrency: int) -> Any:
     """The model worker: an actor holding the model that also splits objects and writes them
     (in its own threads), so no task needs a worker process of its own."""
 
-    @ray.remote(num_cpus=1, concurrency_groups={"model": concurrency, "io": 2, "whole": 1})
+    @ray.remote(num_cpus=ACTOR_CPUS, concurrency_groups={"model": concurrency, "io": 2, "whole": 1})
     class ModelWorker:
         def __init__(self, job: TransformJob) -> None:
-            self.job = job
-            self.invoker = worker_service(job).invoker
+            self.job = on_cores(job, ACTOR_CPUS)
+            self.invoker = worker_service(self.job, ACTOR_CPUS).invoker
             self.id = worker_id()
 
         def ready(self) -> str:
@@ -102,7 +104,7 @@ def _actor_class(ray: Any, concurrency: int) -> Any:
 
         @ray.method(concurrency_group="whole")
         def transform(self, objects: list[InputObject], stale: set[str]) -> tuple[list[bytes], str]:
-            return [outcome_json(o) for o in transform_objects(self.job, objects, stale)], self.id
+            return [outcome_json(o) for o in transform_objects(self.job, objects, stale, ACTOR_CPUS)], self.id
 
         @ray.method(concurrency_group="io")
         def split(self, obj: InputObject) -> Iterator[Wire | Tail]:
@@ -176,7 +178,7 @@ class RayPasses:
 def _start_actors(ray: Any, job: TransformJob, settings: RaySettings) -> list[Any]:
     """The model actors, one per CPU of the cluster unless --workers says, each with the model loaded."""
     count = settings.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    ModelWorker = _actor_class(ray, job.concurrency)
+    ModelWorker = _actor_class(ray, on_cores(job, ACTOR_CPUS).concurrency)
     actors = [ModelWorker.options(scheduling_strategy="SPREAD").remote(job) for _ in range(count)]
     try:
         ids = ray.get([a.ready.remote() for a in actors])
@@ -214,7 +216,7 @@ def _drive_objects(
         finally:
             meter.close()
     busy = {i: 0 for i in range(count)}
-    limit = 2 * job.concurrency  # requests queued per actor before splitting waits
+    limit = 2 * on_cores(job, ACTOR_CPUS).concurrency  # requests queued per actor before splitting waits
     objects: dict[object, _Object] = {}  # generator → its object
     answers: dict[object, tuple[_Object, int]] = {}  # progress ref → (object, actor)
     writes: dict[object, _Object] = {}

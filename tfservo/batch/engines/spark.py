@@ -27,6 +27,7 @@ from tfservo.batch.engines.distributed import (
     Request,
     Tail,
     call_request,
+    on_cores,
     outcome_from_json,
     outcome_json,
     run_on_cluster,
@@ -169,7 +170,9 @@ def _call_partition(
 ) -> Iterator[tuple[str, Wire | Tail]]:
     """One partition's requests through this Python worker's model, --max-concurrent-transforms
     at a time; answers and Tails come out in the order their requests and Tails came in."""
-    invoker = worker_service(job).invoker
+    cores = _task_cores()
+    job = on_cores(job, cores)
+    invoker = worker_service(job, cores).invoker
     seen.add({worker_id()})
     pending: list[Future[tuple[str, Wire | Tail]]] = []
 
@@ -199,10 +202,18 @@ def _transform_partition(
     """A partition of whole objects through this Python worker's model, read to written."""
     share = list(objects)
     seen.add({worker_id()})
-    for obj, outcome in zip(share, transform_objects(job, share, stale)):
+    for obj, outcome in zip(share, transform_objects(job, share, stale, _task_cores())):
         records.add(outcome.records)
         nbytes.add(obj.size or 0)
         yield obj.rel, outcome_json(outcome)
+
+
+def _task_cores() -> int | None:
+    """The CPUs Spark gives this task (spark.task.cpus): the model's share of the machine."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.cpus() if context is not None else None
 
 
 def _write(job: TransformJob, stale: set[str], grouped: tuple[str, Iterable[Wire | Tail]]) -> tuple[str, bytes]:
