@@ -109,7 +109,7 @@ class TransformJob:
         help="Largest request body in MB (fractions allowed); a bigger single record fails its object.")
     max_concurrent_transforms: int = parameter(
         0, "--max-concurrent-transforms", metavar="N", api=("MaxConcurrentTransforms",),
-        help="Requests in flight at once [default: one per CPU core].")
+        help="Requests in flight at once [default: one per CPU core; on Ray and Spark, one per CPU each worker owns].")
     assemble_with: str = parameter(
         "None", "--assemble-with", choices=ASSEMBLE_WITH, api=("TransformOutput", "AssembleWith"),
         decides_output=True,

@@ -95,8 +95,8 @@ def _actor_class(ray: Any, concurrency: int) -> Any:
     @ray.remote(num_cpus=ACTOR_CPUS, concurrency_groups={"model": concurrency, "io": 2, "whole": 1})
     class ModelWorker:
         def __init__(self, job: TransformJob) -> None:
-            self.job = on_cores(job, ACTOR_CPUS)
-            self.invoker = worker_service(self.job, ACTOR_CPUS).invoker
+            self.job = job  # on_cores(…, ACTOR_CPUS) already: the driver's _start_actors
+            self.invoker = worker_service(job, ACTOR_CPUS).invoker
             self.id = worker_id()
 
         def ready(self) -> str:
@@ -178,7 +178,8 @@ class RayPasses:
 def _start_actors(ray: Any, job: TransformJob, settings: RaySettings) -> list[Any]:
     """The model actors, one per CPU of the cluster unless --workers says, each with the model loaded."""
     count = settings.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    ModelWorker = _actor_class(ray, on_cores(job, ACTOR_CPUS).concurrency)
+    job = on_cores(job, ACTOR_CPUS)
+    ModelWorker = _actor_class(ray, job.concurrency)
     actors = [ModelWorker.options(scheduling_strategy="SPREAD").remote(job) for _ in range(count)]
     try:
         ids = ray.get([a.ready.remote() for a in actors])
@@ -206,15 +207,21 @@ def _drive_objects(
 ) -> tuple[list[ObjectOutcome], set[str]]:
     """The objects of `run` through the actors: whole objects on each, or split, called and
     written on them."""
-    job, count = run.job, len(actors)
-    whole = takes_whole_objects(len(run.todo), count)
+    whole = takes_whole_objects(len(run.todo), len(actors))
     log.info("running %d objects on Ray (%s)", len(run.todo), _SHAPES[whole])
     meter = run.progress(progress_mode, interval)
-    if whole:
-        try:
-            return _drive_whole_objects(ray, run, actors, meter)
-        finally:
-            meter.close()
+    try:
+        return (_drive_whole_objects if whole else _drive_split_objects)(ray, run, actors, meter)
+    except ray.exceptions.RayError as exc:
+        raise JobError(f"the Ray job failed: {exc}; run the same command again to resume") from None
+    finally:
+        meter.close()
+
+
+def _drive_split_objects(ray: Any, run: DriverRun, actors: list[Any], meter: Any) -> tuple[list[ObjectOutcome], set[str]]:
+    """Each object split on an actor, its requests answered by the least busy actors, its
+    answers written on another."""
+    job, count = run.job, len(actors)
     busy = {i: 0 for i in range(count)}
     limit = 2 * on_cores(job, ACTOR_CPUS).concurrency  # requests queued per actor before splitting waits
     objects: dict[object, _Object] = {}  # generator → its object
@@ -239,38 +246,33 @@ def _drive_objects(
             writer = actors[next(turn) % count]
             writes[writer.write.remote(state.tail, run.stale_dead_letters, *state.answers)] = state
 
-    try:
-        while todo or objects or answers or writes:
-            while todo and len(objects) < window:
-                obj = todo.pop(0)
-                objects[actors[next(turn) % count].split.remote(obj)] = _Object(obj)
-            room = sum(busy.values()) < limit * count
-            waitables = [*(g for g in objects if room), *answers, *writes]
-            if not waitables:  # every actor is full: wait for an answer
-                waitables = list(answers)
-            ready, _ = ray.wait(waitables, num_returns=1, timeout=1.0)
-            if ready:  # and whatever else is ready now, handled together
-                ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)
-            metas = [r for r in ready if r in answers]
-            for ref, (records, nbytes, worker) in zip(metas, ray.get(metas)):
-                state, actor = answers.pop(ref)
-                busy[actor] -= 1
-                state.waiting -= 1
-                workers.add(worker)
-                meter.add(records=records, nbytes=nbytes)
-                maybe_write(state)
-            written = [r for r in ready if r in writes]
-            for ref, data in zip(written, ray.get(written)):
-                outcome = outcome_from_json(writes.pop(ref).obj, data)
-                outcomes.append(outcome)
-                meter.add(objects=1, failed=int(outcome.status != "done"))
-            for ref in ready:
-                if ref in objects:
-                    _advance(ray, ref, objects, dispatch, maybe_write)
-    except ray.exceptions.RayError as exc:
-        raise JobError(f"the Ray job failed: {exc}; run the same command again to resume") from None
-    finally:
-        meter.close()
+    while todo or objects or answers or writes:
+        while todo and len(objects) < window:
+            obj = todo.pop(0)
+            objects[actors[next(turn) % count].split.remote(obj)] = _Object(obj)
+        room = sum(busy.values()) < limit * count
+        waitables = [*(g for g in objects if room), *answers, *writes]
+        if not waitables:  # every actor is full: wait for an answer
+            waitables = list(answers)
+        ready, _ = ray.wait(waitables, num_returns=1, timeout=1.0)
+        if ready:  # and whatever else is ready now, handled together
+            ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)
+        metas = [r for r in ready if r in answers]
+        for ref, (records, nbytes, worker) in zip(metas, ray.get(metas)):
+            state, actor = answers.pop(ref)
+            busy[actor] -= 1
+            state.waiting -= 1
+            workers.add(worker)
+            meter.add(records=records, nbytes=nbytes)
+            maybe_write(state)
+        written = [r for r in ready if r in writes]
+        for ref, data in zip(written, ray.get(written)):
+            outcome = outcome_from_json(writes.pop(ref).obj, data)
+            outcomes.append(outcome)
+            meter.add(objects=1, failed=int(outcome.status != "done"))
+        for ref in ready:
+            if ref in objects:
+                _advance(ray, ref, objects, dispatch, maybe_write)
     return outcomes, workers
 
 
@@ -284,26 +286,23 @@ def _drive_whole_objects(ray: Any, run: DriverRun, actors: list[Any], meter: Any
     calls: dict[object, tuple[int, list[InputObject]]] = {}
     outcomes: list[ObjectOutcome] = []
     workers: set[str] = set()
-    try:
-        while shares or calls:
-            for actor in range(count):
-                while shares and queued[actor] < 2:
-                    share = shares.pop(0)
-                    calls[actors[actor].transform.remote(share, run.stale_dead_letters)] = (actor, share)
-                    queued[actor] += 1
-            ready, _ = ray.wait(list(calls), num_returns=1, timeout=1.0)
-            for ref in ready:
-                actor, share = calls.pop(ref)
-                queued[actor] -= 1
-                answers, worker = ray.get(ref)
-                workers.add(worker)
-                for obj, data in zip(share, answers):
-                    outcome = outcome_from_json(obj, data)
-                    outcomes.append(outcome)
-                    meter.add(objects=1, failed=int(outcome.status != "done"), records=outcome.records,
-                              nbytes=obj.size or 0)
-    except ray.exceptions.RayError as exc:
-        raise JobError(f"the Ray job failed: {exc}; run the same command again to resume") from None
+    while shares or calls:
+        for actor in range(count):
+            while shares and queued[actor] < 2:
+                share = shares.pop(0)
+                calls[actors[actor].transform.remote(share, run.stale_dead_letters)] = (actor, share)
+                queued[actor] += 1
+        ready, _ = ray.wait(list(calls), num_returns=1, timeout=1.0)
+        for ref in ready:
+            actor, share = calls.pop(ref)
+            queued[actor] -= 1
+            answers, worker = ray.get(ref)
+            workers.add(worker)
+            for obj, data in zip(share, answers):
+                outcome = outcome_from_json(obj, data)
+                outcomes.append(outcome)
+                meter.add(objects=1, failed=int(outcome.status != "done"), records=outcome.records,
+                          nbytes=obj.size or 0)
     return outcomes, workers
 
 
