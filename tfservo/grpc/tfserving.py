@@ -126,9 +126,11 @@ class GrpcCalls:
             except Exception as exc:
                 code, message = self._failure(rpc, exc)
                 labels.status = code.name
-                context.abort(code, message)
-            labels.status = grpc.StatusCode.OK.name
-            return response
+            else:
+                labels.status = grpc.StatusCode.OK.name
+                return response
+        context.abort(code, message)  # after the scope: counted and logged before the client hears
+        raise AssertionError("unreachable: abort raises")
 
     async def run_async(
         self, rpc: str, method: str, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[object]],
@@ -141,9 +143,13 @@ class GrpcCalls:
             except Exception as exc:
                 code, message = self._failure(rpc, exc)
                 labels.status = code.name
-                await context.abort(code, message)
-            labels.status = grpc.StatusCode.OK.name
-            return response
+            else:
+                labels.status = grpc.StatusCode.OK.name
+                return response
+        # After the scope: grpc.aio's abort sends the status before it raises, so a client could
+        # otherwise read /metrics before this call was counted.
+        await context.abort(code, message)
+        raise AssertionError("unreachable: abort raises")
 
     @staticmethod
     def _check(rpc: str, context: SyncContext | grpc.aio.ServicerContext, request: object) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,16 +24,11 @@ __all__ = ["EndpointServer", "TransformRun"]
 log = logging.getLogger("tfservo.sagemaker_sdk")
 
 _TAIL_LINES = 40
+_SERVING = re.compile(r"serving .* on (?P<url>http://127\.0\.0\.1:\d+)")
 
 
 def _tfservo(*args: str) -> list[str]:
     return [sys.executable, "-m", "tfservo", *args]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class EndpointServer:
@@ -53,31 +48,43 @@ class EndpointServer:
         return self._log.name
 
     def start(self, timeout: float = 300.0) -> bool:
-        """Start the server and wait until /ping answers 200; False (and `failure`) if it never does."""
-        port, grpc_port = _free_port(), _free_port()
+        """Start the server and wait until /ping answers 200; False (and `failure`) if it never does.
+
+        The server picks its own free ports and says which in its log: ports chosen here and
+        bound there later could be taken meanwhile by another process, whose /ping would answer."""
         command = _tfservo(
-            "serve", *self.args, "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port),
-            "--endpoint-name", self.name,
+            "serve", *self.args, "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0", "--endpoint-name", self.name,
         )
         log.info("endpoint %s: %s (log: %s)", self.name, " ".join(command[3:]), self.log_path)
         self._proc = subprocess.Popen(command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+        url = ""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 self.failure = f"tfservo serve exited with status {self._proc.returncode}:\n{self.log_tail()}"
                 return False
+            url = url or self._serving_url()
             try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=2) as answer:
-                    if answer.status == 200:
-                        self.url = url
-                        return True
+                if url:
+                    with urllib.request.urlopen(f"{url}/ping", timeout=2) as answer:
+                        if answer.status == 200:
+                            self.url = url
+                            return True
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.2)
         self.stop()
         self.failure = f"tfservo serve did not answer /ping within {timeout:.0f} s:\n{self.log_tail()}"
         return False
+
+    def _serving_url(self) -> str:
+        """The URL in the server's "serving … on http://host:port" line, once it has logged it."""
+        try:
+            with open(self.log_path, errors="replace") as f:
+                found = _SERVING.search(f.read())
+        except OSError:
+            return ""
+        return found.group("url") if found else ""
 
     def log_tail(self) -> str:
         try:
