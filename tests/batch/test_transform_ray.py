@@ -19,7 +19,7 @@ import pytest
 from clusters import image_example, ray_cluster
 from transform_jobs import HALF_PLUS_THREE, INSURANCE, counts, hp3, insurance_input, report, tree, write  # noqa: F401
 
-from tfservo.batch.engines.ray import RaySettings, run_ray_transform
+from tfservo.batch.engines.ray import RaySettings, actor_shape, run_ray_transform
 from tfservo.batch.job import TransformJob
 from tfservo.batch.run import load_service, run_transform
 
@@ -30,11 +30,11 @@ def cluster():
         yield address
 
 
-def both(service, model: Path, source: Path, tmp_path: Path, **flags):
+def both(service, model: Path, source: Path, tmp_path: Path, settings: RaySettings | None = None, **flags):
     """The job by the local engine into tmp/local and on Ray into tmp/ray; checks they agree."""
     local = run_transform(TransformJob(str(model), str(source), str(tmp_path / "local"), **flags),
                           service=service, progress="none")
-    on_ray = run_ray_transform(TransformJob(str(model), str(source), str(tmp_path / "ray"), **flags), RaySettings(),
+    on_ray = run_ray_transform(TransformJob(str(model), str(source), str(tmp_path / "ray"), **flags), settings,
                                progress="none")
     assert tree(tmp_path / "ray") == tree(tmp_path / "local")
     assert report(tmp_path / "ray") == report(tmp_path / "local")
@@ -50,19 +50,36 @@ def test_csv_with_filters_join_as_whole_objects_and_one_large_object_across_both
     assert len(on_ray.workers) == 2, on_ray.workers  # both raylets' actors took objects
     assert "on 2 workers" in on_ray.line()
     assert "running 4 objects on Ray (whole objects on each actor)" in caplog.text  # two objects an actor or more
+    assert "2 model workers on Ray, 1 CPU each" in caplog.text
 
     _, alone = both(hp3, HALF_PLUS_THREE, source / "2024", tmp_path / "alone", **INSURANCE, max_payload_mb=0.0005)
     assert (alone.done, alone.records) == (1, 300) and len(alone.workers) == 2, alone.workers
     assert "running 1 objects on Ray (each object's requests spread over the actors)" in caplog.text
 
 
-def test_json_lines_with_skipped_records_and_dead_letters(cluster, hp3, tmp_path):
+def test_json_lines_with_skipped_records_and_dead_letters_on_more_workers_than_cpus(cluster, hp3, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tfservo.batch")
     rows = [{"id": f"r{i}", "features": float(i)} for i in range(40)]
     rows[7]["features"] = "seven"
     write(tmp_path / "in" / "data.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    _, on_ray = both(hp3, HALF_PLUS_THREE, tmp_path / "in", tmp_path, split_type="Line", assemble_with="Line",
-                     input_filter="$.features", join_source="Input", on_record_error="skip", max_payload_mb=0.0002)
+    # --workers 3 on two 1-CPU raylets: three actors of half a CPU (whole CPUs, one would never start)
+    _, on_ray = both(hp3, HALF_PLUS_THREE, tmp_path / "in", tmp_path, RaySettings(workers=3), split_type="Line",
+                     assemble_with="Line", input_filter="$.features", join_source="Input", on_record_error="skip",
+                     max_payload_mb=0.0002)
     assert on_ray.ok and [(o.obj.rel, o.dead_letters) for o in on_ray.dead_lettered] == [("data.jsonl", 1)]
+    assert "3 model workers on Ray, 0.5 CPUs each" in caplog.text
+
+
+@pytest.mark.parametrize(("nodes", "workers", "shape"), [
+    ([1, 1], 0, (2, 1.0)),  # the default: an actor per CPU
+    ([8, 8], 2, (2, 8.0)),  # --workers N shares the CPUs out
+    ([8, 8], 3, (3, 4.0)),  # in shares every actor's node can hold: 5 CPUs would leave one waiting
+    ([3, 1], 2, (2, 1.0)),
+    ([1, 1], 3, (3, 0.5)),  # more actors than CPUs: fractions of one
+    ([2], 5, (5, 1 / 3)),
+])
+def test_actors_share_out_the_cluster_cpus_in_shares_its_nodes_can_hold(nodes, workers, shape):
+    assert actor_shape(nodes, workers) == shape
 
 
 def test_images_through_a_b64_handler_on_each_worker(cluster, tmp_path):

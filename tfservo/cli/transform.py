@@ -76,7 +76,7 @@ def _job_options(command: Callable[..., object]) -> Callable[..., object]:
               "this machine's cores].")
 @click.option("--workers", type=int, default=0, metavar="N",
               help="Model workers for --runner ray/spark, each holding the model once [default: one per core of "
-              "the cluster].")
+              "the cluster]; on Ray each actor gets an equal share of the cluster's CPUs.")
 @click.option("--beam-runner", default=None, metavar="NAME",
               help="Beam runner for --runner beam, e.g. DirectRunner, DataflowRunner, FlinkRunner, SparkRunner "
               "[default: DirectRunner].")

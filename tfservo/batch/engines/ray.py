@@ -47,11 +47,10 @@ from tfservo.batch.sources import InputObject
 from tfservo.batch.state import ObjectOutcome, RecordFailure, TransformSummary
 from tfservo.core.extras import require
 
-__all__ = ["RayPasses", "RaySettings", "run_ray_transform"]
+__all__ = ["RayPasses", "RaySettings", "actor_shape", "run_ray_transform"]
 
 log = logging.getLogger("tfservo.batch")
 
-ACTOR_CPUS = 1  # each model actor's: its model calls at a time and TensorFlow threads follow
 WHOLE_SHARE = 16  # objects an actor takes at once when actors take whole objects
 _SHAPES = {True: "whole objects on each actor", False: "each object's requests spread over the actors"}
 
@@ -61,7 +60,7 @@ class RaySettings:
     """--ray-address and --workers: where the job runs and on how many model actors."""
 
     address: str | None = None  # None: the cluster this process is connected to, else a new local one
-    workers: int = 0  # model actors; 0: one per CPU of the cluster
+    workers: int = 0  # model actors; 0: one per CPU of the cluster (actor_shape)
     options: dict[str, object] = field(default_factory=dict)  # more ray.init() arguments
 
 
@@ -92,11 +91,11 @@ def _actor_class(ray: Any, concurrency: int) -> Any:
     """The model worker: an actor holding the model that also splits objects and writes them
     (in its own threads), so no task needs a worker process of its own."""
 
-    @ray.remote(num_cpus=ACTOR_CPUS, concurrency_groups={"model": concurrency, "io": 2, "whole": 1})
+    @ray.remote(concurrency_groups={"model": concurrency, "io": 2, "whole": 1})
     class ModelWorker:
-        def __init__(self, job: TransformJob) -> None:
-            self.job = job  # on_cores(…, ACTOR_CPUS) already: the driver's _start_actors
-            self.invoker = worker_service(job, ACTOR_CPUS).invoker
+        def __init__(self, job: TransformJob, cores: int) -> None:
+            self.job, self.cores = job, cores  # on_cores(job, cores) already: the driver's _start_actors
+            self.invoker = worker_service(job, cores).invoker
             self.id = worker_id()
 
         def ready(self) -> str:
@@ -104,7 +103,7 @@ def _actor_class(ray: Any, concurrency: int) -> Any:
 
         @ray.method(concurrency_group="whole")
         def transform(self, objects: list[InputObject], stale: set[str]) -> tuple[list[bytes], str]:
-            return [outcome_json(o) for o in transform_objects(self.job, objects, stale, ACTOR_CPUS)], self.id
+            return [outcome_json(o) for o in transform_objects(self.job, objects, stale, self.cores)], self.id
 
         @ray.method(concurrency_group="io")
         def split(self, obj: InputObject) -> Iterator[Wire | Tail]:
@@ -158,7 +157,8 @@ class RayPasses:
         self._exit = ExitStack()
         try:
             self._ray = self._exit.enter_context(_connected(self.settings))
-            self._actors = _start_actors(self._ray, job, self.settings)
+            self._actors, sized = _start_actors(self._ray, job, self.settings)
+            self._calls = sized.concurrency
             self._exit.callback(lambda: [self._ray.kill(actor) for actor in self._actors])
         except BaseException:
             self._exit.close()
@@ -168,62 +168,86 @@ class RayPasses:
         run = start_driver_run(job, objects, self.versions)
         if not run.todo:
             return run.finish([])
-        outcomes, workers = _drive_objects(self._ray, run, self._actors, "none", 10.0)
+        outcomes, workers = _drive_objects(self._ray, run, self._actors, self._calls, "none", 10.0)
         return run.finish(outcomes, workers)
 
     def close(self) -> None:
         self._exit.close()
 
 
-def _start_actors(ray: Any, job: TransformJob, settings: RaySettings) -> list[Any]:
-    """The model actors, one per CPU of the cluster unless --workers says, each with the model loaded."""
-    count = settings.workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    job = on_cores(job, ACTOR_CPUS)
+def actor_shape(node_cpus: list[float], workers: int) -> tuple[int, float]:
+    """How many model actors, and the CPUs each asks Ray for: one actor per CPU of the cluster
+    unless --workers says; then the cluster's CPUs shared among them, in shares that the nodes
+    can hold (else an actor waits for a node forever), a fraction of one when there are more
+    actors than CPUs."""
+    cpus = [int(n) for n in node_cpus if n >= 1]
+    total = sum(cpus)
+    if not workers:
+        return max(1, total), 1.0
+    for share in range(min(total // workers, max(cpus, default=0)), 0, -1):
+        if sum(n // share for n in cpus) >= workers:
+            return workers, float(share)
+    per_cpu = 2  # more actors than CPUs: each takes 1/per_cpu of one
+    while sum(n * per_cpu for n in cpus) < workers:
+        per_cpu += 1
+    return workers, 1 / per_cpu
+
+
+def _start_actors(ray: Any, job: TransformJob, settings: RaySettings) -> tuple[list[Any], TransformJob]:
+    """The model actors, each with the model loaded, and the job as each runs it (sized to its CPUs)."""
+    nodes = [node.get("Resources", {}).get("CPU", 0) for node in ray.nodes() if node.get("Alive")]
+    count, cpus = actor_shape(nodes, settings.workers)
+    cores = max(1, int(cpus))
+    job = on_cores(job, cores)
     ModelWorker = _actor_class(ray, job.concurrency)
-    actors = [ModelWorker.options(scheduling_strategy="SPREAD").remote(job) for _ in range(count)]
+    actors = [ModelWorker.options(num_cpus=cpus, scheduling_strategy="SPREAD").remote(job, cores) for _ in range(count)]
     try:
         ids = ray.get([a.ready.remote() for a in actors])
     except ray.exceptions.RayActorError as exc:
         for actor in actors:
             ray.kill(actor)
         raise JobError(f"the Ray workers could not load {job.model}: {exc}") from None
-    log.info("%d model workers on Ray (%s)", count, ", ".join(sorted(set(ids))))
-    return actors
+    log.info("%d model workers on Ray, %g CPU%s each (%s)", count, cpus, "" if cpus == 1 else "s", ", ".join(sorted(set(ids))))
+    return actors, job
 
 
 def _drive(
     ray: Any, run: DriverRun, settings: RaySettings, progress_mode: str, interval: float
 ) -> tuple[list[ObjectOutcome], set[str]]:
-    actors = _start_actors(ray, run.job, settings)
+    actors, sized = _start_actors(ray, run.job, settings)
     try:
-        return _drive_objects(ray, run, actors, progress_mode, interval)
+        return _drive_objects(ray, run, actors, sized.concurrency, progress_mode, interval)
     finally:
         for actor in actors:
             ray.kill(actor)
 
 
 def _drive_objects(
-    ray: Any, run: DriverRun, actors: list[Any], progress_mode: str, interval: float
+    ray: Any, run: DriverRun, actors: list[Any], calls: int, progress_mode: str, interval: float
 ) -> tuple[list[ObjectOutcome], set[str]]:
-    """The objects of `run` through the actors: whole objects on each, or split, called and
-    written on them."""
+    """The objects of `run` through the actors (each making `calls` model calls at a time):
+    whole objects on each, or split, called and written on them."""
     whole = takes_whole_objects(len(run.todo), len(actors))
     log.info("running %d objects on Ray (%s)", len(run.todo), _SHAPES[whole])
     meter = run.progress(progress_mode, interval)
     try:
-        return (_drive_whole_objects if whole else _drive_split_objects)(ray, run, actors, meter)
+        if whole:
+            return _drive_whole_objects(ray, run, actors, meter)
+        return _drive_split_objects(ray, run, actors, calls, meter)
     except ray.exceptions.RayError as exc:
         raise JobError(f"the Ray job failed: {exc}; run the same command again to resume") from None
     finally:
         meter.close()
 
 
-def _drive_split_objects(ray: Any, run: DriverRun, actors: list[Any], meter: Any) -> tuple[list[ObjectOutcome], set[str]]:
+def _drive_split_objects(
+    ray: Any, run: DriverRun, actors: list[Any], calls: int, meter: Any
+) -> tuple[list[ObjectOutcome], set[str]]:
     """Each object split on an actor, its requests answered by the least busy actors, its
     answers written on another."""
-    job, count = run.job, len(actors)
+    count = len(actors)
     busy = {i: 0 for i in range(count)}
-    limit = 2 * on_cores(job, ACTOR_CPUS).concurrency  # requests queued per actor before splitting waits
+    limit = 2 * calls  # requests queued per actor before splitting waits
     objects: dict[object, _Object] = {}  # generator → its object
     answers: dict[object, tuple[_Object, int]] = {}  # progress ref → (object, actor)
     writes: dict[object, _Object] = {}
