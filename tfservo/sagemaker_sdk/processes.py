@@ -54,6 +54,7 @@ class EndpointServer:
         bound there later could be taken meanwhile by another process, whose /ping would answer."""
         command = _tfservo(
             "serve", *self.args, "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0", "--endpoint-name", self.name,
+            *self._ready_line_level(),
         )
         log.info("endpoint %s: %s (log: %s)", self.name, " ".join(command[3:]), self.log_path)
         self._proc = subprocess.Popen(command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
@@ -76,6 +77,11 @@ class EndpointServer:
         self.stop()
         self.failure = f"tfservo serve did not answer /ping within {timeout:.0f} s:\n{self.log_tail()}"
         return False
+
+    def _ready_line_level(self) -> list[str]:
+        """--log-level info where the endpoint's environment asks for less: the ready line is info."""
+        quieter = self.env.get("TFSERVO_LOG_LEVEL", "").strip().lower() in ("warning", "error")
+        return ["--log-level", "info"] if quieter else []
 
     def _serving_url(self) -> str:
         """The URL in the server's "serving … on http://host:port" line, once it has logged it."""
