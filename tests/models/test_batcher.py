@@ -547,14 +547,19 @@ def test_adaptive_batches_a_quick_models_calls_on_their_event_loop_and_a_slow_on
             asyncio.run(turn(1))
         asyncio.run(turn(2))  # now known to be slow: a batch thread
         model.delay = 0
-        asyncio.run(turn(1))  # a batch thread, where it ran quick again
-        asyncio.run(turn(1))  # so back on the loop
+        asyncio.run(turn(1))  # a batch thread, where it runs quick again
+        for _ in range(20):  # so back on the loop, once a thread batch measured quick (on a loaded
+            asyncio.run(turn(1))  # machine the wait to take the GIL back can make the first one slow)
+            if answers[-1][0] == loop_thread:
+                break
     finally:
         batcher.close()
     threads = [name for name, _ in answers]
     assert threads[0] != loop_thread and threads[1:14] == [loop_thread] * 13, threads
-    assert loop_thread not in threads[14:17] and threads[17] == loop_thread, threads
-    assert model.batch_sizes[:10] == [1, 5] + [1] * 8 and sum(model.batch_sizes[10:-2]) == 2
+    assert loop_thread not in threads[14:-1] and threads[-1] == loop_thread, threads
+    singles = len(threads) - 16  # the one-call turns after the turn of two
+    assert model.batch_sizes[:10] == [1, 5] + [1] * 8 and sum(model.batch_sizes[10:-singles]) == 2
+    assert model.batch_sizes[-singles:] == [1] * singles
     for (_, y), x in zip(answers[1:6], xs, strict=True):
         np.testing.assert_array_equal(y, x * 2 + 1)  # each caller its own rows
 
