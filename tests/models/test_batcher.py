@@ -538,29 +538,39 @@ def test_adaptive_batches_a_quick_models_calls_on_their_event_loop_and_a_slow_on
             await asyncio.sleep(0.001)
 
     loop_thread = threading.current_thread().name
+
+    def back_on_the_loop() -> None:
+        """One-call turns on batch threads until one of their batches measured quick (on a loaded
+        machine a thread batch's time includes the wait to take the GIL back from the loop)."""
+        for _ in range(20):
+            asyncio.run(turn(1))
+            if answers[-1][0] == loop_thread:
+                return
+
     model.delay = 0
     try:
         asyncio.run(turn(1))  # nothing known of its speed yet: a batch thread
+        back_on_the_loop()
+        quick = len(answers)
         asyncio.run(turn(5))  # quick: the five, one batch, on the loop
         model.delay = 0.005
         for _ in range(8):  # one slow batch may be the OS's doing: on the loop until its last 8 were slow
             asyncio.run(turn(1))
+        slow = len(answers)
         asyncio.run(turn(2))  # now known to be slow: a batch thread
         model.delay = 0
         asyncio.run(turn(1))  # a batch thread, where it runs quick again
-        for _ in range(20):  # so back on the loop, once a thread batch measured quick (on a loaded
-            asyncio.run(turn(1))  # machine the wait to take the GIL back can make the first one slow)
-            if answers[-1][0] == loop_thread:
-                break
+        back_on_the_loop()
     finally:
         batcher.close()
     threads = [name for name, _ in answers]
-    assert threads[0] != loop_thread and threads[1:14] == [loop_thread] * 13, threads
-    assert loop_thread not in threads[14:-1] and threads[-1] == loop_thread, threads
-    singles = len(threads) - 16  # the one-call turns after the turn of two
-    assert model.batch_sizes[:10] == [1, 5] + [1] * 8 and sum(model.batch_sizes[10:-singles]) == 2
-    assert model.batch_sizes[-singles:] == [1] * singles
-    for (_, y), x in zip(answers[1:6], xs, strict=True):
+    assert loop_thread not in threads[: quick - 1] and threads[quick - 1] == loop_thread, threads
+    assert threads[quick:slow] == [loop_thread] * 13, threads
+    assert loop_thread not in threads[slow:-1] and threads[-1] == loop_thread, threads
+    sizes, singles = model.batch_sizes, len(threads) - slow - 2  # the one-call turns after the turn of two
+    assert sizes[: quick + 9] == [1] * quick + [5] + [1] * 8 and sum(sizes[quick + 9 : -singles]) == 2, sizes
+    assert sizes[-singles:] == [1] * singles, sizes
+    for (_, y), x in zip(answers[quick : quick + 5], xs, strict=True):
         np.testing.assert_array_equal(y, x * 2 + 1)  # each caller its own rows
 
 
