@@ -14,9 +14,10 @@ from pathlib import Path
 
 import httpx
 
+from tfservo.server.run import READY_LINE
+
 REPO = Path(__file__).resolve().parent.parent
 TFSERVO = str(REPO / ".venv" / "bin" / "tfservo") if (REPO / ".venv" / "bin" / "tfservo").exists() else "tfservo"
-_READY = re.compile(r"serving .* on (?P<scheme>https?)://(?P<host>[^:]+):(?P<port>\d+)")
 _GRPC = re.compile(r"gRPC(?: \(TLS\))? on (?P<host>[^:]+):(?P<port>\d+)")
 
 
@@ -72,7 +73,7 @@ class ServerProcess:
             self.lines.append(line)
             if m := _GRPC.search(line):
                 self.grpc_target = f"{m['host']}:{m['port']}"
-            if m := _READY.search(line):
+            if m := READY_LINE.search(line):
                 self.url = f"{m['scheme']}://{m['host']}:{m['port']}"
                 self._ready.set()
 

@@ -20,7 +20,7 @@ from clusters import image_example, ray_cluster
 from transform_jobs import HALF_PLUS_THREE, INSURANCE, counts, hp3, insurance_input, report, tree, write  # noqa: F401
 
 from tfservo.batch.engines.ray import RaySettings, actor_shape, run_ray_transform
-from tfservo.batch.job import TransformJob
+from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.run import load_service, run_transform
 
 
@@ -80,6 +80,11 @@ def test_json_lines_with_skipped_records_and_dead_letters_on_more_workers_than_c
 ])
 def test_actors_share_out_the_cluster_cpus_in_shares_its_nodes_can_hold(nodes, workers, shape):
     assert actor_shape(nodes, workers) == shape
+
+
+def test_a_cluster_without_cpus_is_an_error_not_a_wait():
+    with pytest.raises(JobError, match="no node with a whole CPU"):
+        actor_shape([0, 0.5], 2)
 
 
 def test_images_through_a_b64_handler_on_each_worker(cluster, tmp_path):

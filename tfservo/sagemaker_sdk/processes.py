@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,17 +17,27 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
 from tfservo.core.logs import quiet_native_env
+from tfservo.core.settings import ConfigError, log_level_from_env
+from tfservo.server.run import READY_LINE
 
 __all__ = ["EndpointServer", "TransformRun"]
 
 log = logging.getLogger("tfservo.sagemaker_sdk")
 
 _TAIL_LINES = 40
-_SERVING = re.compile(r"serving .* on (?P<url>http://127\.0\.0\.1:\d+)")
 
 
 def _tfservo(*args: str) -> list[str]:
     return [sys.executable, "-m", "tfservo", *args]
+
+
+def _pings(url: str) -> bool:
+    """Whether the server at `url` answers /ping with 200."""
+    try:
+        with urllib.request.urlopen(f"{url}/ping", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 class EndpointServer:
@@ -65,14 +74,9 @@ class EndpointServer:
                 self.failure = f"tfservo serve exited with status {self._proc.returncode}:\n{self.log_tail()}"
                 return False
             url = url or self._serving_url()
-            try:
-                if url:
-                    with urllib.request.urlopen(f"{url}/ping", timeout=2) as answer:
-                        if answer.status == 200:
-                            self.url = url
-                            return True
-            except (urllib.error.URLError, OSError):
-                pass
+            if url and _pings(url):
+                self.url = url
+                return True
             time.sleep(0.2)
         self.stop()
         self.failure = f"tfservo serve did not answer /ping within {timeout:.0f} s:\n{self.log_tail()}"
@@ -80,14 +84,17 @@ class EndpointServer:
 
     def _ready_line_level(self) -> list[str]:
         """--log-level info where the endpoint's environment asks for less: the ready line is info."""
-        quieter = self.env.get("TFSERVO_LOG_LEVEL", "").strip().lower() in ("warning", "error")
+        try:
+            quieter = logging.getLevelName(log_level_from_env(self.env).upper()) > logging.INFO
+        except ConfigError:  # not a level: the server refuses it with its own message
+            quieter = False
         return ["--log-level", "info"] if quieter else []
 
     def _serving_url(self) -> str:
-        """The URL in the server's "serving … on http://host:port" line, once it has logged it."""
+        """The URL in the server's ready line (server.run.READY_LINE), once it has logged it."""
         try:
             with open(self.log_path, errors="replace") as f:
-                found = _SERVING.search(f.read())
+                found = READY_LINE.search(f.read())
         except OSError:
             return ""
         return found.group("url") if found else ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,11 @@ if TYPE_CHECKING:
     from tfservo.http.app import ServingApp
     from tfservo.http.capture_tap import Tap
 
-__all__ = ["serve", "serve_process", "start_worker", "uvicorn_config"]
+__all__ = ["READY_LINE", "serve", "serve_process", "start_worker", "uvicorn_config"]
+
+# Each worker's "serving … on SCHEME://HOST:PORT …" line (`_log_ready`, INFO), which says it is
+# ready and on which port: what a process that started `tfservo serve --port 0` reads.
+READY_LINE = re.compile(r"serving .* on (?P<url>(?P<scheme>https?)://(?P<host>[^:\s]+):(?P<port>\d+))")
 
 # The service, app and gRPC modules import TensorFlow (TF Serving's protos do); they are
 # imported where a process serves, so that the supervisor of --workers N never loads it.

@@ -157,8 +157,7 @@ class RayPasses:
         self._exit = ExitStack()
         try:
             self._ray = self._exit.enter_context(_connected(self.settings))
-            self._actors, sized = _start_actors(self._ray, job, self.settings)
-            self._calls = sized.concurrency
+            self._actors, self._calls = _start_actors(self._ray, job, self.settings)
             self._exit.callback(lambda: [self._ray.kill(actor) for actor in self._actors])
         except BaseException:
             self._exit.close()
@@ -182,6 +181,8 @@ def actor_shape(node_cpus: list[float], workers: int) -> tuple[int, float]:
     actors than CPUs."""
     cpus = [int(n) for n in node_cpus if n >= 1]
     total = sum(cpus)
+    if not total:
+        raise JobError("the Ray cluster has no node with a whole CPU for the model workers; add CPUs to its nodes")
     if not workers:
         return max(1, total), 1.0
     for share in range(min(total // workers, max(cpus, default=0)), 0, -1):
@@ -193,8 +194,9 @@ def actor_shape(node_cpus: list[float], workers: int) -> tuple[int, float]:
     return workers, 1 / per_cpu
 
 
-def _start_actors(ray: Any, job: TransformJob, settings: RaySettings) -> tuple[list[Any], TransformJob]:
-    """The model actors, each with the model loaded, and the job as each runs it (sized to its CPUs)."""
+def _start_actors(ray: Any, job: TransformJob, settings: RaySettings) -> tuple[list[Any], int]:
+    """The model actors, each with the model loaded, and the model calls each makes at a time
+    (one per CPU it owns, unless the job says)."""
     nodes = [node.get("Resources", {}).get("CPU", 0) for node in ray.nodes() if node.get("Alive")]
     count, cpus = actor_shape(nodes, settings.workers)
     cores = max(1, int(cpus))
@@ -208,15 +210,15 @@ def _start_actors(ray: Any, job: TransformJob, settings: RaySettings) -> tuple[l
             ray.kill(actor)
         raise JobError(f"the Ray workers could not load {job.model}: {exc}") from None
     log.info("%d model workers on Ray, %g CPU%s each (%s)", count, cpus, "" if cpus == 1 else "s", ", ".join(sorted(set(ids))))
-    return actors, job
+    return actors, job.concurrency
 
 
 def _drive(
     ray: Any, run: DriverRun, settings: RaySettings, progress_mode: str, interval: float
 ) -> tuple[list[ObjectOutcome], set[str]]:
-    actors, sized = _start_actors(ray, run.job, settings)
+    actors, calls = _start_actors(ray, run.job, settings)
     try:
-        return _drive_objects(ray, run, actors, sized.concurrency, progress_mode, interval)
+        return _drive_objects(ray, run, actors, calls, progress_mode, interval)
     finally:
         for actor in actors:
             ray.kill(actor)
