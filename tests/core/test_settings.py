@@ -118,3 +118,28 @@ def test_workers_default_to_one_per_core_for_small_models_and_two_for_large_that
     assert resolve_settings(paths=[str(small)], env={}, serving=False).workers == 1  # invoke, transform
     monkeypatch.setattr(settings_module, "usable_cores", lambda: 1)
     assert resolve_settings(paths=[str(small)], env={}).workers == 1
+
+
+def test_a_serving_workers_tensorflow_threads_are_its_share_of_the_cores(tmp_path, monkeypatch):
+    from tfservo.core import settings as settings_module
+
+    monkeypatch.setattr(settings_module, "usable_cores", lambda: 8)
+    small = tmp_path / "small"
+    small.mkdir()
+
+    def threads(env: dict[str, str] | None = None, **flags: object) -> tuple[int, int]:
+        s = resolve_settings(paths=[str(small)], env=env or {}, **flags)
+        return s.workers, s.intra_op_threads
+
+    assert threads() == (8, 1)  # a small model: a worker a core, one thread each
+    assert threads(workers=2) == (2, 4) and threads(workers=3) == (3, 2)
+    assert threads(workers=16) == (16, 1)  # never none
+    assert threads(no_supervisor=True) == (1, 8)
+    multi = resolve_settings(multi_model=True, env={})
+    assert (multi.workers, multi.intra_op_threads) == (1, 8)
+    assert threads({"SAGEMAKER_TFS_INTRA_OP_PARALLELISM": "3"}) == (8, 3)  # what the user sets wins
+    assert threads(intra_op_threads=5) == (8, 5)
+    tfs = settings_from_tfs_args(["--model_name=m", f"--model_base_path={small}", "--tensorflow_intra_op_parallelism=3"], env={})
+    assert (tfs.workers, tfs.intra_op_threads) == (8, 3)
+    assert threads({"SAGEMAKER_TFS_INTRA_OP_PARALLELISM": "0"}) == (8, 1)  # 0 is the container's "unset"
+    assert threads(serving=False) == (1, 0)  # in-process: TensorFlow's choice

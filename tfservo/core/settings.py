@@ -55,6 +55,7 @@ __all__ = [
     "parse_version_labels",
     "resolve_batching",
     "resolve_settings",
+    "threads_per_worker",
     "tfs_flags",
 ]
 
@@ -144,7 +145,8 @@ class Settings:
     intra_op_threads: int = setting(
         0, "--intra-op-threads", env="SAGEMAKER_TFS_INTRA_OP_PARALLELISM",
         tfs=TfsFlag("tensorflow_intra_op_parallelism", 0),
-        help="TF intra-op threads [default: $SAGEMAKER_TFS_INTRA_OP_PARALLELISM or TF's choice].")
+        help="TF intra-op threads [default: $SAGEMAKER_TFS_INTRA_OP_PARALLELISM, else a serving worker's share of "
+        "the usable cores, at least 1; TF's choice in-process].")
     inter_op_threads: int = setting(
         INTER_OP_IN_CALLER_THREAD, "--inter-op-threads", env="SAGEMAKER_TFS_INTER_OP_PARALLELISM",
         tfs=TfsFlag("tensorflow_inter_op_parallelism", 0),
@@ -558,6 +560,8 @@ def resolve_settings(
     if not value["workers"]:
         chosen = serving and not value["multi_model"] and not value["no_supervisor"]
         value["workers"] = auto_workers(paths, value["memory_factor"]) if chosen else 1
+    if serving and not value["intra_op_threads"]:
+        value["intra_op_threads"] = threads_per_worker(value["workers"])
     if value["multi_model"] and value["workers"] > 1:
         raise ConfigError(
             "multi-model mode needs one worker (models are loaded into one process); "
@@ -657,6 +661,14 @@ def auto_workers(paths: Sequence[str] = (), memory_factor: float = DEFAULT_MEMOR
     cores = usable_cores()
     wanted = cores if size is not None and size <= SMALL_MODELS_BYTES else cores // 2
     return max(1, min(wanted, int(limit * 0.8) // per_worker))
+
+
+def threads_per_worker(workers: int) -> int:
+    """A serving worker's TensorFlow intra-op threads when none are asked for: its share of the
+    usable cores, at least one. TensorFlow's own choice is every core of the machine (not the
+    cgroup's quota), in every worker, so workers that each own a core fought over all of them
+    (docs/decisions.md, "Fast by default")."""
+    return max(1, usable_cores() // workers)
 
 
 def resolve_batching(

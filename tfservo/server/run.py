@@ -283,7 +283,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
 def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
     log_access(settings)  # before the "serving" line that says the worker is ready
     log.info(
-        "serving %s on %s://%s:%d (models: %s; default: %s; pid %d of %d workers; batching: %s; memory %.0f MB)",
+        "serving %s on %s://%s:%d (models: %s; default: %s; pid %d of %d workers, %d TF thread(s) each; batching: %s; memory %.0f MB)",
         ", ".join(settings.paths)
         or (f"multi-model root {settings.model_root}" if settings.multi_model else settings.model_config_file or settings.model_base_path),
         "https" if settings.tls_cert else "http",
@@ -293,6 +293,7 @@ def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
         service.default_model(),
         os.getpid(),
         settings.workers,
+        settings.intra_op_threads,
         settings.batching.mode if settings.batching else "off",
         resident_bytes() / 2**20,
     )
