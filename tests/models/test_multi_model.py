@@ -86,6 +86,21 @@ def test_load_invoke_unload_invoke_again(mme):
     assert mme.get("/v1/models/half_plus_three").status_code == 404
 
 
+def test_a_stopped_server_leaves_no_snapshot_of_its_models(tmp_path):
+    """Loaded models are snapshotted under $TMPDIR; the worker leaves with os._exit (no atexit
+    handlers), and a graceful stop still removes them."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = ServerProcess(["--multi-model", "--model-root", str(MME)], env={"TMPDIR": str(scratch)}).start()
+    try:
+        with proc.client() as client:
+            assert load(client, "half_plus_three", MME / "half_plus_three").status_code == 200
+        assert list(scratch.glob("tfservo-models-*/half_plus_three-*")), sorted(scratch.rglob("*"))
+    finally:
+        assert proc.stop() == 0, proc.output
+    assert sorted(scratch.iterdir()) == []
+
+
 def test_load_two_models_and_pick_versions(mme):
     assert load(mme, "half_plus_two", MME / "half_plus_two").status_code == 200
     assert load(mme, "hp3", "half_plus_three").status_code == 200  # relative to the model root

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import tarfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -279,6 +280,25 @@ def test_sigterm_drains_every_worker_and_all_exit_0(two_workers):
         for clients in pinned.values():
             for c in clients:
                 c.close()
+
+
+def test_a_stopped_server_leaves_nothing_in_its_temporary_folder(tmp_path):
+    """Each worker extracts a model.tar.gz into a folder of its own under $TMPDIR; workers leave
+    with os._exit (no atexit handlers), and a graceful stop still removes every copy."""
+    archive = tmp_path / "model.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(TFS / "saved_model_half_plus_two_cpu" / "00000123", arcname="1")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = ServerProcess([str(archive), "--workers", "2"], env={"TMPDIR": str(scratch)}).start()
+    try:
+        serving_pids(proc, 2)
+        assert len(list(scratch.glob("tfservo-bundle-*"))) == 2, sorted(scratch.iterdir())  # a copy a worker
+        with proc.client() as client:
+            assert client.post("/v1/models/model:predict", json={"instances": [1.0]}).json() == {"predictions": [2.5]}
+    finally:
+        assert proc.stop() == 0, proc.output
+    assert sorted(scratch.iterdir()) == []
 
 
 def test_a_worker_that_fails_to_start_stops_the_server_with_its_error(tmp_path):

@@ -9,7 +9,6 @@ cache directory first, so everything downstream sees plain local directories.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import logging
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfservo.core.errors import BundleError, BundleNotFound
+from tfservo.core.scratch import make_scratch_dir
 
 __all__ = [
     "ARCHIVE_MODEL_NAME",
@@ -465,17 +465,10 @@ def _mark_complete(slot: str) -> None:
 
 
 class _TempDir:
-    """A temporary cache dir removed at exit by the process that made it (not by forked workers)."""
+    """A temporary cache dir, removed when the process that made it leaves (`core.scratch`)."""
 
     def __init__(self) -> None:
-        self.path = tempfile.mkdtemp(prefix="tfservo-bundle-")
-        self._pid = os.getpid()
-        atexit.register(self.cleanup)
-
-    def cleanup(self) -> None:
-        """Remove the directory if this is the process that created it."""
-        if os.getpid() == self._pid:
-            shutil.rmtree(self.path, ignore_errors=True)
+        self.path = make_scratch_dir("tfservo-bundle-")
 
 
 class _WorkDir:

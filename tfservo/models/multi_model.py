@@ -34,6 +34,7 @@ from tfservo.core.errors import (
     ResourceExhausted,
 )
 from tfservo.core.memory import available_memory_bytes, tree_bytes
+from tfservo.core.scratch import make_scratch_dir
 from tfservo.core.service import ModelService
 from tfservo.core.settings import DEFAULT_MEMORY_FACTOR, DEFAULT_MODEL_ROOT
 from tfservo.models.bundle import CODE_DIR_NAME, ModelSource, discover_versions, is_model_name
@@ -78,8 +79,8 @@ class MultiModelEndpoint:
         self._urls: dict[str, str] = {}
         self._copies: dict[str, str] = {}  # name → its snapshot dir
         self._busy: set[str] = set()  # names being loaded or unloaded
-        self._snapshots = tempfile.mkdtemp(prefix="tfservo-models-")
-        weakref.finalize(self, shutil.rmtree, self._snapshots, True)
+        self._snapshots = make_scratch_dir("tfservo-models-")
+        weakref.finalize(self, shutil.rmtree, self._snapshots, True)  # a service closed before its process leaves
         self._lock = threading.Lock()
         universal = os.path.join(self.model_root, CODE_DIR_NAME)
         if not self.remote_root and os.path.isfile(os.path.join(universal, "inference.py")):

@@ -38,6 +38,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from tfservo.core.errors import ServingError
+from tfservo.core.scratch import remove_scratch_dirs
 from tfservo.core.settings import Settings
 from tfservo.server.listener import bind_socket, port_free
 from tfservo.server.metrics import MULTIPROC_ENV, mark_worker_dead
@@ -113,9 +114,11 @@ class WorkerLink:
 
 
 def _leave(code: int) -> None:
-    """Exit now, the log lines written so far flushed. Handlers are flushed, not shut down:
-    another thread may still log a line before the exit, and a closed handler would print
-    "--- Logging error ---" instead."""
+    """Exit now, the log lines written so far flushed and the worker's scratch directories
+    (its bundle extractions) removed, since os._exit runs no atexit handler. Handlers are
+    flushed, not shut down: another thread may still log a line before the exit, and a closed
+    handler would print "--- Logging error ---" instead."""
+    remove_scratch_dirs()
     for handler in logging.getLogger().handlers:
         handler.flush()
     for stream in (sys.stdout, sys.stderr):
