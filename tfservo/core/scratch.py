@@ -17,9 +17,9 @@ _lock = threading.Lock()
 _made: list[tuple[str, int]] = []  # (path, pid of the process that made it)
 
 
-def make_scratch_dir(prefix: str, parent: str | None = None) -> str:
-    """A new empty directory (`tempfile.mkdtemp`) that this process removes when it leaves."""
-    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+def make_scratch_dir(prefix: str) -> str:
+    """A new empty directory under $TMPDIR (`tempfile.mkdtemp`) that this process removes when it leaves."""
+    path = tempfile.mkdtemp(prefix=prefix)
     with _lock:
         _made.append((path, os.getpid()))
     return path
