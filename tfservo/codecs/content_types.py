@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import io
 import math
 import re
@@ -122,6 +123,12 @@ class MediaType:
         return cls(match[1].lower(), match[2].lower(), parsed, q)
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed_media_type(value: str) -> MediaType:
+    """`MediaType.parse`, remembered: a server sees the same few Content-Type headers all day."""
+    return MediaType.parse(value)
+
+
 def _split_unquoted(value: str, sep: str) -> list[str]:
     """Split on `sep` outside double-quoted strings (parameter values may be quoted)."""
     parts, start, quoted, i = [], 0, False, 0
@@ -166,7 +173,7 @@ def parse_content_type(header: str | None) -> MediaType:
             f"send one of {', '.join(REQUEST_TYPES)}"
         )
     try:
-        return MediaType.parse(header)
+        return _parsed_media_type(header)
     except ValueError as exc:
         raise UnsupportedMediaType(
             f"Unsupported Media Type: {header}. The Content-Type header is malformed ({exc}); "

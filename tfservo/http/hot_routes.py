@@ -435,7 +435,7 @@ class HotRoutes:
             return self.invocations.run(kind, len(body), whole, may_inline=may_inline, group=group)
 
         return await self._limited(
-            self.invocation_timeout, scope.get(ROUTE_KEY, "/invocations"), name or self.service.default_model(), call,
+            self.invocation_timeout, scope.get(ROUTE_KEY, "/invocations"), name, call,
             "--invocation-timeout / SAGEMAKER_GUNICORN_TIMEOUT_SECONDS",
         )
 
@@ -466,6 +466,7 @@ class HotRoutes:
                 raise
             if sys.version_info >= (3, 11):
                 task.uncancel()  # the cancel was ours, and is answered here
+            model = model or self.service.default_model()  # an invocation that names none
             if self.on_timeout is not None:
                 self.on_timeout(route, model, seconds)
             raise deadlines.DeadlineExceeded(
