@@ -19,7 +19,7 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tfservo.core.errors import BundleError, BundleNotFound
@@ -88,7 +88,6 @@ class Bundle:
     models: dict[str, ModelSource]
     code_dir: str | None = None
     source: str = ""
-    _tmp: object = field(default=None, repr=False, compare=False)
 
 
 def discover_versions(model_dir: str) -> dict[int, str]:
@@ -151,7 +150,7 @@ def open_bundle(
     else:
         root, from_archive = _fetch_remote(source, work)
     models, code_dir = _scan(root, source, from_archive=from_archive)
-    return Bundle(root=root, models=models, code_dir=code_dir, source=source, _tmp=work.tmp)
+    return Bundle(root=root, models=models, code_dir=code_dir, source=source)
 
 
 # ----------------------------------------------------------------------------- layout scanning
@@ -464,35 +463,19 @@ def _mark_complete(slot: str) -> None:
         f.write("ok\n")
 
 
-class _TempDir:
-    """A temporary cache dir, removed when the process that made it leaves (`core.scratch`)."""
-
-    def __init__(self) -> None:
-        self.path = make_scratch_dir("tfservo-bundle-")
-
-
 class _WorkDir:
-    """The cache directory for downloads and extractions, created only when first needed."""
+    """The cache directory for downloads and extractions, created only when first needed (a
+    scratch dir of this process, `core.scratch`, when no cache_dir is given)."""
 
     def __init__(self, cache_dir: str | None, limits: ArchiveLimits) -> None:
-        self._cache_dir = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else None
+        self._dir = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else None
         self.limits = limits
-        self.tmp: _TempDir | None = None
-
-    @property
-    def base(self) -> str | None:
-        """The cache directory if one is in use yet."""
-        if self._cache_dir:
-            return self._cache_dir
-        return self.tmp.path if self.tmp else None
 
     def slot(self, key: str) -> str:
         """<cache>/<key>, created."""
-        if self._cache_dir is None and self.tmp is None:
-            self.tmp = _TempDir()
-        base = self.base
-        assert base is not None
-        path = os.path.join(base, key)
+        if self._dir is None:
+            self._dir = make_scratch_dir("tfservo-bundle-")
+        path = os.path.join(self._dir, key)
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as e:
