@@ -592,3 +592,55 @@ def test_adaptive_blocking_calls_run_in_their_own_thread_when_idle_and_merge_und
     finally:
         batcher.close()
     assert max(model.batch_sizes) > 1  # the calls that came while one ran were merged
+
+
+def test_adaptive_answers_a_lone_call_before_submit_returns_unless_others_are_batching(model: FakeModel) -> None:
+    """A call its door holds alone (`lone`) runs at once on an idle batcher, its answer in hand
+    before submit returns; one that finds calls gathering on the loop joins them, and one that
+    finds a batch running waits for the loop's turn instead of blocking the loop."""
+    batcher = make(model, adaptive=True, batch_timeout_micros=300_000)
+    model.delay = 0
+    answers: list[np.ndarray] = []
+
+    def callback(outputs, error) -> None:
+        assert error is None
+        answers.append(outputs["y"])
+
+    async def submit(*lone: bool) -> list[bool]:
+        """One call per flag in one turn of the loop: whether each was answered within submit."""
+        here = LoopBatches(asyncio.get_running_loop().call_soon)
+        at_once, expected = [], len(answers) + len(lone)
+        for i, flag in enumerate(lone):
+            before = len(answers)
+            assert batcher.submit("serving_default", {"x": np.full((1, 2), i, np.float32)}, None, callback,
+                                  here=here, lone=flag)
+            at_once.append(len(answers) > before)
+        while len(answers) < expected:
+            await asyncio.sleep(0.001)
+        return at_once
+
+    try:
+        batcher("serving_default", {"x": np.zeros((1, 2), np.float32)})  # measured quick
+        assert asyncio.run(submit(True)) == [True]
+        np.testing.assert_array_equal(answers[-1], np.full((1, 2), 1, np.float32))
+        assert asyncio.run(submit(False)) == [False]  # not known to be alone: the loop's turn
+        assert asyncio.run(submit(False, True)) == [False, False]  # joins the call gathering
+        assert model.batch_sizes[-1] == 2
+        model.gate, model.delay = threading.Event(), 0.0
+        model.entered.clear()
+        running = threading.Thread(target=batcher, args=("serving_default", {"x": np.ones((1, 2), np.float32)}))
+        running.start()
+        assert model.entered.wait(5)
+
+        async def while_running() -> list[bool]:
+            task = asyncio.ensure_future(submit(True))
+            await asyncio.sleep(0.05)
+            assert model.gate is not None
+            model.gate.set()  # the loop was free meanwhile: this coroutine ran
+            return await task
+
+        assert asyncio.run(while_running()) == [False]
+        running.join(5)
+    finally:
+        batcher.close()
+    np.testing.assert_array_equal(answers[-1], np.full((1, 2), 1, np.float32))

@@ -204,10 +204,12 @@ class TFServingAPI:
         done: Callable[[Answer | None, BaseException | None], None],
         *,
         here: LoopBatches | None = None,
+        lone: bool = False,
     ) -> bool:
         """Queue a prepared predict on its version's batcher without waiting: `done` gets the
         answer (or the error) from a batch thread, inside the request's trace — or on the
-        caller's event loop (`here`) when its model is quick (see Batcher.submit).
+        caller's event loop (`here`) when its model is quick, before this returns when the call
+        is `lone` and the batcher idle (see Batcher.submit).
 
         Takes `handle` (released when the call ends) only when it returns True. False, with
         nothing queued, when the call must go through `run` instead: not a predict, no batcher,
@@ -230,7 +232,7 @@ class TFServingAPI:
             with tracing.activate(within):  # on a batch thread: spans go under the request
                 done(answer, error)
 
-        return sv.submit(name, call.inputs, call.output_keys, finish, here=here)
+        return sv.submit(name, call.inputs, call.output_keys, finish, here=here, lone=lone)
 
     # -- metadata and status -------------------------------------------------------------------
 

@@ -15,7 +15,10 @@ it writes itself in JSON and limits on slow, idle and too many clients.
 - past `max_connections` open connections the oldest idle ones (silent since accept, or kept
   alive between requests) are closed to make room, as nginx reuses its connections; only when
   every open connection is busy with a request does a new one answer 503 and close. Idle or
-  silent clients cannot use up the process's file descriptors and lock active ones out.
+  silent clients cannot use up the process's file descriptors and lock active ones out;
+- each request's scope carries `scope[REQUESTS_IN_PROGRESS]()`, how many requests this server
+  holds at that moment (its open connections less the idle ones), so that a door can tell a
+  lone request, which nothing can join in a batch, from one among others.
 
 This leans on uvicorn's internals (HttpToolsProtocol's connection, parser-callback and
 response hooks), so it lives here alone, uvicorn is pinned in requirements.lock, and
@@ -35,7 +38,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tfservo.codecs.media_types import JSON
 
-__all__ = ["ServingProtocol", "default_max_connections", "protocol_class"]
+__all__ = ["REQUESTS_IN_PROGRESS", "ServingProtocol", "default_max_connections", "protocol_class"]
+
+# The scope key of a callable answering how many requests the server holds now (this one included).
+REQUESTS_IN_PROGRESS = "tfservo.requests_in_progress"
 
 
 def default_max_connections() -> int:
@@ -107,6 +113,8 @@ class ServingProtocol(HttpToolsProtocol):
             self._refusing_upgrade = True  # answered by data_received, without starting the app
             return
         super().on_headers_complete()
+        # Read by the app when it runs, after the loop has taken in every request of its turn.
+        self.scope[REQUESTS_IN_PROGRESS] = self.requests_in_progress  # type: ignore[literal-required]
         self._body_deadline = self.loop.time() + self.body_timeout
         self._body_timer = self.loop.call_later(self.body_timeout, self._check_body_rate)
 
@@ -124,6 +132,10 @@ class ServingProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self.timeout_keep_alive_task is not None:  # kept alive, waiting for the next request
             self.idle[self] = None
+
+    def requests_in_progress(self) -> int:
+        """Requests this server holds now: its open connections that are not idle."""
+        return len(self.connections) - len(self.idle)
 
     # -- internals ---------------------------------------------------------------------------
 

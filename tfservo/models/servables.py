@@ -129,9 +129,11 @@ class ServableVersion:
         callback: Callable[[dict[str, np.ndarray] | None, BaseException | None], None],
         *,
         here: LoopBatches | None = None,
+        lone: bool = False,
     ) -> bool:
         """Queue a call on this version's batcher without waiting (see Batcher.submit; `here`:
-        the caller's event loop, where a quick model's calls are batched).
+        the caller's event loop, where a quick model's calls are batched; `lone`: no other call
+        can join this one's batch now).
 
         False, with nothing queued, when the call has to go through `run` instead: no batcher,
         or a call the batcher only takes blocking.
@@ -140,7 +142,7 @@ class ServableVersion:
         if submit is None:
             return False
         self.loaded  # noqa: B018 - refuses a version that is gone
-        return bool(submit(signature_name, inputs, output_keys, callback, here=here))
+        return bool(submit(signature_name, inputs, output_keys, callback, here=here, lone=lone))
 
     def _take(self) -> bool:
         """One more handle, if the version still takes requests (AVAILABLE)."""

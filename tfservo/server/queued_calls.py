@@ -5,8 +5,9 @@ A door decodes the request on its loop into a `Prepared` (the version held, the 
 how the answer is written in the door's protocol); the batcher runs the call with others and
 its batch thread writes the answer and hands it straight back to the loop — one thread hand-off
 instead of three. A quick model's calls are batched on the loop itself (`LoopBatches`: no
-hand-off at all). What the batcher does not take runs in one of the door's `CallPlacement`
-threads, decoded once all the same.
+hand-off at all), and a lone request's call — its door holds no other request, so nothing can
+join its batch — runs at once when the batcher is idle. What the batcher does not take runs in
+one of the door's `CallPlacement` threads, decoded once all the same.
 """
 
 from __future__ import annotations
@@ -91,10 +92,12 @@ class QueuedCalls:
 
     async def queued(
         self, placement: CallPlacement, kind: Hashable, group: str | None, prepare: Callable[[], Prepared[T]],
+        *, lone: bool = False,
     ) -> T:
         """`prepare()` on the loop, then its call queued for its batch; the answer as the door
         writes it. With `gather`, a quick model's call is batched on this loop with the others
-        of the loop's turn (adaptive batching: a lone request runs at once, without a hand-off)."""
+        of the loop's turn (adaptive batching). `lone`: the door holds no other request, so a
+        quick model's idle batcher runs the call at once, with no turn of the loop to gather."""
         prepared = prepare()
         handle, call, finish = prepared
         loop = asyncio.get_running_loop()
@@ -119,7 +122,7 @@ class QueuedCalls:
                 mailbox.post(answer, out, error)
 
         try:
-            queued = self.api.submit(handle, call, done, here=self._here)
+            queued = self.api.submit(handle, call, done, here=self._here, lone=lone and self._here is not None)
         except BaseException:
             handle.release()
             raise
@@ -129,13 +132,15 @@ class QueuedCalls:
 
     async def run(
         self, placement: CallPlacement, kind: Hashable, group: str | None, size: int, prepare: Callable[[], Prepared[T]],
+        *, lone: bool = False,
     ) -> T:
         """A predict of `size` bytes: queued for its batch when small and batched (`queued`),
         else run in one of `placement`'s threads — or inline when calls of its signature have
         been quick and the service does not batch (nothing to wait for). A small body is decoded
-        on the loop first (its signature picks the estimate), a large one in the thread."""
+        on the loop first (its signature picks the estimate), a large one in the thread. `lone`:
+        see `queued`."""
         if self.queueable(size):
-            return await self.queued(placement, kind, group, prepare)
+            return await self.queued(placement, kind, group, prepare, lone=lone)
         if size <= INLINE_BODY_BYTES:
             prepared = prepare()
             return await self._placed(
