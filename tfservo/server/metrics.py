@@ -33,6 +33,7 @@ from tfservo.core.request_labels import current as current_labels
 from tfservo.core.status import http_status
 from tfservo.http.routes import METHOD_KEY, ROUTE_KEY, metric_methods
 from tfservo.models.servables import ServableVersion, State
+from tfservo.server.metric_tally import Tally
 from tfservo.server.tfs_metrics import TFServingMetrics
 
 if TYPE_CHECKING:
@@ -99,6 +100,8 @@ class Metrics:
             "tfservo_requests_in_flight", "Requests being answered now", ["protocol"],
             multiprocess_mode="livesum", registry=reg,
         )
+        # The per-request and per-batch updates, written in bulk off the request path.
+        self.tally = Tally()
         # Each label set's children, found once: prometheus_client's labels() checks and
         # converts every value on every call (a few µs a request, three times).
         self._answered: dict[tuple[str, ...], tuple[Any, Any]] = {}
@@ -198,6 +201,10 @@ class Metrics:
         self.tfs: TFServingMetrics | None = None
         self.tfs_path: str | None = None
 
+    def close(self) -> None:
+        """Write the updates still gathered (a stopping worker)."""
+        self.tally.close()
+
     def count_replacements(self, counts: Callable[[], Mapping[str, int]], reasons: Sequence[str]) -> None:
         """Report the supervisor's counts of replaced workers (it alone knows of those that died)."""
         self._replacements = _Replacements(counts, reasons)
@@ -272,10 +279,11 @@ class Metrics:
             children = self._batches[model] = (
                 self.batch_size.labels(model), self.batch_padding.labels(model), self.batch_seconds.labels(model),
             )
-        children[0].observe(real)
+        tally = self.tally
+        tally.observe(children[0], real)
         if padded > real:
-            children[1].inc(padded - real)
-        children[2].observe(seconds)
+            tally.inc(children[1], padded - real)
+        tally.observe(children[2], seconds)
         if self.tfs is not None:
             self.tfs.batch(model, real, padded, queued)
             self.tfs.runtime(model, "predict", seconds)
@@ -308,7 +316,8 @@ class Metrics:
         gauge = self._in_flight.get(protocol)
         if gauge is None:
             gauge = self._in_flight[protocol] = self.in_flight.labels(protocol)
-        gauge.inc()
+        tally = self.tally
+        tally.inc(gauge)
         started = time.perf_counter()
         try:
             with tracking(labels):
@@ -317,7 +326,7 @@ class Metrics:
             labels.status = labels.status or ("500" if transport == "http" else "UNKNOWN")
             raise
         finally:
-            gauge.dec()
+            tally.inc(gauge, -1)
             self.record(protocol, labels, time.perf_counter() - started, transport)
 
     def record(self, protocol: str, labels: RequestLabels, seconds: float, transport: str = "http") -> None:
@@ -326,8 +335,8 @@ class Metrics:
         children = self._answered.get(key)
         if children is None:
             children = self._answered[key] = (self.requests.labels(*key), self.latency.labels(*key[:5]))
-        children[0].inc()
-        children[1].observe(seconds)
+        self.tally.inc(children[0])
+        self.tally.observe(children[1], seconds)
         if self.tfs is not None and labels.model:
             self.tfs.request(
                 labels.model, labels.method or "predict", "GRPC" if transport == "grpc" else "REST",
@@ -352,7 +361,9 @@ class Metrics:
     # -- exposition ------------------------------------------------------------------------------
 
     def exposition(self) -> bytes:
-        """The metrics in Prometheus text format (all workers' in multiprocess mode)."""
+        """The metrics in Prometheus text format (all workers' in multiprocess mode; this
+        worker's updates written first, the others' as of their last bulk write)."""
+        self.tally.flush()
         if self.multiprocess_dir:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call, unused-ignore]

@@ -276,6 +276,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
         if grpc_server is not None:
             grpc_server.stop(_GRACE_SECONDS).wait(_GRACE_SECONDS + 5)
         serving_app.close()  # its pools, and the capture writer's last lines
+        metrics.close()  # its last counts
         service.close()
         log.info("stopped")
 
