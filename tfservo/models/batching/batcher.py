@@ -157,6 +157,10 @@ class LoopBatches:
         """Whether calls of this kind wait for the loop's turn now (a lone call joins them)."""
         return key in self._pending
 
+    def after_turn(self, fn: Callable[[], None]) -> None:
+        """`fn()` on the loop's next turn (after what this turn answers is written)."""
+        self._call_soon(fn)
+
     def _run(self) -> None:
         pending, self._pending = self._pending, {}
         for batches in pending.values():
@@ -373,7 +377,7 @@ class Batcher:
             if lone and not here.gathering(key):
                 started_ns = tracing.now_ns()
                 # Its metrics wait for the loop's next turn: after the answer is written.
-                outputs = self._run_now(key, signature_name, arrays, outs, later=here._call_soon)
+                outputs = self._run_now(key, signature_name, arrays, outs, later=here.after_turn)
                 if outputs is not None:
                     within = tracing.parent()
                     if within is not None:
@@ -387,7 +391,7 @@ class Batcher:
 
     def _run_now(
         self, key: tuple[object, ...], signature: str, arrays: dict[str, np.ndarray], outs: tuple[str, ...] | None,
-        *, later: Callable[[Callable[[], None]], object] | None = None,
+        *, later: Callable[[Callable[[], None]], None] | None = None,
     ) -> dict[str, np.ndarray] | None:
         """Run one call in the caller's thread if no batch of this batcher is queued or running
         (calls arriving meanwhile wait to merge, as behind any running batch); None if not idle.
