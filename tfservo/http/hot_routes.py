@@ -29,7 +29,7 @@ from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, ServingEr
 from tfservo.core.invocation import InvocationResult, error_result
 from tfservo.core.service import ModelService
 from tfservo.http.decode_budget import DecodeBudget
-from tfservo.http.protocol import REQUESTS_IN_PROGRESS
+from tfservo.http.protocol import lone_request
 from tfservo.http.routes import ROUTE_KEY
 from tfservo.http.runtime_api import (
     DEFAULT_VARIANT,
@@ -150,13 +150,6 @@ def retry_after_header(seconds: float) -> tuple[bytes, bytes]:
     return b"retry-after", str(max(1, math.ceil(seconds))).encode()
 
 
-def _lone(scope: Scope) -> bool:
-    """Whether the server holds no request but this one (read when the request runs: none of
-    the loop's turn is left to join its batch); False where the server does not say (in-process)."""
-    in_progress = scope.get(REQUESTS_IN_PROGRESS)
-    return in_progress is not None and in_progress() <= 1
-
-
 def request_header(scope: Scope, name: bytes) -> str | None:
     """A request header's value (latin-1), or None; `name` in lower case."""
     for key, value in scope["headers"]:
@@ -252,7 +245,7 @@ class HotRoutes:
         async def call(body: bytes) -> bytes:
             if method == "predict":  # classify/regress: their tf.Examples are built in a thread, never on the loop
                 return await self.queue.run(
-                    self.calls, (name, method), name, len(body), lambda: prepare(body), lone=_lone(scope),
+                    self.calls, (name, method), name, len(body), lambda: prepare(body), lone=lone_request(scope),
                 )
             return await self.calls.run(
                 (name, method), len(body), lambda: api.rest(method, name, version, label, body),
@@ -309,7 +302,7 @@ class HotRoutes:
 
         async def call(body: bytes) -> tuple[bytes, int | None]:
             return await self.queue.run(
-                self.calls, (name, "v2"), name, len(body), lambda: prepare(body), lone=_lone(scope),
+                self.calls, (name, "v2"), name, len(body), lambda: prepare(body), lone=lone_request(scope),
             )
 
         async def answer(body: bytes) -> None:
@@ -432,7 +425,7 @@ class HotRoutes:
 
         async def queued() -> InvocationResult:
             try:
-                return await self.queue.queued(self.invocations, kind, group, prepare, lone=_lone(scope))
+                return await self.queue.queued(self.invocations, kind, group, prepare, lone=lone_request(scope))
             except Overloaded:
                 raise  # the door's own refusal, as on the thread path
             except ServingError as exc:  # the invocation's: a result, as Invoker.invoke answers it

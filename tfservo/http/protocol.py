@@ -16,9 +16,9 @@ it writes itself in JSON and limits on slow, idle and too many clients.
   alive between requests) are closed to make room, as nginx reuses its connections; only when
   every open connection is busy with a request does a new one answer 503 and close. Idle or
   silent clients cannot use up the process's file descriptors and lock active ones out;
-- each request's scope carries `scope[REQUESTS_IN_PROGRESS]()`, how many requests this server
-  holds at that moment (its open connections less the idle ones), so that a door can tell a
-  lone request, which nothing can join in a batch, from one among others.
+- each request's scope carries how many requests this server holds (its open connections less
+  the idle ones), so that a door can tell a lone request, which nothing can join in a batch,
+  from one among others (`lone_request(scope)`).
 
 This leans on uvicorn's internals (HttpToolsProtocol's connection, parser-callback and
 response hooks), so it lives here alone, uvicorn is pinned in requirements.lock, and
@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import http
 import resource
+from collections.abc import Mapping
 from typing import Any
 
 import httptools
@@ -38,10 +39,18 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tfservo.codecs.media_types import JSON
 
-__all__ = ["REQUESTS_IN_PROGRESS", "ServingProtocol", "default_max_connections", "protocol_class"]
+__all__ = ["ServingProtocol", "default_max_connections", "lone_request", "protocol_class"]
 
 # The scope key of a callable answering how many requests the server holds now (this one included).
-REQUESTS_IN_PROGRESS = "tfservo.requests_in_progress"
+_REQUESTS_IN_PROGRESS = "tfservo.requests_in_progress"
+
+
+def lone_request(scope: Mapping[str, Any]) -> bool:
+    """Whether the server holds no request but this one (asked when the request runs: none of
+    the loop's turn is left to join its batch); False where the server does not say (an app
+    called in-process)."""
+    in_progress = scope.get(_REQUESTS_IN_PROGRESS)
+    return in_progress is not None and in_progress() <= 1
 
 
 def default_max_connections() -> int:
@@ -114,7 +123,7 @@ class ServingProtocol(HttpToolsProtocol):
             return
         super().on_headers_complete()
         # Read by the app when it runs, after the loop has taken in every request of its turn.
-        self.scope[REQUESTS_IN_PROGRESS] = self.requests_in_progress  # type: ignore[literal-required]
+        self.scope[_REQUESTS_IN_PROGRESS] = self.requests_in_progress  # type: ignore[literal-required]
         self._body_deadline = self.loop.time() + self.body_timeout
         self._body_timer = self.loop.call_later(self.body_timeout, self._check_body_rate)
 

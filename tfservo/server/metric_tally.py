@@ -6,8 +6,8 @@ appended to a deque (no lock, no write) and a daemon thread writes the sums ever
 seconds (20 ms) while updates come, and sleeps when none do: one write per changed value
 instead of one per update, none on the request path, and another worker's /metrics sees an
 update within `period`. (A 2 ms period cost more than it saved: the writer's wake-ups took
-the interpreter's lock from the event loop 500 times a second.) `flush()` writes at once: before this worker's own /metrics
-exposition, and when the worker stops.
+the interpreter's lock from the event loop 500 times a second.) `flush()` writes at once:
+before this worker's own /metrics exposition, and when the worker stops.
 
 Writing a histogram's sums in bulk needs its child's bucket and sum values, which
 prometheus_client keeps private (`_upper_bounds`, `_buckets`, `_sum`; observe() adds one
@@ -24,6 +24,16 @@ import threading
 from typing import Any
 
 __all__ = ["Tally"]
+
+
+class _Observed:
+    """One histogram child's observations since the last write."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, buckets: int) -> None:
+        self.total = 0.0
+        self.counts = [0] * buckets
 
 
 class Tally:
@@ -55,27 +65,26 @@ class Tally:
         with self._flushing:
             pop = self._updates.popleft
             adds: collections.defaultdict[Any, float] = collections.defaultdict(float)
-            totals: collections.defaultdict[Any, float] = collections.defaultdict(float)
-            counts: dict[Any, list[int]] = {}
+            observed: dict[Any, _Observed] = {}  # a histogram child → its observations' sum and bucket counts
             try:
                 while True:
                     child, amount, is_observation = pop()
                     if not is_observation:
                         adds[child] += amount
                         continue
-                    totals[child] += amount
-                    buckets = counts.get(child)
-                    if buckets is None:
-                        buckets = counts[child] = [0] * len(child._upper_bounds)
-                    buckets[bisect.bisect_left(child._upper_bounds, amount)] += 1
+                    sums = observed.get(child)
+                    if sums is None:
+                        sums = observed[child] = _Observed(len(child._upper_bounds))
+                    sums.total += amount
+                    sums.counts[bisect.bisect_left(child._upper_bounds, amount)] += 1
             except IndexError:
                 pass
             for child, amount in adds.items():
                 if amount:
                     child.inc(amount)
-            for child, total in totals.items():
-                child._sum.inc(total)
-                for bucket, count in zip(child._buckets, counts[child]):
+            for child, sums in observed.items():
+                child._sum.inc(sums.total)
+                for bucket, count in zip(child._buckets, sums.counts):
                     if count:
                         bucket.inc(count)
 

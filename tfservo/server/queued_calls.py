@@ -96,7 +96,7 @@ class QueuedCalls:
     ) -> T:
         """`prepare()` on the loop, then its call queued for its batch; the answer as the door
         writes it. With `gather`, a quick model's call is batched on this loop with the others
-        of the loop's turn (adaptive batching). `lone`: the door holds no other request, so a
+        of the loop's turn (adaptive batching). `lone` (with `gather`): the door holds no other request, so a
         quick model's idle batcher runs the call at once, with no turn of the loop to gather."""
         prepared = prepare()
         handle, call, finish = prepared
@@ -122,7 +122,7 @@ class QueuedCalls:
                 mailbox.post(answer, out, error)
 
         try:
-            queued = self.api.submit(handle, call, done, here=self._here, lone=lone and self._here is not None)
+            queued = self.api.submit(handle, call, done, here=self._here, lone=lone)
         except BaseException:
             handle.release()
             raise
