@@ -88,6 +88,25 @@ def test_idle_and_slow_clients_are_closed_on_time_while_others_are_served(server
         sock.close()
 
 
+def test_a_kept_alive_connection_whose_next_request_dribbles_gets_408(server) -> None:
+    """The header limit also holds for a connection's later requests, not only its first."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        started, answer = time.monotonic(), b""
+        for byte in b"GET /ping HTTP/1.1\r\nHost":
+            sock.sendall(bytes([byte]))
+            sock.settimeout(0.2)
+            try:
+                answer = sock.recv(65536)
+                break
+            except TimeoutError:
+                continue
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in answer, answer
+        assert time.monotonic() - started < 4
+
+
 def test_a_body_trickling_a_byte_a_second_gets_408_and_a_steady_one_is_answered(server) -> None:
     """--body-timeout 2 --min-body-rate 100: 2 s for a body, plus 1 s per 100 bytes received."""
     host, port = server.url.removeprefix("http://").split(":")

@@ -8,8 +8,8 @@ are ever noted, so label values stay bounded whatever clients send.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -47,15 +47,21 @@ _current: ContextVar[RequestLabels | None] = ContextVar("tfservo_request_labels"
 RequestScope = Callable[[str, str], AbstractContextManager[RequestLabels]]
 
 
-@contextmanager
-def tracking(labels: RequestLabels | None = None) -> Iterator[RequestLabels]:
-    """Make `labels` (or fresh ones) the current request's labels for the duration."""
-    labels = labels if labels is not None else RequestLabels()
-    token = _current.set(labels)
-    try:
-        yield labels
-    finally:
-        _current.reset(token)
+class tracking:  # lower case: called as the function it replaced, `with tracking(labels):`
+    """Make `labels` (or fresh ones) the current request's labels for the duration (a class,
+    not a generator: it wraps every request)."""
+
+    __slots__ = ("labels", "token")
+
+    def __init__(self, labels: RequestLabels | None = None) -> None:
+        self.labels = labels if labels is not None else RequestLabels()
+
+    def __enter__(self) -> RequestLabels:
+        self.token = _current.set(self.labels)
+        return self.labels
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self.token)
 
 
 def plain_scope(route: str, method: str) -> AbstractContextManager[RequestLabels]:

@@ -18,8 +18,9 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeAlias
 
 from tfservo.core.trace_export import ChildExport, exporter_class, phase_wire
@@ -64,6 +65,9 @@ _PHASES: _PhaseRecorder | None = None
 _LOCK = threading.Lock()
 _CONFIGURED = False
 _NULL: AbstractContextManager[None] = nullcontext()
+# Whether this request's server span was sampled; None where no server span of ours decided
+# (gRPC's interceptor spans, batch threads, transforms): there the current span tells.
+_SAMPLED: ContextVar[bool | None] = ContextVar("tfservo_trace_sampled", default=None)
 _ON = ("otlp", "console")
 
 Parent: TypeAlias = "Context | None"  # captured by `parent()`; None when tracing is off
@@ -152,7 +156,7 @@ def span(name: str, attributes: Attributes | None = None, *, leaf: bool = False)
     """A child span of the current one for the duration of a `with` block (a no-op when off,
     or when the current trace is not sampled). `leaf`: nothing inside opens a span (decoding,
     encoding), so it is recorded without being made current — at half the cost."""
-    if _PHASES is None:
+    if _PHASES is None or _SAMPLED.get() is False:
         return _NULL
     if leaf and _PHASES.child is not None and not _PHASES.processors:
         return _Leaf(_PHASES, name, attributes)
@@ -284,7 +288,7 @@ class _ServerSpan:
     an error status, its final name."""
 
     __slots__ = ("recorder", "name", "carrier", "attributes", "error", "parent", "context", "sampled", "token",
-                 "start_ns")
+                 "sampled_token", "start_ns")
 
     def __init__(self, recorder: _PhaseRecorder, name: str, carrier: Mapping[str, str],
                  attributes: dict[str, AttributeValue]) -> None:
@@ -309,6 +313,7 @@ class _ServerSpan:
         self.context = trace.SpanContext(trace_id, random.getrandbits(64) or 1, False, flags,
                                          decided.trace_state if decided.trace_state is not None else state)
         self.token = recorder.context.attach(trace.set_span_in_context(trace.NonRecordingSpan(self.context)))
+        self.sampled_token = _SAMPLED.set(self.sampled)
         self.start_ns = time.time_ns()
         return self
 
@@ -317,6 +322,7 @@ class _ServerSpan:
         if error is not None:
             self.error = f"{type(error).__name__}: {error}"
         recorder = self.recorder
+        _SAMPLED.reset(self.sampled_token)
         recorder.context.detach(self.token)
         if self.sampled:
             recorder.finish(self.name, self.context, self.parent, self.attributes, self.start_ns, end_ns,
@@ -341,12 +347,12 @@ def error_status(description: str) -> Status:
 
 
 def parent() -> Parent:
-    """The current context, to parent spans recorded later on another thread (None when off)."""
-    if _TRACER is None:
+    """The current context, to parent spans recorded later on another thread (None when off,
+    or when this request's trace is not sampled: nothing would be recorded under it)."""
+    if _PHASES is None or _SAMPLED.get() is False:
         return None
-    from opentelemetry import context
-
-    return context.get_current()
+    current: Context = _PHASES.context.get_current()
+    return current
 
 
 def record(name: str, within: Parent, start_ns: int, end_ns: int, attributes: Attributes) -> Parent:
@@ -395,19 +401,29 @@ def context_of(span: Span | None) -> Parent:
     return trace.set_span_in_context(span)
 
 
-@contextmanager
-def activate(within: Parent) -> Iterator[None]:
+def activate(within: Parent) -> AbstractContextManager[None]:
     """Make `within` the current context for a `with` block (nothing when it is None)."""
-    if within is None:
-        yield
-        return
-    from opentelemetry import context
+    return _NULL if within is None else _Activated(within)
 
-    token = context.attach(within)
-    try:
-        yield
-    finally:
-        context.detach(token)
+
+class _Activated:
+    """`within` made current; whether it is sampled is its own span's to say (not the flag of
+    whichever request this thread's context was copied from)."""
+
+    __slots__ = ("within", "token", "sampled_token")
+
+    def __init__(self, within: Context) -> None:
+        self.within = within
+
+    def __enter__(self) -> None:
+        assert _PHASES is not None  # a context to activate exists only with tracing on
+        self.token = _PHASES.context.attach(self.within)
+        self.sampled_token = _SAMPLED.set(None)
+
+    def __exit__(self, *exc: object) -> None:
+        assert _PHASES is not None
+        _SAMPLED.reset(self.sampled_token)
+        _PHASES.context.detach(self.token)
 
 
 def traceparent(within: Parent) -> str | None:

@@ -43,6 +43,7 @@ __all__ = ["ServingProtocol", "default_max_connections", "lone_request", "protoc
 
 # The scope key of a callable answering how many requests the server holds now (this one included).
 _REQUESTS_IN_PROGRESS = "tfservo.requests_in_progress"
+_HEADERS, _BODY = "headers", "body"  # what a part-read request still waits for
 
 
 def lone_request(scope: Mapping[str, Any]) -> bool:
@@ -77,6 +78,7 @@ class ServingProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_deadline = 0.0
+        self._reading: str | None = None  # _HEADERS or _BODY while a request is part-read
         self._refusing_upgrade = False
         if len(self.connections) > self.max_connections and not self._close_idle():
             self._answer(
@@ -101,31 +103,38 @@ class ServingProtocol(HttpToolsProtocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._answer(400, f"Malformed HTTP request ({exc}); check the request line and headers")
+            return
         except httptools.HttpParserUpgrade:
             self._answer(
                 400,
                 "Protocol upgrades (Upgrade: websocket, h2c) are not supported; send the request "
                 "without the Upgrade and Connection: Upgrade headers",
             )
+            return
+        # Timers only for a request these bytes left unfinished: most arrive whole in one read.
+        if self._reading == _HEADERS and self._header_timer is None:
+            self._arm_header_timer()
+        elif self._reading == _BODY and self._body_timer is None:
+            self._body_timer = self.loop.call_at(self._body_deadline, self._check_body_rate)
 
     def send_400_response(self, msg: str) -> None:
         self._answer(400, f"Malformed HTTP request: {msg}")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._header_timer is None:
-            self._arm_header_timer()
+        self._reading = _HEADERS
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
         if self.parser.should_upgrade():
+            self._reading = None
             self._refusing_upgrade = True  # answered by data_received, without starting the app
             return
         super().on_headers_complete()
         # Read by the app when it runs, after the loop has taken in every request of its turn.
         self.scope[_REQUESTS_IN_PROGRESS] = self.requests_in_progress  # type: ignore[literal-required]
+        self._reading = _BODY
         self._body_deadline = self.loop.time() + self.body_timeout
-        self._body_timer = self.loop.call_later(self.body_timeout, self._check_body_rate)
 
     def on_body(self, body: bytes) -> None:
         self._body_deadline += len(body) / self.min_body_rate
@@ -133,6 +142,7 @@ class ServingProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._reading = None
         self._cancel_body_timer()
         if not self._refusing_upgrade:
             super().on_message_complete()

@@ -16,7 +16,6 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -307,8 +306,7 @@ class Metrics:
         """The RequestScope of the Open Inference Protocol's gRPC servicer (protocol label v2)."""
         return self.request("v2", RequestLabels(route=route, method=method), transport="grpc")
 
-    @contextmanager
-    def request(self, protocol: str, labels: RequestLabels, transport: str = "http") -> Iterator[RequestLabels]:
+    def request(self, protocol: str, labels: RequestLabels, transport: str = "http") -> _Tracked:
         """Track one request: in flight while inside, then counted, timed and logged with `labels`.
 
         `protocol` is the label (http, grpc, or v2 for the Open Inference Protocol on either
@@ -316,18 +314,7 @@ class Metrics:
         gauge = self._in_flight.get(protocol)
         if gauge is None:
             gauge = self._in_flight[protocol] = self.in_flight.labels(protocol)
-        tally = self.tally
-        tally.inc(gauge)
-        started = time.perf_counter()
-        try:
-            with tracking(labels):
-                yield labels
-        except BaseException:
-            labels.status = labels.status or ("500" if transport == "http" else "UNKNOWN")
-            raise
-        finally:
-            tally.inc(gauge, -1)
-            self.record(protocol, labels, time.perf_counter() - started, transport)
+        return _Tracked(self, protocol, labels, transport, gauge)
 
     def record(self, protocol: str, labels: RequestLabels, seconds: float, transport: str = "http") -> None:
         """Count one answered request and log it (one line, debug level, logger tfservo.access)."""
@@ -431,6 +418,29 @@ def mark_worker_dead(pid: int, multiprocess_dir: str | None = None) -> None:
     path = multiprocess_dir or os.environ.get(MULTIPROC_ENV)
     if path:
         multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call, unused-ignore]
+
+
+class _Tracked:
+    """One request tracked by `Metrics.request` (a class, not a generator: it wraps every request)."""
+
+    __slots__ = ("metrics", "protocol", "labels", "transport", "gauge", "started", "current")
+
+    def __init__(self, metrics: Metrics, protocol: str, labels: RequestLabels, transport: str, gauge: Any) -> None:
+        self.metrics, self.protocol, self.labels, self.transport, self.gauge = metrics, protocol, labels, transport, gauge
+        self.current = tracking(labels)
+
+    def __enter__(self) -> RequestLabels:
+        self.metrics.tally.inc(self.gauge)
+        self.started = time.perf_counter()
+        return self.current.__enter__()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        self.current.__exit__()
+        labels = self.labels
+        if kind is not None:
+            labels.status = labels.status or ("500" if self.transport == "http" else "UNKNOWN")
+        self.metrics.tally.inc(self.gauge, -1)
+        self.metrics.record(self.protocol, labels, time.perf_counter() - self.started, self.transport)
 
 
 class _HttpMetrics:
