@@ -157,21 +157,27 @@ class _Rebuild:
         self.scope = InstrumentationScope
         self.scopes: dict[tuple[str, str | None], InstrumentationScope] = {}
         self.no_state = trace.TraceState()
+        # made once, not per span: most spans share their flags, kind and an unset status
+        self.flags = {f: trace.TraceFlags(f) for f in (0, 1)}
+        self.kinds = {kind.value: kind for kind in trace.SpanKind}
+        self.unset = trace.Status(trace.StatusCode.UNSET)
 
     def __call__(self, wire: Wire) -> ReadableSpan:
         (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes,
          code, description, events, links, scope) = wire
         trace = self.trace
-        trace_flags, trace_state = trace.TraceFlags(flags), trace.TraceState.from_header([state]) if state else self.no_state
+        trace_flags = self.flags.get(flags) or trace.TraceFlags(flags)
+        trace_state = trace.TraceState.from_header([state]) if state else self.no_state
         context = trace.SpanContext(trace_id, span_id, False, trace_flags, trace_state)
         parent = trace.SpanContext(trace_id, parent_id, parent_remote, trace_flags, trace_state) if parent_id else None
         if scope not in self.scopes:
             self.scopes[scope] = self.scope(*scope)
+        status = self.unset if code == 0 and description is None else trace.Status(trace.StatusCode(code), description)
         return self.readable(
             name, context, parent, self.resource, attributes,
-            events=[self.event(n, a, t) for n, t, a in events],
-            links=[trace.Link(trace.SpanContext(t, s, True, trace.TraceFlags(f)), a) for t, s, f, a in links],
-            kind=trace.SpanKind(kind), status=trace.Status(trace.StatusCode(code), description),
+            events=[self.event(n, a, t) for n, t, a in events] if events else (),
+            links=[trace.Link(trace.SpanContext(t, s, True, trace.TraceFlags(f)), a) for t, s, f, a in links] if links else (),
+            kind=self.kinds[kind], status=status,
             start_time=start, end_time=end, instrumentation_scope=self.scopes[scope],
         )
 
