@@ -299,9 +299,11 @@ class _ServerSpan:
         recorder = self.recorder
         trace = recorder.trace
         # No trace header (most requests): nothing to extract, a new trace.
-        within = recorder.extract(self.carrier) if self.carrier else recorder.root
-        parent = trace.get_current_span(within).get_span_context()
-        if parent.is_valid:
+        parent = None
+        if self.carrier:
+            within = recorder.extract(self.carrier)
+            parent = trace.get_current_span(within).get_span_context()
+        if parent is not None and parent.is_valid:
             self.parent, trace_id, state = parent, parent.trace_id, parent.trace_state
         else:
             within, self.parent, trace_id, state = recorder.root, None, random.getrandbits(128) or 1, recorder.no_state

@@ -39,6 +39,9 @@ async def traced(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> No
         if key == b"user-agent":
             attributes["user_agent.original"] = value.decode("latin-1")
     with tracing.server_span(method, tracing.header_carrier(scope["headers"]), attributes) as span:
+        if not span.sampled:  # its context still goes to the handler's calls; nothing more is noted
+            await app(scope, receive, send)
+            return
         status = 0
 
         async def send_noting_status(message: Message) -> None:
