@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -219,6 +220,45 @@ def test_a_transform_traces_its_job_objects_and_requests(receiver, tmp_path) -> 
     models = [s for s in trace if s.name == "model"]
     assert len(models) == 3 and {m.parent_id for m in models} <= {r.span_id for r in requests}
     assert job.attributes["tfservo.transform.objects_done"] == 2
+
+
+def test_sampled_and_unsampled_requests_batched_together_keep_to_their_own_traces(receiver) -> None:
+    """Requests sent at once on 40 connections, every other one marked not sampled by its caller,
+    share the worker's loop batches (adaptive batching): each sampled trace gets its own decode,
+    model and encode spans, once, and no span of an unsampled request lands in anyone's trace."""
+    received, endpoint = receiver
+    sampled = {f"{i:032x}": i % 2 == 0 for i in range(1, 401)}
+    path = "/v1/models/saved_model_half_plus_two_cpu:predict"
+    body = b'{"instances": [1.0]}'
+
+    def burst(server: ServerProcess, trace_ids: list[str | None]) -> None:
+        host, port = server.url.removeprefix("http://").split(":")
+        sockets = [socket.create_connection((host, int(port)), timeout=30) for _ in trace_ids]
+        requests = [
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode()
+            + (f"traceparent: 00-{t}-{CALLER}-{'01' if sampled[t] else '00'}\r\n".encode() if t else b"")
+            + b"\r\n" + body
+            for t in trace_ids
+        ]
+        for sock, request in zip(sockets, requests):  # all sent before the worker answers the first
+            sock.sendall(request)
+        for sock in sockets:
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            sock.close()
+
+    with ServerProcess([str(TFS / "saved_model_half_plus_two_cpu"), "--workers", "1"], env=otel_env(endpoint)) as server:
+        for _ in range(3):  # untraced first: the model's batches prove quick, so they gather on the loop
+            burst(server, [None] * 40)
+        for chunk in range(0, len(sampled), 40):
+            burst(server, list(sampled)[chunk : chunk + 40])
+        wanted = {t for t, on in sampled.items() if on}
+        spans = received.wait_for(lambda spans: wanted <= {s.trace_id for s in spans if s.name == "encode"})
+    ours = [s for s in spans if s.trace_id in sampled]
+    assert {s.trace_id for s in ours} == wanted
+    assert max(s.attributes["tfservo.batch.callers"] for s in ours if s.name == "batch.run") > 1  # they did share
+    for trace_id in wanted:
+        names = sorted(s.name for s in in_trace(ours, trace_id) if s.name in ("decode", "model", "encode"))
+        assert names == ["decode", "encode", "model"], (trace_id, names)
 
 
 SERVER_SPAN = """

@@ -166,7 +166,7 @@ class _Rebuild:
         (name, trace_id, span_id, flags, state, parent_id, parent_remote, kind, start, end, attributes,
          code, description, events, links, scope) = wire
         trace = self.trace
-        trace_flags = self.flags.get(flags) or trace.TraceFlags(flags)
+        trace_flags = self.flags[flags] if flags in self.flags else trace.TraceFlags(flags)
         trace_state = trace.TraceState.from_header([state]) if state else self.no_state
         context = trace.SpanContext(trace_id, span_id, False, trace_flags, trace_state)
         parent = trace.SpanContext(trace_id, parent_id, parent_remote, trace_flags, trace_state) if parent_id else None

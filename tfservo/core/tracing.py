@@ -285,7 +285,7 @@ def server_span(
 
 class _ServerSpan:
     """A recorded SERVER span (see server_span), and what the HTTP edge sets on it: attributes,
-    an error status, its final name."""
+    an error status, its final name; `sampled` once entered."""
 
     __slots__ = ("recorder", "name", "carrier", "attributes", "error", "parent", "context", "sampled", "token",
                  "sampled_token", "start_ns")
@@ -349,9 +349,10 @@ def error_status(description: str) -> Status:
 
 
 def parent() -> Parent:
-    """The current context, to parent spans recorded later on another thread (None when off,
-    or when this request's trace is not sampled: nothing would be recorded under it)."""
-    if _PHASES is None or _SAMPLED.get() is False:
+    """The current context, to parent spans recorded later on another thread (None when off).
+    Also for a trace not sampled: where the caller makes it current again (a batch's callback on
+    the loop, run in another request's context), it keeps that request's spans out."""
+    if _PHASES is None:
         return None
     current: Context = _PHASES.context.get_current()
     return current
