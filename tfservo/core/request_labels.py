@@ -60,7 +60,7 @@ class tracking:  # lower case: called as the function it replaced, `with trackin
         self.token = _current.set(self.labels)
         return self.labels
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
         _current.reset(self.token)
 
 

@@ -420,22 +420,23 @@ def mark_worker_dead(pid: int, multiprocess_dir: str | None = None) -> None:
         multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call, unused-ignore]
 
 
-class _Tracked:
-    """One request tracked by `Metrics.request` (a class, not a generator: it wraps every request)."""
+class _Tracked(tracking):
+    """One request tracked by `Metrics.request`: its labels current while inside (`tracking`),
+    then counted, timed and logged (a class, not a generator: it wraps every request)."""
 
-    __slots__ = ("metrics", "protocol", "labels", "transport", "gauge", "started", "current")
+    __slots__ = ("metrics", "protocol", "transport", "gauge", "started")
 
     def __init__(self, metrics: Metrics, protocol: str, labels: RequestLabels, transport: str, gauge: Any) -> None:
-        self.metrics, self.protocol, self.labels, self.transport, self.gauge = metrics, protocol, labels, transport, gauge
-        self.current = tracking(labels)
+        super().__init__(labels)
+        self.metrics, self.protocol, self.transport, self.gauge = metrics, protocol, transport, gauge
 
     def __enter__(self) -> RequestLabels:
         self.metrics.tally.inc(self.gauge)
         self.started = time.perf_counter()
-        return self.current.__enter__()
+        return super().__enter__()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
-        self.current.__exit__()
+        super().__exit__(kind, error, tb)
         labels = self.labels
         if kind is not None:
             labels.status = labels.status or ("500" if self.transport == "http" else "UNKNOWN")

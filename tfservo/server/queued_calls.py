@@ -96,8 +96,9 @@ class QueuedCalls:
     ) -> T:
         """`prepare()` on the loop, then its call queued for its batch; the answer as the door
         writes it. With `gather`, a quick model's call is batched on this loop with the others
-        of the loop's turn (adaptive batching). `lone` (with `gather`): the door holds no other request, so a
-        quick model's idle batcher runs the call at once, with no turn of the loop to gather."""
+        of the loop's turn (adaptive batching). `lone` (with `gather`): the door holds no other
+        request, so a quick model's idle batcher runs the call at once, with no turn of the
+        loop to gather."""
         prepared = prepare()
         handle, call, finish = prepared
         loop = asyncio.get_running_loop()
