@@ -10,8 +10,8 @@ it has no `if __name__ == "__main__"` guard — builds its worker with `make(rep
 hands it each batch; `reply(message)` sends a message back, which
 the parent's `on_message` gets on a reader thread, and the child's log records are written by
 the parent's logging. The child ends when the parent closes it or
-dies (end of pipe), so it never outlives its parent. Used by span export (core.trace_export),
-the payload logger (capture.payload_log) and Data Capture's writer (capture.writer).
+dies (end of pipe), so it never outlives its parent. Used by span export (core.trace_export)
+and the payload logger (capture.payload_log).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
+
+from tfservo.core.queues import take_all
 
 __all__ = ["ChildWork", "Offload"]
 
@@ -130,12 +132,7 @@ class Offload:
             self.conn.send(message)
 
     def _send(self) -> None:
-        pop, batch = self.pending.popleft, []
-        try:
-            while True:
-                batch.append(pop())
-        except IndexError:
-            pass
+        batch = take_all(self.pending)
         if batch:
             self._put(("items", batch))
 
