@@ -172,9 +172,12 @@ class CaptureWriter:
         while not self._closed:
             self._wake.wait(_WRITE_EVERY)
             self._wake.clear()
-            if self._queued:
-                self._files.write(self._take())
-            self._files.rotate_if_due()
+            try:
+                if self._queued:
+                    self._files.write(self._take())
+                self._files.rotate_if_due()
+            except Exception:  # a folder removed under it, say: later lines must still be written
+                log.exception("data capture: writing or publishing a file failed")
 
 
 class _CaptureFiles:
@@ -225,7 +228,11 @@ class _CaptureFiles:
         if not lines:
             return
         with self._lock:
-            if not self._disk_allows():
+            try:
+                allowed = self._disk_allows()
+            except OSError:  # its folder was removed: _open_for makes it again
+                allowed = True
+            if not allowed:
                 self.on_event("dropped_disk", len(lines))
                 return
             start = 0
@@ -266,6 +273,11 @@ class _CaptureFiles:
             self._fd = -1
 
     def _open_for(self, hour: int) -> int:
+        if self._fd >= 0 and os.fstat(self._fd).st_nlink == 0:  # removed (its folder deleted): start anew
+            log.warning("data capture: %s was removed before it was published; writing to a new file",
+                        self._file_path)
+            os.close(self._fd)
+            self._fd = -1
         if self._fd >= 0 and hour != self._file_hour:
             self._publish()
         if self._fd < 0:
@@ -285,7 +297,11 @@ class _CaptureFiles:
         os.close(self._fd)
         self._fd = -1
         published = _published_name(self._file_path)
-        os.replace(self._file_path, published)
+        try:
+            os.replace(self._file_path, published)
+        except FileNotFoundError:
+            log.warning("data capture: %s was removed before it was published", self._file_path)
+            return
         if self.remote:
             self._uploads.put(published)
 
