@@ -132,7 +132,7 @@ class CaptureWriter:
         self.on_event = on_event  # ("captured" | "dropped_queue" | "dropped_disk" | "paused" | "uploaded" | ..., n)
         self._files = _CaptureFiles(config, endpoint, variant, spool, file_seconds, max_disk_percent, on_event)
         self._queued: collections.deque[tuple[float, bytes]] = collections.deque()
-        self._queued_bytes = 0
+        self._queued_bytes = 0  # when to wake the writer early: a hint, so unlocked across threads
         self._wake = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._write_loop, name="tfservo-capture", daemon=True)
