@@ -53,7 +53,7 @@ _DISK_CHECK_EVERY = 1.0
 
 class CaptureEvent(NamedTuple):
     """One answered invocation, as the request path hands it over (bodies are not copied); a
-    tuple, so that it travels to a child process as plain values."""
+    tuple, so that it travels to the payload logger's sender process as plain values."""
 
     request_body: bytes
     request_type: str | None
