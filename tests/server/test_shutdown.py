@@ -240,6 +240,35 @@ def test_a_killed_worker_is_replaced_and_marked_dead(two_workers):
     assert pids == {survivor, replacement}, pids
 
 
+def signal_takers(pid: int) -> tuple[list[int], int]:
+    """The threads of process `pid` that take SIGTERM or SIGINT (either unblocked), and how many it has."""
+    routed = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
+    takers, count = [], 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            status = open(f"/proc/{pid}/task/{task}/status").read()
+        except FileNotFoundError:  # a thread that just ended
+            continue
+        count += 1
+        if int(re.search(r"SigBlk:\s*([0-9a-f]+)", status)[1], 16) & routed != routed:
+            takers.append(int(task))
+    return takers, count
+
+
+def test_no_thread_that_runs_models_takes_sigterm(two_workers):
+    # oneDNN's GEMM kernels corrupt the heap when a signal lands on their thread (server/signals.py):
+    # in each worker the main thread (the event loop's, which runs quick models' batches) and every
+    # thread started after it — TensorFlow's, the batch and call threads — block SIGTERM and SIGINT.
+    # Only the signal thread takes them, and the few started before it, which run no TensorFlow:
+    # the stderr filter and numpy's OpenBLAS threads (one fewer than the cores).
+    serving_pids(two_workers, 2)
+    alive = [pid for pid in ready_pids(two_workers) if os.path.exists(f"/proc/{pid}")]  # one may have been killed
+    assert len(alive) == 2, alive
+    for pid in alive:
+        takers, count = signal_takers(pid)
+        assert pid not in takers and 1 <= len(takers) <= 2 + (os.cpu_count() or 1) and count >= 8, (pid, takers, count)
+
+
 def test_sigterm_drains_every_worker_and_all_exit_0(two_workers):
     """Runs last: stops the module's two-worker server."""
     proc = two_workers

@@ -23,6 +23,7 @@ from tfservo.server.listener import bind_socket, bind_sockets
 from tfservo.server.metrics import Metrics
 from tfservo.server.recycling import REASONS, WorkerWatch, hard_limit, worker_memory_limit
 from tfservo.server.shutdown import Drain, GracefulServer
+from tfservo.server.signals import route_signals
 from tfservo.server.workers import Supervisor, WorkerLink
 
 if TYPE_CHECKING:
@@ -204,6 +205,7 @@ def serve(settings: Settings) -> None:
 
 def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | None = None) -> None:
     """One serving process on `sock` until SIGINT/SIGTERM; with `link`, one of several workers."""
+    route_signals()  # before TensorFlow starts its threads (signals.py says why)
     from tfservo.grpc.endpoint import start_grpc
     from tfservo.models.savedmodel import model_calls
 
