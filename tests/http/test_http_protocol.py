@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import json
 import socket
+import struct
 import threading
 import time
 
@@ -66,6 +67,55 @@ def test_an_upgrade_request_is_answered_at_once(server) -> None:
                          b"Upgrade: websocket\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     status, doc = status_and_json(answer)
     assert status == 400 and "upgrades" in doc["error"]  # within raw()'s 5 s (the header timeout is 1 s)
+
+
+def segments_in(sock: socket.socket) -> int:
+    """The TCP segments this socket has received (tcp_info's tcpi_segs_in, Linux 4.2 and later)."""
+    return struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), 140)[0]
+
+
+def exchange(sock: socket.socket, request: bytes) -> tuple[bytes, bytes]:
+    """Send one request on a kept-alive connection; its answer's head and body (none for HEAD)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    if request.startswith(b"HEAD "):
+        return head, body
+    length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")).split(b":")[1])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head, body
+
+
+def test_an_answer_leaves_in_one_segment_and_a_head_request_still_gets_its_head(server) -> None:
+    # uvicorn writes a response's status line and headers, then its body, each at once: two
+    # segments and two wake-ups of the client per answer. ServingProtocol holds the head for the
+    # body when Content-Length says one follows; a HEAD answer, which has none, is not held.
+    host, port = server.url.removeprefix("http://").split(":")
+    predict = b'{"instances": [1.0, 2.0]}'
+    requests = [
+        b"POST /v1/models/saved_model_half_plus_two_cpu:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(predict), predict),
+        b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(predict), predict),
+        b"GET /v1/models/saved_model_half_plus_two_cpu HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /v1/models/nope HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        exchange(sock, requests[0])  # the first answer may carry the ACK of a new connection's quick-ack mode
+        for request in requests:
+            before = segments_in(sock)
+            head, body = exchange(sock, request)
+            assert segments_in(sock) - before == 1, (request, head)
+            assert head.startswith((b"HTTP/1.1 200", b"HTTP/1.1 404")) and json.loads(body), (head, body)
+        head, body = exchange(sock, b"HEAD /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and body == b"", head
+        head, body = exchange(sock, requests[0])  # the connection still serves after the HEAD
+        assert json.loads(body) == {"predictions": [2.5, 3.0]}
 
 
 def test_idle_and_slow_clients_are_closed_on_time_while_others_are_served(server) -> None:

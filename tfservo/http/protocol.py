@@ -18,7 +18,10 @@ it writes itself in JSON and limits on slow, idle and too many clients.
   silent clients cannot use up the process's file descriptors and lock active ones out;
 - each request's scope carries how many requests this server holds (its open connections less
   the idle ones), so that a door can tell a lone request, which nothing can join in a batch,
-  from one among others (`lone_request(scope)`).
+  from one among others (`lone_request(scope)`);
+- a response's status line and headers leave with its first body bytes, in one write, when its
+  Content-Length says a body follows (uvicorn writes them apart: two syscalls, two segments and
+  two wake-ups of the client for every answer).
 
 This leans on uvicorn's internals (HttpToolsProtocol's connection, parser-callback and
 response hooks), so it lives here alone, uvicorn is pinned in requirements.lock, and
@@ -131,6 +134,7 @@ class ServingProtocol(HttpToolsProtocol):
             self._refusing_upgrade = True  # answered by data_received, without starting the app
             return
         super().on_headers_complete()
+        self.cycle.transport = _HeadWithBody(self.transport, self.cycle)  # type: ignore[assignment]  # duck-typed
         # Read by the app when it runs, after the loop has taken in every request of its turn.
         self.scope[_REQUESTS_IN_PROGRESS] = self.requests_in_progress  # type: ignore[literal-required]
         self._reading = _BODY
@@ -148,6 +152,8 @@ class ServingProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        if self.cycle is not None and isinstance(self.cycle.transport, _HeadWithBody):
+            self.cycle.transport.flush()  # a response that ended without writing its body
         super().on_response_complete()
         if self.timeout_keep_alive_task is not None:  # kept alive, waiting for the next request
             self.idle[self] = None
@@ -224,6 +230,49 @@ class ServingProtocol(HttpToolsProtocol):
         ]
         self.transport.write(b"".join(head) + body)
         self.transport.close()
+
+
+class _HeadWithBody:
+    """A request's transport as its RequestResponseCycle sees it: the head of a response that
+    declares a body (Content-Length > 0, not HEAD) is held until the body's first write, and both
+    go out in one `writelines` (one writev). Everything else passes through."""
+
+    __slots__ = ("_transport", "_cycle", "_head", "_started")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head: bytes | None = None
+        self._started = False  # the response's head has been written (or is held)
+
+    def write(self, data: bytes) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            self._transport.writelines((head, data))
+            return
+        cycle = self._cycle
+        if (
+            not self._started and cycle.response_started and cycle.expected_content_length > 0
+            and not cycle.chunked_encoding and cycle.scope["method"] != "HEAD"
+        ):
+            self._started = True
+            self._head = data  # uvicorn writes the head last in handling http.response.start
+            return
+        self._started = self._started or cycle.response_started
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Write a head still held (its response ended, or the connection closes, without a body)."""
+        head, self._head = self._head, None
+        if head is not None and not self._transport.is_closing():
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def protocol_class(*, header_timeout: float, max_connections: int, body_timeout: float = 20.0,
