@@ -62,6 +62,12 @@ CASES = [
     b'{"instances": [[1, 2], [3]]}',  # ragged
     b'{"instances": [[1], [2, 3], []]}',  # ragged, same totals as a dense [3,1]
     b'{"instances": [[1, 2], 3]}',  # mixed nesting
+    b'{"instances": [1, [2]]}',  # an array hidden in a rank-1 array: as many numbers as its shape
+    b'{"instances": [[1, [2]], [3, 4]]}',  # rows of the right length, one nesting deeper inside
+    b'{"instances": [[1, 2], [3, 4], [5]]}',  # a short last row
+    b'{"instances": [[[1, 2], [3, 4]], [[5, 6, 7], [8]]]}',  # rank 3, counts of a dense [2,2,2]
+    b'{"inputs": {"x": [[1.0, 2.0]], "z": [[[1]]]}}',  # rank 2 beside rank 3
+    b'{"inputs": {"x": [[1.0, 2.0]], "z": [1, [2]]}}',
     b'{"instances": [[[1, 2]], [[3, 4]]]}',
     b'{"instances": [16777216, 1]}',  # not exact in float32
     b'{"instances": [16777215.0, 1]}',
@@ -107,7 +113,9 @@ def test_fast_path_takes_the_common_shapes() -> None:
     doc = parse_numeric_request(b'{"inputs": {"a": [0.5], "b": [[1, 2]]}}')
     assert doc is not None and doc["inputs"]["a"].values.dtype == np.float64
     assert doc["inputs"]["b"].values.shape == (1, 2)
-    for declined in (b'{"instances": [[1, 2], [3]]}', b'{"instances": [[1], [2, 3], []]}', b'{"examples": [{"x": 1}]}'):
+    for declined in (b'{"instances": [[1, 2], [3]]}', b'{"instances": [[1], [2, 3], []]}', b'{"examples": [{"x": 1}]}',
+                     b'{"instances": [1, [2]]}', b'{"instances": [[1, [2]], [3, 4]]}',
+                     b'{"instances": [[[1, 2], [3, 4]], [[5, 6, 7], [8]]]}', b'{"inputs": {"x": [[1.0]], "z": [1, [2]]}}'):
         assert parse_numeric_request(declined) is None
         assert parse_numeric_request(declined, bounded_from=0, chunk_bytes=3) is None
 

@@ -8,9 +8,12 @@ lists; docs/decisions.md). Anything else — other keys, strings, NaN, ragged or
 nesting, duplicate keys — answers None, and the caller parses the body the general way,
 which also gives the precise error message for malformed requests.
 
-Density is checked without walking the arrays: the body's brackets and commas, with
+Density is checked without walking the numbers. Arrays of rank 1 or 2 (the usual request) need
+their rows to be arrays of the first row's length and the body to hold exactly the "[" those
+shapes have: one more anywhere means an array nested where a number belongs. Higher ranks can
+hide ragged rows behind equal counts, so for them the body's brackets and commas, with
 everything else deleted, must read exactly as dense arrays of the shapes found along each
-array's first elements.
+array's first elements (that deletion walks every byte: 8 µs of a 15 KB body's 25).
 
 Large bodies with one array (`{"instances": [...]}`, the usual big request) are read with
 bounded memory: the shape comes from that bracket skeleton, and the numbers are parsed a
@@ -236,6 +239,7 @@ def _read(parser: Any, body: bytes) -> dict[str, Any] | None:
         return None
     out: dict[str, object] = {}
     expected: list[bytes] = []
+    brackets: int | None = 0
     for key in keys:
         if _has_structure(key):
             return None
@@ -249,21 +253,28 @@ def _read(parser: Any, body: bytes) -> dict[str, Any] | None:
             read = _read_value(value, body, key)
             if read is None:
                 return None
-            out[key], structure = read
+            out[key], structure, held = read
             expected.append(structure)
+            brackets = None if brackets is None or held is None else brackets + held
         else:
             return None
     del doc, value  # release the parser's document before the next parse
+    if brackets is not None:  # rows checked: the count of brackets settles the rest
+        return out if _occurs(body, b"[", brackets) else None
     if body.translate(None, _NOT_STRUCTURE) != b"{" + b",".join(expected) + b"}":
         return None
     return out
 
 
-def _read_value(value: Any, body: bytes, key: str) -> tuple[Any, bytes] | None:
-    """(NumericTensor, its structure) for an array; a dict of them for {"name": array, ...}."""
+def _read_value(value: Any, body: bytes, key: str) -> tuple[Any, bytes, int | None] | None:
+    """(NumericTensor, its structure, its count of "[" once its rows are checked) for an array;
+    a dict of them for {"name": array, ...}. The count is None where only the structure tells."""
     if hasattr(value, "as_buffer"):
         tensor = _tensor(value, lambda: _from_json(body)[key])
-        return None if tensor is None else (tensor, _dense(tensor.values.shape))
+        if tensor is None:
+            return None
+        held = _brackets(value, tensor.values.shape)
+        return None if held == _RAGGED else (tensor, _dense(tensor.values.shape), held)
     if not hasattr(value, "keys"):
         return None
     names = list(value.keys())
@@ -271,6 +282,7 @@ def _read_value(value: Any, body: bytes, key: str) -> tuple[Any, bytes] | None:
         return None
     tensors: dict[str, NumericTensor] = {}
     parts: list[bytes] = []
+    total: int | None = 0
     for name in names:
         if _has_structure(name):
             return None
@@ -280,9 +292,42 @@ def _read_value(value: Any, body: bytes, key: str) -> tuple[Any, bytes] | None:
         tensor = _tensor(item, functools.partial(_item_json, body, key, name))
         if tensor is None:
             return None
+        held = _brackets(item, tensor.values.shape)
+        if held == _RAGGED:
+            return None
+        total = None if total is None or held is None else total + held
         tensors[name] = tensor
         parts.append(_dense(tensor.values.shape))
-    return tensors, b"{" + b",".join(parts) + b"}"
+    return tensors, b"{" + b",".join(parts) + b"}", total
+
+
+_RAGGED = -1
+
+
+def _brackets(array: Any, shape: tuple[int, ...]) -> int | None:
+    """The "[" a dense array of `shape` holds, once its rows are seen to be arrays of shape[1]
+    numbers' worth (rank 1 or 2; _RAGGED if one is not). Then, with its numbers counted, the
+    body's count of "[" settles density: an array nested anywhere else adds one. None for
+    higher ranks, where equal counts can still hide ragged rows ([[[1,2],[3,4]],[[5,6,7],[8]]])."""
+    if len(shape) == 1:
+        return 1
+    if len(shape) != 2:
+        return None
+    for row in array:
+        if not hasattr(row, "as_buffer") or len(row) != shape[1]:
+            return _RAGGED
+    return 1 + shape[0]
+
+
+def _occurs(data: bytes, char: bytes, times: int) -> bool:
+    """Whether `char` occurs exactly `times` times in `data` (one memchr-backed find per
+    occurrence; bytes.count walks every byte, ~4 µs for a 15 KB body)."""
+    pos = -1
+    for _ in range(times):
+        pos = data.find(char, pos + 1)
+        if pos < 0:
+            return False
+    return data.find(char, pos + 1) < 0
 
 
 def _tensor(array: Any, as_json: Callable[[], Any]) -> NumericTensor | None:
