@@ -116,8 +116,10 @@ def test_fast_path_takes_the_common_shapes() -> None:
     for declined in (b'{"instances": [[1, 2], [3]]}', b'{"instances": [[1], [2, 3], []]}', b'{"examples": [{"x": 1}]}',
                      b'{"instances": [1, [2]]}', b'{"instances": [[1, [2]], [3, 4]]}',
                      b'{"instances": [[[1, 2], [3, 4]], [[5, 6, 7], [8]]]}', b'{"inputs": {"x": [[1.0]], "z": [1, [2]]}}'):
-        assert parse_numeric_request(declined) is None
-        assert parse_numeric_request(declined, bounded_from=0, chunk_bytes=3) is None
+        padded = declined[:-1] + b" " * 1100 + declined[-1:]  # long enough for the row-by-row check
+        for body in (declined, padded):
+            assert parse_numeric_request(body) is None, body[:60]
+            assert parse_numeric_request(body, bounded_from=0, chunk_bytes=3) is None
 
 
 def test_large_single_arrays_take_the_bounded_path() -> None:

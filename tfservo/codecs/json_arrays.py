@@ -273,7 +273,7 @@ def _read_value(value: Any, body: bytes, key: str) -> tuple[Any, bytes, int | No
         tensor = _tensor(value, lambda: _from_json(body)[key])
         if tensor is None:
             return None
-        held = _brackets(value, tensor.values.shape)
+        held = _brackets(value, tensor.values.shape, len(body))
         return None if held == _RAGGED else (tensor, _dense(tensor.values.shape), held)
     if not hasattr(value, "keys"):
         return None
@@ -292,7 +292,7 @@ def _read_value(value: Any, body: bytes, key: str) -> tuple[Any, bytes, int | No
         tensor = _tensor(item, functools.partial(_item_json, body, key, name))
         if tensor is None:
             return None
-        held = _brackets(item, tensor.values.shape)
+        held = _brackets(item, tensor.values.shape, len(body))
         if held == _RAGGED:
             return None
         total = None if total is None or held is None else total + held
@@ -304,14 +304,18 @@ def _read_value(value: Any, body: bytes, key: str) -> tuple[Any, bytes, int | No
 _RAGGED = -1
 
 
-def _brackets(array: Any, shape: tuple[int, ...]) -> int | None:
+_ROW_CHECK_BYTES = 256  # a row's check (~0.1 µs) costs what deleting ~230 body bytes does
+
+
+def _brackets(array: Any, shape: tuple[int, ...], body_bytes: int) -> int | None:
     """The "[" a dense array of `shape` holds, once its rows are seen to be arrays of shape[1]
     numbers' worth (rank 1 or 2; _RAGGED if one is not). Then, with its numbers counted, the
     body's count of "[" settles density: an array nested anywhere else adds one. None for
-    higher ranks, where equal counts can still hide ragged rows ([[[1,2],[3,4]],[[5,6,7],[8]]])."""
+    higher ranks, where equal counts can still hide ragged rows ([[[1,2],[3,4]],[[5,6,7],[8]]]),
+    and for rows so many and short that checking each costs more than the skeleton."""
     if len(shape) == 1:
         return 1
-    if len(shape) != 2:
+    if len(shape) != 2 or shape[0] * _ROW_CHECK_BYTES > body_bytes:
         return None
     for row in array:
         if not hasattr(row, "as_buffer") or len(row) != shape[1]:
