@@ -152,8 +152,6 @@ class ServingProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        if self.cycle is not None and isinstance(self.cycle.transport, _HeadWithBody):
-            self.cycle.transport.flush()  # a response that ended without writing its body
         super().on_response_complete()
         if self.timeout_keep_alive_task is not None:  # kept alive, waiting for the next request
             self.idle[self] = None
@@ -261,14 +259,12 @@ class _HeadWithBody:
         self._started = self._started or cycle.response_started
         self._transport.write(data)
 
-    def flush(self) -> None:
-        """Write a head still held (its response ended, or the connection closes, without a body)."""
+    def close(self) -> None:
+        """Close, writing first a head still held: uvicorn closes without writing the body when
+        the app fails after its http.response.start (every body message writes, even b"")."""
         head, self._head = self._head, None
         if head is not None and not self._transport.is_closing():
             self._transport.write(head)
-
-    def close(self) -> None:
-        self.flush()
         self._transport.close()
 
     def __getattr__(self, name: str) -> Any:
