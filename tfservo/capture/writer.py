@@ -83,20 +83,22 @@ _NOT_VERSION = ~((0xF000 << 64) | (0xC000 << 48))
 
 def _event_id() -> str:
     """A random (version 4) UUID from `random`, which is reseeded in every process and after
-    every fork, in a fifth of uuid.uuid4()'s time (no system call): one per line."""
-    h = f"{random.getrandbits(128) & _NOT_VERSION | _VERSION_4:032x}"
+    every fork, in a third of uuid.uuid4()'s time (no system call): one per line."""
+    h = (random.getrandbits(128) & _NOT_VERSION | _VERSION_4).to_bytes(16, "big").hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-@functools.lru_cache(maxsize=4)
-def _iso_second(second: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+_second_text = (-1, "")  # the last second formatted, and its text: one tuple, read and replaced whole
 
 
 def _iso_time(when: float) -> str:
     """`when` as SageMaker writes inferenceTime: UTC to the millisecond, with a Z."""
-    second = int(when)
-    return f"{_iso_second(second)}.{min(999, int((when - second) * 1000)):03d}Z"
+    global _second_text
+    second, milli = divmod(int(when * 1000), 1000)
+    last = _second_text
+    if last[0] != second:
+        last = _second_text = (second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second)))
+    return f"{last[1]}{milli:03d}Z"
 
 
 def _payload(config: CaptureConfig, mode: str, content_type: str | None, body: bytes) -> dict[str, str]:
@@ -133,6 +135,7 @@ class CaptureWriter:
         self._files = _CaptureFiles(config, endpoint, variant, spool, file_seconds, max_disk_percent, on_event)
         self._queued: collections.deque[tuple[float, bytes]] = collections.deque()
         self._queued_bytes = 0  # when to wake the writer early: a hint, so unlocked across threads
+        self._wake_asked = False
         self._wake = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._write_loop, name="tfservo-capture", daemon=True)
@@ -151,7 +154,8 @@ class CaptureWriter:
         line = capture_line(self.config, event)
         self._queued.append((event.time, line))
         self._queued_bytes += len(line)
-        if self._queued_bytes >= _WRITE_BYTES:
+        if self._queued_bytes >= _WRITE_BYTES and not self._wake_asked:
+            self._wake_asked = True  # Event.set takes a lock and wakes the writer: once per batch
             self._wake.set()
 
     def close(self, timeout: float = 30.0) -> None:
@@ -166,6 +170,7 @@ class CaptureWriter:
 
     def _take(self) -> list[tuple[float, bytes]]:
         self._queued_bytes = 0
+        self._wake_asked = False
         return take_all(self._queued)
 
     def _write_loop(self) -> None:

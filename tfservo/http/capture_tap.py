@@ -2,24 +2,25 @@
 here, so /invocations, the runtime API, /models/{name}/invoke (and TF Serving's and V2's
 inference routes) reach Data Capture and the payload logger in one place, handlers or not.
 
-A request some sink takes has its body and answer kept as they pass (the request's chunks
-joined once) and handed to those sinks after the answer is sent; they format and send off the
-request path. Data Capture takes sampled invocations answered 2xx (an error has no model
-output); the payload logger, as KServe's, every request of every inference route.
+A request some sink takes has its answer kept as it is sent, and its body as the hot route read
+it (left in the scope), and both are handed to those sinks after the answer is sent; they format
+and send off the request path. Data Capture takes sampled invocations answered 2xx (an error has
+no model output); the payload logger, as KServe's, every request of every inference route.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfservo.capture.writer import CaptureEvent
-from tfservo.http.routes import CAPTURE_KEY
+from tfservo.http.routes import BODY_KEY, CAPTURE_KEY
 
 __all__ = ["HttpCapture", "Sink", "Tap"]
 
@@ -56,7 +57,7 @@ class HttpCapture:
         taking = [t for t in self.taps if kind in t.kinds and (t.percentage >= 100 or random.random() * 100 < t.percentage)]
         if not taking:
             return handler
-        return lambda scope, receive, send: self._tapped(taking, handler, scope, receive, send)
+        return functools.partial(self._tapped, taking, handler)
 
     def close(self) -> None:
         for tap in self.taps:
@@ -64,33 +65,28 @@ class HttpCapture:
 
     async def _tapped(self, taps: list[Tap], handler: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = time.time()
-        body: list[bytes] = []
         answer: list[bytes] = []
-        start: dict[str, object] = {}
+        start: list[Message] = []
 
-        async def receive_kept() -> Message:
-            message = await receive()
-            if message["type"] == "http.request":
-                body.append(message.get("body", b""))
-            return message
-
-        async def send_kept(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                start.update(message)
-            elif message["type"] == "http.response.body":
+        def send_kept(message: Message) -> Awaitable[None]:
+            # A plain function handing back send's own awaitable: no coroutine of its own per message.
+            if message["type"] == "http.response.body":
                 answer.append(message.get("body", b""))
-            await send(message)
+            elif message["type"] == "http.response.start":
+                start.append(message)
+            return send(message)
 
-        await handler(scope, receive_kept, send_kept)
-        status = start.get("status")
+        await handler(scope, receive, send_kept)
+        status = start[0].get("status") if start else None
         if not isinstance(status, int):
             return  # no answer went out
+        headers = scope.get("headers", ())
         event = CaptureEvent(
-            request_body=b"".join(body),
-            request_type=_header(scope.get("headers", ()), b"content-type"),
-            response_body=b"".join(answer),
-            response_type=_header(start.get("headers", ()), b"content-type"),  # type: ignore[arg-type]
-            inference_id=_header(scope.get("headers", ()), _INFERENCE_ID),
+            request_body=scope.get(BODY_KEY, b""),
+            request_type=_header(headers, b"content-type"),
+            response_body=answer[0] if len(answer) == 1 else b"".join(answer),
+            response_type=_header(start[0].get("headers", ()), b"content-type"),
+            inference_id=_header(headers, _INFERENCE_ID),
             time=arrived,
         )
         for tap in taps:

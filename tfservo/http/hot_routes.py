@@ -30,7 +30,7 @@ from tfservo.core.invocation import InvocationResult, error_result
 from tfservo.core.service import ModelService
 from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.protocol import lone_request
-from tfservo.http.routes import ROUTE_KEY
+from tfservo.http.routes import BODY_KEY, ROUTE_KEY
 from tfservo.http.runtime_api import (
     DEFAULT_VARIANT,
     RuntimeError_,
@@ -515,6 +515,7 @@ class HotRoutes:
                 return
             except ClientDisconnected:
                 return
+            scope[BODY_KEY] = body  # what data capture and the payload logger record
             if len(body) > held:  # a chunked body: held as read
                 if not self.budget.hold(len(body) - held):
                     await self._busy(send, runtime)

@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Mount, Route, compile_path
 from starlette.types import Receive, Scope, Send
 
 __all__ = [
+    "BODY_KEY",
     "CAPTURE_KEY",
     "METHOD_KEY",
     "ROUTES",
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 CAPTURE_KEY = "tfservo.capture"  # scope key: the route's data-capture kind, if it has one
+BODY_KEY = "tfservo.body"  # scope key: a hot route's request body, once read whole (for data capture)
 ROUTE_KEY = "tfservo.route"  # scope key: the name of the route that answered (metrics, access logs)
 METHOD_KEY = "tfservo.method"  # scope key: the `method` label of that route, where it has one
 
