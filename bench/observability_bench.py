@@ -44,6 +44,10 @@ ROUNDS = 6
 
 
 class _Receiver(BaseHTTPRequestHandler):
+    # Keeps connections open, as an OpenTelemetry collector and KServe's logger sink do (HTTP/1.0,
+    # the default, made each exporter connect anew for every batch it sent).
+    protocol_version = "HTTP/1.1"
+
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.send_response(202)
