@@ -119,6 +119,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--baseline", default=BASELINE)
     args, _ = parser.parse_known_args()
+    args.work, args.results = args.work.resolve(), args.results.resolve()  # the jobs run from the baseline's checkout
     work = args.work / "insurance"
     records = 400_000 if args.quick else 2_000_000
     make_input(work / "in", records)

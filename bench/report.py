@@ -63,9 +63,9 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "missed"
 
 
-def targets(runs: list[dict], ceiling: dict) -> list[str]:
-    """The targets of issue 28 (defaults against the floor and PyTriton), then the older ones
-    for every tfservo configuration."""
+def targets(runs: list[dict], ceiling: dict, more: list[str] | None = None) -> list[str]:
+    """The targets of issue 28 (defaults against the floor and PyTriton, then `more`: those
+    other benchmarks measure), then the older ones for every tfservo configuration."""
     out = ["| target | tfservo configuration | measured | verdict |", "|---|---|---|---|"]
     ours = [r for r in runs if r.get("family") == "tfservo" and "workload" in r]
 
@@ -94,6 +94,7 @@ def targets(runs: list[dict], ceiling: dict) -> list[str]:
             ok = share >= 0.95 and d8["rps"] >= 1.05 * tri8["rps"]
             out.append(f"| {workload} c=8, defaults: ≥ 0.95× in-process and ≥ 1.05× PyTriton | {defaults} | "
                        f"{share:.2f}× in-process, {d8['rps'] / tri8['rps']:.2f}× PyTriton | {_verdict(ok)} |")
+    out += more or []
     tri32 = _peer_runs(runs, "mlp", 32).get("pytriton")
     for r in [r for r in ours if r["workload"] == "mlp" and r["concurrency"] == 32]:
         if tri32 is None:
@@ -122,6 +123,47 @@ def targets(runs: list[dict], ceiling: dict) -> list[str]:
             f"| ResNet-50 b64 JPEG ≥ 85% of in-process ({ceil:.2f} images/s) | {r['server']} | "
             f"{r['rps']:.2f} req/s = {share:.0%}{per_cpu} | {'met' if share >= 0.85 else 'missed'} |"
         )
+    return out
+
+
+def _times(cell: object) -> float | None:
+    """A ratio cell such as "0.54×" as a number (None when absent)."""
+    try:
+        return float(str(cell).rstrip("×x"))
+    except ValueError:
+        return None
+
+
+def _section(results: Path, name: str) -> dict:
+    path = results / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def other_targets(results: Path) -> list[str]:
+    """Issue 28's targets that other benchmarks measure (their own sections below): gRPC against
+    its floor, the insurance-style transform against its model, the clusters against the local
+    engine."""
+    out = []
+    for row in _section(results, "grpc").get("rows", []):
+        if row.get("server") == "tfservo defaults" and row.get("call") == "TF Serving Predict":
+            share = _times(row.get("× floor"))
+            if share is not None:
+                out.append(f"| gRPC Predict c=32: ≥ 50% of the gRPC floor | tfservo defaults | {share:.0%} of the floor "
+                           f"(bench/grpc_floor.py) | {_verdict(share >= 0.5)} |")
+    for row in _section(results, "insurance").get("rows", []):
+        if "(this checkout)" in str(row.get("way", "")):
+            share = _times(row.get("× model only"))
+            if share is not None:
+                out.append(f"| insurance-style CSV transform: ≥ 30% of the model-only rate | local engine | {share:.2f}× "
+                           f"model only (bench/insurance_bench.py) | {_verdict(share >= 0.3)} |")
+    for row in _section(results, "clusters").get("rows", []):
+        if row.get("engine") == "local engine":
+            continue
+        images, records = _times(row.get("images × local")), _times(row.get("records × local"))
+        if images is not None and records is not None:
+            out.append(f"| clusters: images ≥ 0.9× and records ≥ 1× the local engine | {row['engine']} | images "
+                       f"{images:.2f}×, records {records:.2f}× (bench/cluster_bench.py) | "
+                       f"{_verdict(images >= 0.9 and records >= 1.0)} |")
     return out
 
 
@@ -228,7 +270,7 @@ def render(results: Path) -> str:
         lines.append(f"| re-measured later: {', '.join(rerun['only'])} | load average "
                      f"{' '.join(rerun['machine']['loadavg_at_start'])} at the start |")
     lines += ["", f"Batching settings (tfservo \"batching on\" and PyTriton's dynamic batcher): `{json.dumps(serving['batching'])}`", ""]
-    lines += ["### Targets", ""] + targets(runs, ceiling) + [""]
+    lines += ["### Targets", ""] + targets(runs, ceiling, other_targets(results)) + [""]
     lines += ["### Ceiling: in-process calls, no server", ""] + ceiling_table(ceiling)
     for workload, spec in serving["workloads"].items():
         for c in spec["concurrency"]:
@@ -250,5 +292,7 @@ def render(results: Path) -> str:
 
 if __name__ == "__main__":
     results_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
-    write_section(out, render(results_dir))
+    text = render(results_dir)
+    write_section(out, text)
     print(f"wrote {out}")
+    print(text[text.index("### Targets"):text.index("### Ceiling")].rstrip())  # the run ends with its verdicts
