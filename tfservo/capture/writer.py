@@ -135,7 +135,6 @@ class CaptureWriter:
         self._files = _CaptureFiles(config, endpoint, variant, spool, file_seconds, max_disk_percent, on_event)
         self._queued: collections.deque[tuple[float, bytes]] = collections.deque()
         self._queued_bytes = 0  # when to wake the writer early: a hint, so unlocked across threads
-        self._wake_asked = False
         self._wake = threading.Event()
         self._closed = False
         self._thread = threading.Thread(target=self._write_loop, name="tfservo-capture", daemon=True)
@@ -154,9 +153,8 @@ class CaptureWriter:
         line = capture_line(self.config, event)
         self._queued.append((event.time, line))
         self._queued_bytes += len(line)
-        if self._queued_bytes >= _WRITE_BYTES and not self._wake_asked:
-            self._wake_asked = True  # Event.set takes a lock and wakes the writer: once per batch
-            self._wake.set()
+        if self._queued_bytes >= _WRITE_BYTES and not self._wake.is_set():
+            self._wake.set()  # takes a lock and wakes the writer: once per batch, not per line
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, publish the open file and (s3://) upload every published file."""
@@ -170,7 +168,6 @@ class CaptureWriter:
 
     def _take(self) -> list[tuple[float, bytes]]:
         self._queued_bytes = 0
-        self._wake_asked = False
         return take_all(self._queued)
 
     def _write_loop(self) -> None:
