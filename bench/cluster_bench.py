@@ -4,9 +4,12 @@ in-process calls (issue 12).
 
 Jobs: the ResNet-50 b64 JPEG bundle over N JPEGs (`--content-type image/jpeg`, one request
 per image through code/inference.py), and the insurance-style CSV job (`id,value` lines,
-filters and join) over R records (120 million, 20 with --quick) in 8 objects. Each engine is timed as a command over the full
-input and over a quarter of it; (work_N − work_¼) / (T_N − T_¼) is its steady rate (cluster
-start, model loads and process start cancel out). Writes RESULTS/clusters.json.
+filters and join) over R records (120 million, 20 with --quick) in 8 objects. Each engine is
+timed as a command over the full input and over a quarter of it. The images' steady rate is
+taken within the full run, from its outputs' modification times after the first quarter's last
+one (cluster start, JVM and model loads all come before); the two-run rate, (work_N − work_¼) /
+(T_N − T_¼), is kept beside it and is the records' rate (8 outputs are too few to time within a
+run). Writes RESULTS/clusters.json.
 
 Usage: python bench/cluster_bench.py WORKDIR RESULTS [--quick]
 """

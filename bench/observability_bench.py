@@ -6,9 +6,8 @@ every request and exporting over OTLP/HTTP to that receiver. Every configuration
 up at once, side by side, and they are measured in turn, round after round (each round starting
 one configuration later), each after the one before has gone quiet (a server still exports
 spans and writes lines after its clients stop); each round's rate is compared with the "off" of
-its own round. This
-shared machine's rate drifts by more than the bounds between rounds, and a server started
-anew for each measurement added its own start-up noise. The issue's bounds: capture loses at
+its own round. This shared machine's rate drifts by more than the bounds between rounds,
+and a server started anew for each measurement added its own start-up noise. The issue's bounds: capture loses at
 most 5 % requests/s, tracing at most 10 %.
 
 Writes RESULTS/observability.json in the report's section format.
