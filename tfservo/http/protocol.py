@@ -21,7 +21,10 @@ it writes itself in JSON and limits on slow, idle and too many clients.
   from one among others (`lone_request(scope)`);
 - a response's status line and headers leave with its first body bytes, in one write, when its
   Content-Length says a body follows (uvicorn writes them apart: two syscalls, two segments and
-  two wake-ups of the client for every answer).
+  two wake-ups of the client for every answer);
+- after each answer the loop polls its sockets for up to `idle_poll` seconds instead of
+  sleeping at once, so a kept-alive client's next request finds the worker awake
+  (`idle_poll.IdlePoll`).
 
 This leans on uvicorn's internals (HttpToolsProtocol's connection, parser-callback and
 response hooks), so it lives here alone, uvicorn is pinned in requirements.lock, and
@@ -41,12 +44,16 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tfservo.codecs.media_types import JSON
+from tfservo.http.idle_poll import IdlePoll
 
 __all__ = ["ServingProtocol", "default_max_connections", "lone_request", "protocol_class"]
 
 # The scope key of a callable answering how many requests the server holds now (this one included).
 _REQUESTS_IN_PROGRESS = "tfservo.requests_in_progress"
 _HEADERS, _BODY = "headers", "body"  # what a part-read request still waits for
+# A worker polls after an answer only while it holds this many connections or fewer: with more,
+# their requests keep its loop busy, and a poll would take CPU from other work (docs/decisions.md).
+POLL_CONNECTIONS = 2
 
 
 def lone_request(scope: Mapping[str, Any]) -> bool:
@@ -72,9 +79,11 @@ class ServingProtocol(HttpToolsProtocol):
     body_timeout: float = 20.0
     min_body_rate: int = 500
     max_connections: int = 10_000
-    # This server's idle connections, oldest first (a dict keeps insertion order); each server
-    # gets its own through protocol_class.
+    idle_poll: float = 0.0  # seconds; 0: no polling
+    # This server's idle connections, oldest first (a dict keeps insertion order), and its loop's
+    # poll; each server gets its own through protocol_class.
     idle: dict[ServingProtocol, None] = {}
+    polls: dict[asyncio.AbstractEventLoop, IdlePoll] = {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -83,6 +92,9 @@ class ServingProtocol(HttpToolsProtocol):
         self._body_deadline = 0.0
         self._reading: str | None = None  # _HEADERS or _BODY while a request is part-read
         self._refusing_upgrade = False
+        self._poll = self.polls.get(self.loop) if self.idle_poll else None
+        if self._poll is None and self.idle_poll:
+            self._poll = self.polls[self.loop] = IdlePoll(self.loop, self.idle_poll)
         if len(self.connections) > self.max_connections and not self._close_idle():
             self._answer(
                 503,
@@ -101,6 +113,8 @@ class ServingProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self.idle.pop(self, None)
+        if self._poll is not None:
+            self._poll.arrived()
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
@@ -153,6 +167,8 @@ class ServingProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._poll is not None and len(self.connections) <= POLL_CONNECTIONS:
+            self._poll.answered()
         if self.timeout_keep_alive_task is not None:  # kept alive, waiting for the next request
             self.idle[self] = None
 
@@ -272,11 +288,11 @@ class _HeadWithBody:
 
 
 def protocol_class(*, header_timeout: float, max_connections: int, body_timeout: float = 20.0,
-                   min_body_rate: int = 500) -> Any:
+                   min_body_rate: int = 500, idle_poll: float = 0.0) -> Any:
     """The protocol class for one server's limits (uvicorn instantiates it per connection)."""
     return type(
         "ServingProtocol",
         (ServingProtocol,),
         {"header_timeout": header_timeout, "max_connections": max_connections, "body_timeout": body_timeout,
-         "min_body_rate": min_body_rate, "idle": {}},
+         "min_body_rate": min_body_rate, "idle_poll": idle_poll, "idle": {}, "polls": {}},
     )

@@ -168,6 +168,7 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, *
             body_timeout=settings.body_timeout,
             min_body_rate=settings.min_body_rate,
             max_connections=settings.max_connections or default_max_connections(),
+            idle_poll=settings.idle_poll_us / 1e6,
         ),
         ws="none",
         lifespan="off",
