@@ -34,15 +34,15 @@ def test_the_loop_polls_for_the_window_after_an_answer(loop):
     idle = _cpu_seconds_while(loop, 0.3)
     poll.answered()
     polled = _cpu_seconds_while(loop, 0.3)
-    assert idle < 0.03
-    assert polled > 0.05  # busy for (most of) its 0.2 s window, not asleep
+    assert idle < 0.02
+    assert polled > 0.04  # busy for its 0.2 s window (less if the machine is busy), not asleep
 
 
 def test_a_request_ends_the_poll(loop):
     poll = IdlePoll(loop, 0.2)
     poll.answered()
     poll.arrived()
-    assert _cpu_seconds_while(loop, 0.3) < 0.03
+    assert _cpu_seconds_while(loop, 0.3) < 0.02
     assert poll.window == 0.2
 
 
@@ -56,7 +56,7 @@ def test_requests_further_apart_than_the_most_turn_polling_off(loop):
         windows.append(poll.window)
     assert windows == [MOST / 2, MOST / 4, MOST / 8, 0.0]
     poll.answered()
-    assert _cpu_seconds_while(loop, 0.2) < 0.03  # off: an answer no longer polls
+    assert _cpu_seconds_while(loop, 0.2) < 0.02  # off: an answer no longer polls
 
 
 def test_requests_that_come_soon_after_a_poll_gave_up_lengthen_it_again(loop):

@@ -22,9 +22,9 @@ it writes itself in JSON and limits on slow, idle and too many clients.
 - a response's status line and headers leave with its first body bytes, in one write, when its
   Content-Length says a body follows (uvicorn writes them apart: two syscalls, two segments and
   two wake-ups of the client for every answer);
-- after each answer the loop polls its sockets for up to `idle_poll` seconds instead of
-  sleeping at once, so a kept-alive client's next request finds the worker awake
-  (`idle_poll.IdlePoll`).
+- after each answer, while the worker holds at most two connections, its loop polls their
+  sockets for up to `idle_poll` seconds instead of sleeping at once, so a kept-alive client's
+  next request finds it awake (`idle_poll.IdlePoll`).
 
 This leans on uvicorn's internals (HttpToolsProtocol's connection, parser-callback and
 response hooks), so it lives here alone, uvicorn is pinned in requirements.lock, and
@@ -53,7 +53,7 @@ _REQUESTS_IN_PROGRESS = "tfservo.requests_in_progress"
 _HEADERS, _BODY = "headers", "body"  # what a part-read request still waits for
 # A worker polls after an answer only while it holds this many connections or fewer: with more,
 # their requests keep its loop busy, and a poll would take CPU from other work (docs/decisions.md).
-POLL_CONNECTIONS = 2
+_POLL_CONNECTIONS = 2
 
 
 def lone_request(scope: Mapping[str, Any]) -> bool:
@@ -167,7 +167,7 @@ class ServingProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._poll is not None and len(self.connections) <= POLL_CONNECTIONS:
+        if self._poll is not None and len(self.connections) <= _POLL_CONNECTIONS:
             self._poll.answered()
         if self.timeout_keep_alive_task is not None:  # kept alive, waiting for the next request
             self.idle[self] = None
