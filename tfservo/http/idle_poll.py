@@ -24,7 +24,8 @@ __all__ = ["IdlePoll"]
 
 
 class IdlePoll:
-    """The poll of one event loop: `answered()` after each answer, `arrived()` on each read."""
+    """The poll of one event loop: `answered()` after each answer, `arrived()` when a request's
+    first bytes come in."""
 
     __slots__ = ("_loop", "_most", "_least", "_window", "_until", "_last_answer", "_polling", "_arrived")
 
@@ -56,7 +57,7 @@ class IdlePoll:
             self._loop.call_soon(self._poll)
 
     def arrived(self) -> None:
-        """Bytes arrived: a poll in progress has done its job. Arriving while none was, within
+        """A request arrived: a poll in progress has done its job. Arriving while none was, within
         the most after the last answer, lengthens the next poll; arriving later shortens it."""
         if self._polling:
             self._arrived = True

@@ -112,8 +112,9 @@ class ServingProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        starting = self in self.idle  # a request's first bytes (later reads of a body are not arrivals)
         self.idle.pop(self, None)
-        if self._poll is not None:
+        if starting and self._poll is not None:
             self._poll.arrived()
         self._unset_keepalive_if_required()
         try:
