@@ -246,9 +246,9 @@ class Settings:
         "when every one is busy does a new one get 503 [default: the process's file limit less 128].")
     idle_poll_us: int = setting(  # after an answer the loop polls this long before it sleeps
         200, "--idle-poll-us", env="TFSERVO_IDLE_POLL_US", check="non_negative", metavar="MICROSECONDS",
-        help="After each answer a worker keeps polling its connections for up to this long before it "
-        "sleeps, so a kept-alive client's next request finds it awake; shortened while requests come "
-        "further apart [default: 200; 0: off].")
+        help="After each answer a worker with at most two connections keeps polling them for up to this "
+        "long before it sleeps, so a kept-alive client's next request finds it awake; shortened while "
+        "requests come further apart [default: 200; 0: off].")
     max_queued_per_model: int = setting(  # invocations of one model waiting for a thread, per worker
         256, "--max-queued-per-model", env="TFSERVO_MAX_QUEUED_PER_MODEL", check="non_negative", metavar="N",
         help="Calls of one model that may wait for a thread while its share of them (48 of 64) is busy, per "
