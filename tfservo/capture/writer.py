@@ -88,17 +88,15 @@ def _event_id() -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-_second_text = (-1, "")  # the last second formatted, and its text: one tuple, read and replaced whole
+@functools.lru_cache(maxsize=4)
+def _iso_second(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))
 
 
 def _iso_time(when: float) -> str:
     """`when` as SageMaker writes inferenceTime: UTC to the millisecond, with a Z."""
-    global _second_text
     second, milli = divmod(int(when * 1000), 1000)
-    last = _second_text
-    if last[0] != second:
-        last = _second_text = (second, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second)))
-    return f"{last[1]}{milli:03d}Z"
+    return f"{_iso_second(second)}{milli:03d}Z"
 
 
 def _payload(config: CaptureConfig, mode: str, content_type: str | None, body: bytes) -> dict[str, str]:
