@@ -81,9 +81,10 @@ class ServingProtocol(HttpToolsProtocol):
     max_connections: int = 10_000
     idle_poll: float = 0.0  # seconds; 0: no polling
     # This server's idle connections, oldest first (a dict keeps insertion order), and its loop's
-    # poll; each server gets its own through protocol_class.
+    # poll (made with its first connection, when the loop is known); each server gets its own
+    # through protocol_class.
     idle: dict[ServingProtocol, None] = {}
-    polls: dict[asyncio.AbstractEventLoop, IdlePoll] = {}
+    poll: IdlePoll | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -92,9 +93,8 @@ class ServingProtocol(HttpToolsProtocol):
         self._body_deadline = 0.0
         self._reading: str | None = None  # _HEADERS or _BODY while a request is part-read
         self._refusing_upgrade = False
-        self._poll = self.polls.get(self.loop) if self.idle_poll else None
-        if self._poll is None and self.idle_poll:
-            self._poll = self.polls[self.loop] = IdlePoll(self.loop, self.idle_poll)
+        if self.idle_poll and self.poll is None:
+            type(self).poll = IdlePoll(self.loop, self.idle_poll)
         if len(self.connections) > self.max_connections and not self._close_idle():
             self._answer(
                 503,
@@ -114,8 +114,8 @@ class ServingProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         starting = self in self.idle  # a request's first bytes (later reads of a body are not arrivals)
         self.idle.pop(self, None)
-        if starting and self._poll is not None:
-            self._poll.arrived()
+        if starting and self.poll is not None:
+            self.poll.arrived()
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
@@ -168,8 +168,8 @@ class ServingProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._poll is not None and len(self.connections) <= _POLL_CONNECTIONS:
-            self._poll.answered()
+        if self.poll is not None and len(self.connections) <= _POLL_CONNECTIONS:
+            self.poll.answered()
         if self.timeout_keep_alive_task is not None:  # kept alive, waiting for the next request
             self.idle[self] = None
 
@@ -295,5 +295,5 @@ def protocol_class(*, header_timeout: float, max_connections: int, body_timeout:
         "ServingProtocol",
         (ServingProtocol,),
         {"header_timeout": header_timeout, "max_connections": max_connections, "body_timeout": body_timeout,
-         "min_body_rate": min_body_rate, "idle_poll": idle_poll, "idle": {}, "polls": {}},
+         "min_body_rate": min_body_rate, "idle_poll": idle_poll, "idle": {}, "poll": None},
     )
