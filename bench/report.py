@@ -134,29 +134,35 @@ def _times(cell: object) -> float | None:
         return None
 
 
-def _section(results: Path, name: str) -> dict:
-    path = results / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+def extra_sections(results: Path) -> dict[str, dict]:
+    """The sections other benchmarks wrote (RESULTS/NAME.json with a title and rows), by NAME."""
+    sections = {}
+    for path in sorted(results.glob("*.json")):
+        if path.name not in ("ceiling.json", "serving.json"):
+            doc = json.loads(path.read_text())
+            if isinstance(doc, dict) and "title" in doc and isinstance(doc.get("rows"), list):
+                sections[path.stem] = doc
+    return sections
 
 
-def other_targets(results: Path) -> list[str]:
+def other_targets(sections: dict[str, dict]) -> list[str]:
     """Issue 28's targets that other benchmarks measure (their own sections below): gRPC against
     its floor, the insurance-style transform against its model, the clusters against the local
     engine."""
     out = []
-    for row in _section(results, "grpc").get("rows", []):
+    for row in sections.get("grpc", {}).get("rows", []):
         if row.get("server") == "tfservo defaults" and row.get("call") == "TF Serving Predict":
             share = _times(row.get("× floor"))
             if share is not None:
                 out.append(f"| gRPC Predict c=32: ≥ 50% of the gRPC floor | tfservo defaults | {share:.0%} of the floor "
                            f"(bench/grpc_floor.py) | {_verdict(share >= 0.5)} |")
-    for row in _section(results, "insurance").get("rows", []):
+    for row in sections.get("insurance", {}).get("rows", []):
         if "(this checkout)" in str(row.get("way", "")):
             share = _times(row.get("× model only"))
             if share is not None:
                 out.append(f"| insurance-style CSV transform: ≥ 30% of the model-only rate | local engine | {share:.2f}× "
                            f"model only (bench/insurance_bench.py) | {_verdict(share >= 0.3)} |")
-    for row in _section(results, "clusters").get("rows", []):
+    for row in sections.get("clusters", {}).get("rows", []):
         if row.get("engine") == "local engine":
             continue
         images, records = _times(row.get("images × local")), _times(row.get("records × local"))
@@ -241,6 +247,7 @@ def render(results: Path) -> str:
     ceiling = json.loads((results / "ceiling.json").read_text())
     serving = json.loads((results / "serving.json").read_text())
     m, runs = serving["machine"], serving["runs"]
+    sections = extra_sections(results)
     lines = [
         "## Serving: tfservo beside PyTriton, KServe and FastAPI",
         "",
@@ -270,7 +277,7 @@ def render(results: Path) -> str:
         lines.append(f"| re-measured later: {', '.join(rerun['only'])} | load average "
                      f"{' '.join(rerun['machine']['loadavg_at_start'])} at the start |")
     lines += ["", f"Batching settings (tfservo \"batching on\" and PyTriton's dynamic batcher): `{json.dumps(serving['batching'])}`", ""]
-    lines += ["### Targets", ""] + targets(runs, ceiling, other_targets(results)) + [""]
+    lines += ["### Targets", ""] + targets(runs, ceiling, other_targets(sections)) + [""]
     lines += ["### Ceiling: in-process calls, no server", ""] + ceiling_table(ceiling)
     for workload, spec in serving["workloads"].items():
         for c in spec["concurrency"]:
@@ -279,11 +286,8 @@ def render(results: Path) -> str:
     failed = [r for r in runs if "failed" in r]
     if failed:
         lines += ["### Runs that failed", ""] + [f"- {r['model']}: {r['server']}: {r['failed']}" for r in failed] + [""]
-    for extra in sorted(results.glob("*.json")):
-        if extra.name not in ("ceiling.json", "serving.json"):
-            doc = json.loads(extra.read_text())
-            if isinstance(doc, dict) and "title" in doc and isinstance(doc.get("rows"), list):
-                lines += extra_section(doc)  # written by a bench/more/*.sh hook
+    for doc in sections.values():
+        lines += extra_section(doc)  # written by a bench/more/*.sh hook
     analysis = Path(__file__).with_name("analysis.md")
     if analysis.exists():
         lines += [analysis.read_text().rstrip(), ""]
