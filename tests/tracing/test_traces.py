@@ -144,6 +144,29 @@ def test_grpc_predict_continues_the_callers_trace(receiver) -> None:
     assert next(s for s in trace if s.name == "model").parent_id == entry.span_id
 
 
+def test_spans_past_the_export_queue_are_dropped_with_a_line_that_counts_them(receiver) -> None:
+    """A full export queue drops spans, never silently: a line at the first drop, and one with
+    the count when the worker stops; the spans that were queued are still exported."""
+    received, endpoint = receiver
+    trace_id = "5b8aa5a2d2c872e8321cf37308d69df2"
+    env = {**otel_env(endpoint), "OTEL_BSP_MAX_QUEUE_SIZE": "3", "OTEL_BSP_SCHEDULE_DELAY": "600000"}
+    with ServerProcess([str(SMC / "resources" / "models" / "half_plus_three")], env=env) as server:
+        for _ in range(3):  # four or more spans each: the first request alone fills the queue
+            answer = httpx.post(f"{server.url}/invocations", json={"instances": [1.0]},
+                                headers={"traceparent": f"00-{trace_id}-{CALLER}-01"}, timeout=30)
+            assert answer.status_code == 200
+        server.wait_for("spans dropped")
+        first = [line for line in server.output.splitlines() if "spans dropped" in line]
+        assert len(first) == 1 and "tracing: spans dropped: 1 (1 since the start); 3 already waited" in first[0]
+        assert "OTEL_TRACES_SAMPLER=parentbased_traceidratio" in first[0]
+        server.stop()
+    last = [line for line in server.output.splitlines() if "spans dropped" in line][-1]
+    dropped = int(last.split("since the start")[0].rsplit("(", 1)[1])
+    assert dropped >= 9 and len(first) == 1 and last != first[0]
+    spans = received.wait_for(lambda spans: len(in_trace(spans, trace_id)) >= 3)
+    assert len(in_trace(spans, trace_id)) == 3
+
+
 def test_unset_otel_variables_export_nothing(receiver) -> None:
     received, endpoint = receiver
     before = len(received.spans)

@@ -14,6 +14,7 @@ OTEL_BSP_MAX_EXPORT_BATCH_SIZE keep their meaning.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:  # the SDK is the [otel] extra
 __all__ = ["ChildExport", "exporter_class", "phase_wire", "span_wire"]
 
 log = logging.getLogger("tfservo.tracing")
+
+_DROPS_LOGGED_EVERY = 60.0  # seconds between two lines about dropped spans while drops go on
 
 # (name, trace id, span id, trace flags, trace state, parent span id or 0, parent is remote,
 #  kind, start ns, end ns, attributes, status code, status description, events, links, scope)
@@ -76,7 +79,9 @@ class ChildExport:
     def __init__(self, names: list[str], resource: Resource, environ: Mapping[str, str]) -> None:
         self.max_queue = int(_number(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048))
         batch = int(_number(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
-        self.dropped = 0
+        self.dropped = 0  # spans dropped so far (from any thread: a count for the log, not exact)
+        self.reported = 0  # of them, those a log line has counted
+        self.reported_at = -_DROPS_LOGGED_EVERY  # monotonic time of that line
         self.offload = Offload(
             _Exporters, (names, dict(environ), dict(resource.attributes), resource.schema_url, batch),
             name="tfservo-trace-export", delay=_number(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000,
@@ -94,19 +99,34 @@ class ChildExport:
             self.add(span_wire(span))
 
     def add(self, wire: Wire) -> None:
-        """Hold a finished span for the next batch (dropped, and counted, past the queue size)."""
+        """Hold a finished span for the next batch; past the queue size it is dropped and counted,
+        and a line says so at the first drop and at most once a minute while drops go on."""
         if not self.offload.add(wire):
             self.dropped += 1
+            if time.monotonic() - self.reported_at >= _DROPS_LOGGED_EVERY:
+                self._report()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Send what is held and wait until the child has exported it."""
-        return self.offload.flush(timeout_millis / 1000)
+        """Send what is held and wait until the child has exported it; log the spans dropped
+        since the last such line."""
+        done = self.offload.flush(timeout_millis / 1000)
+        self._report()
+        return done
 
     def shutdown(self) -> None:
         self.offload.close()
-        if self.dropped:
-            log.warning("%d spans were dropped: more than OTEL_BSP_MAX_QUEUE_SIZE=%d waited to be exported",
-                        self.dropped, self.max_queue)
+        self._report()
+
+    def _report(self) -> None:
+        """One line for the spans dropped since the last one, if any."""
+        dropped = self.dropped
+        if dropped > self.reported:
+            log.warning(
+                "tracing: spans dropped: %d (%d since the start); %d already waited for the export process, which "
+                "cannot keep up with this rate; sample fewer requests (OTEL_TRACES_SAMPLER=parentbased_traceidratio, "
+                "OTEL_TRACES_SAMPLER_ARG=0.1) or raise OTEL_BSP_MAX_QUEUE_SIZE",
+                dropped - self.reported, dropped, self.max_queue)
+            self.reported, self.reported_at = dropped, time.monotonic()
 
 
 class _Exporters:
