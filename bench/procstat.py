@@ -20,8 +20,9 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds used so far by `root` and every live descendant."""
+def tree_cpu_seconds(root: int, command: bytes | None = None) -> float:
+    """CPU seconds used so far by `root` and every live descendant (only those whose command
+    line holds `command`, when given)."""
     stats = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -34,10 +35,18 @@ def tree_cpu_seconds(root: int) -> float:
     total, todo = 0.0, [root]
     while todo:
         pid = todo.pop()
-        if pid in stats:
+        if pid in stats and (command is None or command in _command_line(pid)):
             total += stats[pid][1]
         todo.extend(children.get(pid, []))
     return total
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def machine_busy_seconds() -> float:
