@@ -145,8 +145,8 @@ def test_grpc_predict_continues_the_callers_trace(receiver) -> None:
 
 
 def test_spans_past_the_export_queue_are_dropped_with_a_line_that_counts_them(receiver) -> None:
-    """A full export queue drops spans, never silently: a line at the first drop, and one with
-    the count when the worker stops; the spans that were queued are still exported."""
+    """A full export queue drops spans, never silently: a line at the first drop, a metric, and
+    a line with the count when the worker stops; the spans that were queued are still exported."""
     received, endpoint = receiver
     trace_id = "5b8aa5a2d2c872e8321cf37308d69df2"
     env = {**otel_env(endpoint), "OTEL_BSP_MAX_QUEUE_SIZE": "3", "OTEL_BSP_SCHEDULE_DELAY": "600000"}
@@ -159,6 +159,10 @@ def test_spans_past_the_export_queue_are_dropped_with_a_line_that_counts_them(re
         first = [line for line in server.output.splitlines() if "spans dropped" in line]
         assert len(first) == 1 and "tracing: spans dropped: 1 (1 since the start); 3 already waited" in first[0]
         assert "OTEL_TRACES_SAMPLER=parentbased_traceidratio" in first[0]
+        metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+        counted = float(next(line.split()[-1] for line in metrics.splitlines()
+                             if line.startswith("tfservo_trace_spans_dropped_total")))
+        assert counted >= 9
         server.stop()
     last = [line for line in server.output.splitlines() if "spans dropped" in line][-1]
     dropped = int(last.split("since the start")[0].rsplit("(", 1)[1])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, TypeAlias
 
 from tfservo.core.offload import Offload
@@ -82,6 +82,7 @@ class ChildExport:
         self.dropped = 0  # spans dropped so far (from any thread: a count for the log, not exact)
         self.reported = 0  # of them, those a log line has counted
         self.reported_at = -_DROPS_LOGGED_EVERY  # monotonic time of that line
+        self.on_drop: Callable[[], None] = lambda: None  # each drop (the worker's metric)
         self.offload = Offload(
             _Exporters, (names, dict(environ), dict(resource.attributes), resource.schema_url, batch),
             name="tfservo-trace-export", delay=_number(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000,
@@ -103,6 +104,7 @@ class ChildExport:
         and a line says so at the first drop and at most once a minute while drops go on."""
         if not self.offload.add(wire):
             self.dropped += 1
+            self.on_drop()
             if time.monotonic() - self.reported_at >= _DROPS_LOGGED_EVERY:
                 self._report()
 

@@ -18,7 +18,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeAlias
@@ -144,6 +144,13 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         _PHASES = _PhaseRecorder(resource, child, console, provider.sampler)
         log.info("tracing on: %s exporter(s), service %s", ",".join(exporters), resource.attributes[SERVICE_NAME])
         return True
+
+
+def on_dropped(count: Callable[[], None]) -> None:
+    """Have `count()` called for each span dropped because the export queue was full (a
+    worker's metric); nothing when tracing is off or exports from this process only."""
+    if _PHASES is not None and _PHASES.child is not None:
+        _PHASES.child.on_drop = count
 
 
 def flush(timeout_seconds: float = 5.0) -> None:

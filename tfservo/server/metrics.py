@@ -193,6 +193,10 @@ class Metrics:
             "tfservo_payload_log_events", "Payload log events, by result: sent, failed (the receiver "
             "answered an error or could not be reached), dropped (the queue was full)", ["result"], registry=reg,
         )
+        self.spans_dropped = Counter(
+            "tfservo_trace_spans_dropped", "Spans not exported because the export queue was full "
+            "(OTEL_BSP_MAX_QUEUE_SIZE): the export process could not keep up; sample fewer requests", registry=reg,
+        )
         self.on_answered: Callable[[], None] | None = None  # the worker's watch counts answers
         self._replacements: _Replacements | None = None
         self._failures_counted: set[int] = set()
@@ -247,6 +251,10 @@ class Metrics:
             self.payload_events.labels(kind.removeprefix("payload_")).inc(count)
         elif kind in ("uploaded", "upload_failed"):
             self.capture_uploads.labels("ok" if kind == "uploaded" else "failed").inc(count)
+
+    def span_dropped(self) -> None:
+        """Tracing's on_dropped: one span dropped past the export queue."""
+        self.tally.inc(self.spans_dropped)
 
     def auth_refused(self, reason: str) -> None:
         self.auth_refusals.labels(reason).inc()

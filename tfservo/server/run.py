@@ -16,6 +16,7 @@ from starlette.types import ASGIApp
 
 from tfservo.auth.audit import ManagementGate
 from tfservo.auth.doors import log_access
+from tfservo.core import tracing
 from tfservo.core.errors import ServingError
 from tfservo.core.memory import resident_bytes
 from tfservo.core.settings import Settings
@@ -63,6 +64,7 @@ def start_worker(
     service = build_service(
         settings, on_event=metrics.model_event, on_batch=metrics.batch_hook, on_run=metrics.run_hook
     )
+    tracing.on_dropped(metrics.span_dropped)
     # TensorFlow leaves ~270k objects on the heap; a full GC pass over them held the GIL for
     # 100-300 ms, a p99 stall for every request in flight. Frozen objects are never scanned.
     gc.freeze()
