@@ -95,19 +95,25 @@ def exported_spans(batches: list[bytes]) -> dict[str, list[bytes]]:
     return by_service
 
 
-def span_count(batches: list[bytes]) -> int:
+def spans_and_traces(batches: list[bytes]) -> tuple[int, int]:
+    """How many spans the batches hold, and in how many traces (a request's spans share its
+    trace, and a request without a traceparent starts one)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    return sum(len(scope_spans.spans) for batch in batches
-               for resource_spans in ExportTraceServiceRequest.FromString(batch).resource_spans
-               for scope_spans in resource_spans.scope_spans)
+    spans, traces = 0, set()
+    for batch in batches:
+        for resource_spans in ExportTraceServiceRequest.FromString(batch).resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                spans += len(scope_spans.spans)
+                traces.update(span.trace_id for span in scope_spans.spans)
+    return spans, len(traces)
 
 
-def encoder_cost(batch: bytes) -> tuple[float, float]:
-    """(µs a span, spans a request) of the OpenTelemetry SDK's OTLP encoder, timed on the spans of
-    one batch a tracing server exported (rebuilt as the SDK's spans, under one resource whose
-    hash is made once, as tfservo's export child does): the part of tracing's export that no
-    exporter built on the SDK avoids. A request's spans share its trace."""
+def encoder_cost(batch: bytes) -> float:
+    """µs a span of the OpenTelemetry SDK's OTLP encoder, timed on the spans of one batch a
+    tracing server exported (rebuilt as the SDK's spans, under one resource whose hash is made
+    once, as tfservo's export child does): the part of tracing's export that no exporter built
+    on the SDK avoids."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.sdk.resources import Resource
@@ -125,13 +131,12 @@ def encoder_cost(batch: bytes) -> tuple[float, float]:
     def attributes(pairs: object) -> dict:
         return {kv.key: value(kv.value) for kv in pairs}  # type: ignore[attr-defined]
 
-    spans, traces = [], set()
+    spans = []
     for resource_spans in ExportTraceServiceRequest.FromString(batch).resource_spans:
         resource = OneResource(attributes(resource_spans.resource.attributes))
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 trace_id = int.from_bytes(span.trace_id, "big")
-                traces.add(trace_id)
                 parent_id = int.from_bytes(span.parent_span_id, "big")
                 spans.append(ReadableSpan(
                     span.name, SpanContext(trace_id, int.from_bytes(span.span_id, "big"), False, TraceFlags(1)),
@@ -144,7 +149,7 @@ def encoder_cost(batch: bytes) -> tuple[float, float]:
     while time.perf_counter() - start < 1.0:
         encode_spans(spans).SerializeToString()
         calls += 1
-    return (time.perf_counter() - start) / calls / len(spans) * 1e6, len(spans) / len(traces)
+    return (time.perf_counter() - start) / calls / len(spans) * 1e6
 
 
 def settle(pid: int, limit: float = 120.0) -> None:
@@ -272,8 +277,9 @@ def main() -> None:
         "answered in its run before, 16 to a writev, to the same disk: no capture to that folder can cost less.",
     ]
     if export_cpu and traced:
-        span_us, spans = encoder_cost(traced[-1])
-        exported = span_count(traced)
+        span_us = encoder_cost(max(traced, key=len))
+        exported, traces = spans_and_traces(traced)
+        spans = exported / traces
         floors.append(
             f"Tracing's floor: with everything off a request costs the server {off_us:.0f} µs of CPU, so the 10 % bound "
             f"leaves {off_us / 10:.0f} µs a request for recording and exporting its spans. The OpenTelemetry SDK's OTLP "
