@@ -82,74 +82,53 @@ def serve(bundle: str, extra: list[str], log: Path, env: dict[str, str] | None =
     raise RuntimeError(f"tfservo did not start; see {log}")
 
 
-def exported_spans(batches: list[bytes]) -> dict[str, list[bytes]]:
-    """The received batches by the service that sent them (OTEL_SERVICE_NAME)."""
+def traced_batches(batches: list[bytes], service: str) -> list[tuple[dict, list]]:
+    """What each received batch holds from `service` (its OTEL_SERVICE_NAME), parsed once:
+    (resource attributes, OTLP spans) per batch."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    by_service: dict[str, list[bytes]] = {}
+    out = []
     for batch in batches:
         for resource_spans in ExportTraceServiceRequest.FromString(batch).resource_spans:
-            service = next((kv.value.string_value for kv in resource_spans.resource.attributes
-                            if kv.key == "service.name"), "")
-            by_service.setdefault(service, []).append(batch)
-    return by_service
+            resource = _attributes(resource_spans.resource.attributes)
+            if resource.get("service.name") == service:
+                out.append((resource, [span for scope in resource_spans.scope_spans for span in scope.spans]))
+    return out
 
 
-def spans_and_traces(batches: list[bytes]) -> tuple[int, int]:
-    """How many spans the batches hold, and in how many traces (a request's spans share its
-    trace, and a request without a traceparent starts one)."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    spans, traces = 0, set()
-    for batch in batches:
-        for resource_spans in ExportTraceServiceRequest.FromString(batch).resource_spans:
-            for scope_spans in resource_spans.scope_spans:
-                spans += len(scope_spans.spans)
-                traces.update(span.trace_id for span in scope_spans.spans)
-    return spans, len(traces)
-
-
-def encoder_cost(batch: bytes) -> float:
-    """µs a span of the OpenTelemetry SDK's OTLP encoder, timed on the spans of one batch a
-    tracing server exported (rebuilt as the SDK's spans, under one resource whose hash is made
-    once, as tfservo's export child does): the part of tracing's export that no exporter built
-    on the SDK avoids."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
-
-    class OneResource(Resource):
-        def __hash__(self) -> int:
-            return 0
-
+def _attributes(pairs: object) -> dict:
     def value(any_value: object) -> object:
         kind = any_value.WhichOneof("value")  # type: ignore[attr-defined]
         return getattr(any_value, kind) if kind in ("string_value", "int_value", "double_value", "bool_value") else str(any_value)
 
-    def attributes(pairs: object) -> dict:
-        return {kv.key: value(kv.value) for kv in pairs}  # type: ignore[attr-defined]
+    return {kv.key: value(kv.value) for kv in pairs}  # type: ignore[attr-defined]
 
-    spans = []
-    for resource_spans in ExportTraceServiceRequest.FromString(batch).resource_spans:
-        resource = OneResource(attributes(resource_spans.resource.attributes))
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                trace_id = int.from_bytes(span.trace_id, "big")
-                parent_id = int.from_bytes(span.parent_span_id, "big")
-                spans.append(ReadableSpan(
-                    span.name, SpanContext(trace_id, int.from_bytes(span.span_id, "big"), False, TraceFlags(1)),
-                    SpanContext(trace_id, parent_id, False, TraceFlags(1)) if parent_id else None, resource,
-                    attributes(span.attributes), kind=SpanKind(max(span.kind - 1, 0)),
-                    start_time=span.start_time_unix_nano, end_time=span.end_time_unix_nano,
-                ))
-    encode_spans(spans).SerializeToString()
+
+def encoder_cost(resource: dict, spans: list) -> float:
+    """µs a span of the OpenTelemetry SDK's OTLP encoder, timed on spans a tracing server
+    exported, rebuilt by the export child's own `rebuilder`: the part of tracing's export that
+    no exporter built on the SDK avoids."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from tfservo.core.trace_export import phase_wire, rebuilder
+
+    rebuild, sampled = rebuilder(resource), TraceFlags(TraceFlags.SAMPLED)
+    readable = []
+    for span in spans:
+        trace_id, span_id = int.from_bytes(span.trace_id, "big"), int.from_bytes(span.span_id, "big")
+        parent_id = int.from_bytes(span.parent_span_id, "big")
+        readable.append(rebuild(phase_wire(
+            span.name, SpanContext(trace_id, span_id, False, sampled), span_id,
+            SpanContext(trace_id, parent_id, False, sampled) if parent_id else None, _attributes(span.attributes),
+            span.start_time_unix_nano, span.end_time_unix_nano, None, max(span.kind - 1, 0),  # OTLP's kinds start at 1
+        )))
+    encode_spans(readable).SerializeToString()
     calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < 1.0:
-        encode_spans(spans).SerializeToString()
+        encode_spans(readable).SerializeToString()
         calls += 1
-    return (time.perf_counter() - start) / calls / len(spans) * 1e6
+    return (time.perf_counter() - start) / calls / len(readable) * 1e6
 
 
 def settle(pid: int, limit: float = 120.0) -> None:
@@ -217,7 +196,6 @@ def main() -> None:
                            authorization=authorizations.get(name))
             off_rps = warm["rps"] if name == "off" else off_rps
             settle(proc.pid)
-        servers[FLOOR] = servers["off"]
         answer = scratch / "answer.json"
         with urllib.request.urlopen(urllib.request.Request(servers["off"][1] + "/invocations", data=Path(body).read_bytes(),
                                                            headers={"Content-Type": "application/json"})) as reply:
@@ -228,7 +206,7 @@ def main() -> None:
         for round_ in range(rounds):  # interleaved: drift on a shared machine hits every configuration alike
             # each round starts one configuration later, so no configuration always runs first or last
             for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-                proc, url = servers[name]
+                proc, url = servers["off" if name == FLOOR else name]
                 writer = None
                 if name == FLOOR:  # as many lines a second as "off" answered in its last run
                     writer = subprocess.Popen([sys.executable, str(Path(__file__).with_name("capture_floor.py")),
@@ -255,7 +233,7 @@ def main() -> None:
         receiver.shutdown()
     # Each worker's lines say how many spans it dropped since its line before.
     dropped = sum(int(m) for m in re.findall(r"spans dropped: (\d+)", logs[TRACED].read_text()))
-    traced = exported_spans(_Receiver.traces).get("traced", [])
+    traced = traced_batches(_Receiver.traces, "traced")
     captured = sum(1 for path in (scratch / "captured").rglob("*.jsonl") for _ in open(path))
     line_bytes = len(next(open(path, "rb") for path in (scratch / "captured").rglob("*.jsonl")).readline())
     shutil.rmtree(scratch, ignore_errors=True)
@@ -277,9 +255,9 @@ def main() -> None:
         "answered in its run before, 16 to a writev, to the same disk: no capture to that folder can cost less.",
     ]
     if export_cpu and traced:
-        span_us = encoder_cost(max(traced, key=len))
-        exported, traces = spans_and_traces(traced)
-        spans = exported / traces
+        span_us = encoder_cost(*max(traced, key=lambda batch: len(batch[1])))
+        exported = sum(len(spans) for _, spans in traced)
+        spans = exported / len({span.trace_id for _, batch in traced for span in batch})  # a request's trace
         floors.append(
             f"Tracing's floor: with everything off a request costs the server {off_us:.0f} µs of CPU, so the 10 % bound "
             f"leaves {off_us / 10:.0f} µs a request for recording and exporting its spans. The OpenTelemetry SDK's OTLP "

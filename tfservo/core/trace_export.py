@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the SDK is the [otel] extra
     from opentelemetry.trace import SpanContext
     from opentelemetry.util.types import AttributeValue
 
-__all__ = ["ChildExport", "exporter_class", "phase_wire", "span_wire"]
+__all__ = ["ChildExport", "exporter_class", "phase_wire", "rebuilder", "span_wire"]
 
 log = logging.getLogger("tfservo.tracing")
 
@@ -136,21 +136,8 @@ class _Exporters:
 
     def __init__(self, reply: object, names: list[str], environ: dict[str, str], resource_attributes: _Attributes,
                  schema_url: str | None, batch: int) -> None:
-        from opentelemetry.sdk.resources import Resource
-
         self.exporters = [exporter_class(name, environ)() for name in names]
-        class OneResource(Resource):
-            """The SDK's encoder groups spans by resource, and Resource's hash is a JSON dump of
-            its attributes, made again for every span: this one's is made once."""
-
-            def __init__(self, attributes: _Attributes, schema_url: str | None) -> None:
-                super().__init__(attributes, schema_url)
-                self.kept_hash = super().__hash__()
-
-            def __hash__(self) -> int:
-                return self.kept_hash
-
-        self.build = _Rebuild(OneResource(resource_attributes, schema_url))
+        self.build = rebuilder(resource_attributes, schema_url)
         self.batch = batch
 
     def handle(self, wires: list[Wire]) -> None:
@@ -165,6 +152,24 @@ class _Exporters:
     def close(self) -> None:
         for exporter in self.exporters:
             exporter.shutdown()
+
+
+def rebuilder(resource_attributes: _Attributes, schema_url: str | None = None) -> Callable[[Wire], ReadableSpan]:
+    """Plain values → the SDK's ReadableSpan, as the export child rebuilds spans for the SDK's
+    exporters (and the observability benchmark times the SDK's encoder on them). Their one
+    resource makes its hash once: the SDK's encoder groups spans by resource, and Resource's
+    own hash is a JSON dump of its attributes, made again for every span."""
+    from opentelemetry.sdk.resources import Resource
+
+    class OneResource(Resource):
+        def __init__(self, attributes: _Attributes, schema_url: str | None) -> None:
+            super().__init__(attributes, schema_url)
+            self.kept_hash = super().__hash__()
+
+        def __hash__(self) -> int:
+            return self.kept_hash
+
+    return _Rebuild(OneResource(resource_attributes, schema_url))
 
 
 class _Rebuild:
