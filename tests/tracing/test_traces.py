@@ -107,7 +107,9 @@ def test_input_and_output_handler_spans_and_batching_over_otlp_http(tmp_path) ->
             answer = httpx.post(f"{server.url}/invocations", json={"values": [1.0]},
                                 headers={"traceparent": TRACEPARENT}, timeout=30)
             assert answer.json() == {"predictions": [3.5]}
-            spans = received.wait_for(lambda spans: {"input_handler", "output_handler", "batch.run"} <= {
+            # every span the assertions below read (the server span ends last, and may come in a later batch)
+            spans = received.wait_for(lambda spans: {"POST /invocations", "input_handler", "output_handler", "model",
+                                                     "batch.queue", "batch.run"} <= {
                 s.name for s in in_trace(spans, TRACE_ID)})
             below = server.descendants()  # its worker, and the worker's span exporter process
             assert len(below) >= 2, below
