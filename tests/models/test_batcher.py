@@ -594,10 +594,11 @@ def test_adaptive_blocking_calls_run_in_their_own_thread_when_idle_and_merge_und
     assert max(model.batch_sizes) > 1  # the calls that came while one ran were merged
 
 
-def test_adaptive_answers_a_lone_call_before_submit_returns_unless_others_are_batching(model: FakeModel) -> None:
-    """A call its door holds alone (`lone`) runs at once on an idle batcher, its answer in hand
-    before submit returns; one that finds calls gathering on the loop joins them, and one that
-    finds a batch running waits for the loop's turn instead of blocking the loop."""
+def test_adaptive_runs_a_lone_call_at_once_unless_others_are_batching(model: FakeModel) -> None:
+    """A call its door holds alone runs at once on an idle batcher (`run_lone` returns its
+    outputs); one that finds calls gathering on the loop joins them, and one that finds a batch
+    running waits for the loop's turn instead of blocking the loop (`run_lone` declines, and
+    the door submits it)."""
     batcher = make(model, adaptive=True, batch_timeout_micros=300_000)
     model.delay = 0
     answers: list[np.ndarray] = []
@@ -611,10 +612,13 @@ def test_adaptive_answers_a_lone_call_before_submit_returns_unless_others_are_ba
         here = LoopBatches(asyncio.get_running_loop().call_soon)
         at_once, expected = [], len(answers) + len(lone)
         for i, flag in enumerate(lone):
-            before = len(answers)
-            assert batcher.submit("serving_default", {"x": np.full((1, 2), i, np.float32)}, None, callback,
-                                  here=here, lone=flag)
-            at_once.append(len(answers) > before)
+            inputs = {"x": np.full((1, 2), i, np.float32)}
+            outputs = batcher.run_lone("serving_default", inputs, None, here) if flag else None
+            if outputs is not None:
+                callback(outputs, None)
+            else:
+                assert batcher.submit("serving_default", inputs, None, callback, here=here)
+            at_once.append(outputs is not None)
         while len(answers) < expected:
             await asyncio.sleep(0.001)
         return at_once
@@ -644,3 +648,32 @@ def test_adaptive_answers_a_lone_call_before_submit_returns_unless_others_are_ba
     finally:
         batcher.close()
     np.testing.assert_array_equal(answers[-1], np.full((1, 2), 1, np.float32))
+
+
+def test_run_lone_declines_what_must_not_run_on_the_loop(model: FakeModel) -> None:
+    """`run_lone` runs nothing (None) for a kind of call never measured, one measured slow, a
+    call of more rows than a batch holds, or a batcher that is not adaptive: those are submitted."""
+    x = {"x": np.zeros((1, 2), np.float32)}
+
+    async def lone(batcher: Batcher, inputs: dict[str, np.ndarray]) -> object:
+        return batcher.run_lone("serving_default", inputs, None, LoopBatches(asyncio.get_running_loop().call_soon))
+
+    adaptive = make(model, adaptive=True, max_batch_size=4)
+    timeout = make(model)
+    try:
+        model.delay = 0.0
+        assert asyncio.run(lone(adaptive, x)) is None  # never ran: not known to be quick
+        adaptive("serving_default", x)
+        assert asyncio.run(lone(adaptive, x)) is not None
+        assert asyncio.run(lone(adaptive, {"x": np.zeros((5, 2), np.float32)})) is None
+        timeout("serving_default", x)
+        assert asyncio.run(lone(timeout, x)) is None
+        model.delay = 0.01  # 10 ms a call: slow for a loop
+        for _ in range(8):
+            adaptive("serving_default", x)
+        calls = len(model.calls)
+        assert asyncio.run(lone(adaptive, x)) is None
+        assert len(model.calls) == calls
+    finally:
+        adaptive.close()
+        timeout.close()

@@ -204,23 +204,19 @@ class TFServingAPI:
         done: Callable[[Answer | None, BaseException | None], None],
         *,
         here: LoopBatches | None = None,
-        lone: bool = False,
     ) -> bool:
         """Queue a prepared predict on its version's batcher without waiting: `done` gets the
         answer (or the error) from a batch thread, inside the request's trace — or on the
-        caller's event loop (`here`) when its model is quick, before this returns when the call
-        is `lone` and the batcher idle (see Batcher.submit).
+        caller's event loop (`here`) when its model is quick (see Batcher.submit).
 
         Takes `handle` (released when the call ends) only when it returns True. False, with
         nothing queued, when the call must go through `run` instead: not a predict, no batcher,
         or more rows than one batch holds. Request errors raise here, as in `run`.
         """
-        sv = handle.servable
-        if not isinstance(call, PredictCall) or sv.runner is None:
+        batched = _batched_predict(handle, call)
+        if batched is None:
             return False
-        name = call.signature_name or DEFAULT_SIGNATURE
-        if call.signature is None:
-            sv.signature(name)  # a clear error naming the model before queueing anything
+        sv, call, name = batched
         within = tracing.parent()  # the request's (None when tracing is off)
 
         def finish(outputs: dict[str, np.ndarray] | None, error: BaseException | None) -> None:
@@ -232,7 +228,22 @@ class TFServingAPI:
             with tracing.activate(within):  # on a batch thread: spans go under the request
                 done(answer, error)
 
-        return sv.submit(name, call.inputs, call.output_keys, finish, here=here, lone=lone)
+        return sv.submit(name, call.inputs, call.output_keys, finish, here=here)
+
+    def run_lone(self, handle: ServableHandle, call: Call, here: LoopBatches) -> Answer | None:
+        """A prepared predict that its door holds alone, answered at once in this thread when its
+        version's batcher is idle and its model quick (Batcher.run_lone), and its version then
+        released; None, with `handle` still held, when it must be `submit`ted instead. Request
+        and model errors raise here."""
+        batched = _batched_predict(handle, call)
+        if batched is None:
+            return None
+        sv, call, name = batched
+        outputs = sv.run_lone(name, call.inputs, call.output_keys, here)
+        if outputs is None:
+            return None
+        handle.release()
+        return Prediction(sv.model_name, sv.version, name, outputs, call.row_format)
 
     # -- metadata and status -------------------------------------------------------------------
 
@@ -253,6 +264,18 @@ class TFServingAPI:
     def status(self, name: str, version: int | None, label: str | None) -> dict[str, object]:
         """GET /v1/models/{m}: the state of every version, or of the one asked for (failed ones too)."""
         return model_status(self.manager, name, version, label)
+
+
+def _batched_predict(handle: ServableHandle, call: Call) -> tuple[ServableVersion, PredictCall, str] | None:
+    """(version, call, signature name) for a predict its version batches; None for any other
+    call (`run` takes those). A signature the version lacks raises, naming the model."""
+    sv = handle.servable
+    if not isinstance(call, PredictCall) or sv.runner is None:
+        return None
+    name = call.signature_name or DEFAULT_SIGNATURE
+    if call.signature is None:
+        sv.signature(name)  # a clear error naming the model before anything is queued or run
+    return sv, call, name
 
 
 def _request_doc(body: bytes | bytearray | str | dict[str, object]) -> dict[str, object]:

@@ -129,11 +129,9 @@ class ServableVersion:
         callback: Callable[[dict[str, np.ndarray] | None, BaseException | None], None],
         *,
         here: LoopBatches | None = None,
-        lone: bool = False,
     ) -> bool:
         """Queue a call on this version's batcher without waiting (see Batcher.submit; `here`:
-        the caller's event loop, where a quick model's calls are batched; `lone`: no other call
-        can join this one's batch now).
+        the caller's event loop, where a quick model's calls are batched).
 
         False, with nothing queued, when the call has to go through `run` instead: no batcher,
         or a call the batcher only takes blocking.
@@ -142,7 +140,20 @@ class ServableVersion:
         if submit is None:
             return False
         self.loaded  # noqa: B018 - refuses a version that is gone
-        return bool(submit(signature_name, inputs, output_keys, callback, here=here, lone=lone))
+        return bool(submit(signature_name, inputs, output_keys, callback, here=here))
+
+    def run_lone(
+        self, signature_name: str, inputs: dict[str, np.ndarray], output_keys: Sequence[str] | None,
+        here: LoopBatches,
+    ) -> dict[str, np.ndarray] | None:
+        """A lone call's outputs, run at once when this version's batcher allows it (see
+        Batcher.run_lone); None: `submit` it instead."""
+        run_lone = getattr(self.runner, "run_lone", None)
+        if run_lone is None:
+            return None
+        self.loaded  # noqa: B018 - refuses a version that is gone
+        outputs: dict[str, np.ndarray] | None = run_lone(signature_name, inputs, output_keys, here)
+        return outputs
 
     def _take(self) -> bool:
         """One more handle, if the version still takes requests (AVAILABLE)."""

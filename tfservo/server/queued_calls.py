@@ -102,12 +102,20 @@ class QueuedCalls:
         prepared = prepare()
         handle, call, finish = prepared
         loop = asyncio.get_running_loop()
-        loop_thread = threading.get_ident()
-        answer: asyncio.Future[T] = loop.create_future()
         mailbox = self._mailbox
         if mailbox is None or mailbox.loop is not loop:
             mailbox = self._mailbox = _Mailbox(loop)
             self._here = LoopBatches(loop.call_soon) if self.gather else None
+        if lone and self._here is not None:
+            try:
+                now = self.api.run_lone(handle, call, self._here)
+            except BaseException:
+                handle.release()
+                raise
+            if now is not None:
+                return finish(now)
+        loop_thread = threading.get_ident()
+        answer: asyncio.Future[T] = loop.create_future()
 
         def done(result: Answer | None, error: BaseException | None) -> None:
             out = None
@@ -123,7 +131,7 @@ class QueuedCalls:
                 mailbox.post(answer, out, error)
 
         try:
-            queued = self.api.submit(handle, call, done, here=self._here, lone=lone)
+            queued = self.api.submit(handle, call, done, here=self._here)
         except BaseException:
             handle.release()
             raise
