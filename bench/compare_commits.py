@@ -2,10 +2,12 @@
 32 clients (defaults, and batching with 2 workers) and one client, for issue 21's "no slower".
 
     .venv/bin/python bench/compare_commits.py WORK RESULTS [--baseline COMMIT] [--seconds S]
+        [--name NAME] [--why TEXT]
 
 Both commits run from this checkout's .venv (the baseline's code first on PYTHONPATH, from a git
 worktree under WORK); wrk runs on CPU 1 (taskset), interleaved baseline/this, best of 2.
-Writes RESULTS/compare_commits.json in the report's section format.
+Writes RESULTS/NAME.json (compare_commits.json by default) in the report's section format, its
+title led by WHY (the change it measures).
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--baseline", default="3339c38")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--name", default="compare_commits", help="the results file's name, without .json")
+    parser.add_argument("--why", default="Issue 21 (packages by role)", help="what the comparison measures")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     args.work = args.work.resolve()
@@ -118,13 +122,13 @@ def main() -> None:
                 f"p50 ms at {args.baseline}": f"{base['p50_us'] / 1000:.2f}", f"p50 ms at {commit}": f"{this['p50_us'] / 1000:.2f}",
             })
     doc = {
-        "title": f"Issue 21 (packages by role): this checkout ({commit}) against {args.baseline}, same run",
+        "title": f"{args.why}: this checkout ({commit}) against {args.baseline}, same run",
         "rows": rows,
         "notes": [f"wrk -t1 on CPU 1, {args.seconds:g} s per run, best of 2 interleaved runs; both commits from "
                   "this checkout's .venv; TF Serving JSON, one 784-float instance per request."],
     }
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "compare_commits.json").write_text(json.dumps(doc, indent=2))
+    (args.results / f"{args.name}.json").write_text(json.dumps(doc, indent=2))
     for row in rows:
         print(row)
 

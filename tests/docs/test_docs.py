@@ -22,6 +22,8 @@ from server_process import REPO, answers_ping
 PAGES = pages(REPO)
 RUN_PAGES = [p for p in PAGES if any(b.marker in ("run", "serve") for b in blocks(p))]
 PORTS = ("8080", "8500", "8501", "9000")
+# What `tfservo serve` says when a port it was given is taken (HTTP's check, gRPC's bind)
+_PORT_TAKEN = re.compile(r"already in use|\(port in use\?\)")
 # a new user's shell: none of this machine's AWS, SageMaker, OTel or tfservo settings
 _FOREIGN = re.compile(r"^(AWS_|SAGEMAKER_|TFSERVO_|OTEL_|MODEL_)")
 
@@ -114,13 +116,23 @@ def test_the_pages_commands_work_as_written(page, example_models, tmp_path):
                 for _, running, _ in servers:  # one server at a time: the next one takes the same port
                     _stop(running)
                 log = tmp_path / f"serve-{block.line}.log"
-                with open(log, "w") as out:
-                    proc = subprocess.Popen(["bash", "-c", text_of(block, _pinned(block.text))], cwd=cwd, env=env,
-                                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-                servers.append((block, proc, log))
-                port = next((ports[p] for p in PORTS if re.search(rf"\b{p}\b", block.text)), ports["8080"])
-                if not answers_ping(f"http://127.0.0.1:{port}", proc, 180):
-                    pytest.fail(f"{block.where}: the server did not answer /ping:\n{log.read_text()[-3000:]}")
+                for attempt in range(3):
+                    with open(log, "w") as out:
+                        proc = subprocess.Popen(["bash", "-c", text_of(block, _pinned(block.text))], cwd=cwd, env=env,
+                                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                    servers.append((block, proc, log))
+                    port = next((ports[p] for p in PORTS if re.search(rf"\b{p}\b", block.text)), ports["8080"])
+                    if answers_ping(f"http://127.0.0.1:{port}", proc, 180):
+                        break
+                    said = log.read_text()
+                    if attempt < 2 and _PORT_TAKEN.search(said):
+                        # The picked ports are ephemeral ones, free when picked: another process's
+                        # outgoing connection can take one before the server binds it. Pick it again.
+                        _stop(proc)
+                        taken = [p for p, number in ports.items() if re.search(rf"\b{number}\b", said)] or list(PORTS)
+                        ports.update({p: str(portpicker.pick_unused_port()) for p in taken})
+                        continue
+                    pytest.fail(f"{block.where}: the server did not answer /ping:\n{said[-3000:]}")
             elif block.marker == "run":
                 if block.lang == "python":
                     script = tmp_path / f"block-{block.line}.py"

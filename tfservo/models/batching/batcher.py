@@ -14,8 +14,8 @@ fill, up to the timeout, as TF Serving's does. Calls submitted from an event loo
 batched on that loop instead: what arrives in one turn of the loop runs as one batch in the
 loop's thread, with no hand-off to a batch thread and back (for such a model the hand-offs
 cost about what batching saves); and a call its door knows to be the only request it holds
-(`run_lone`: nothing can join its batch) runs at once, without waiting for the loop's turn to
-gather and without a callback's round trip (~55 µs less a request at one client than the turn). It never changes an answer: a call that fills a
+(`run_lone`: nothing can join its batch) runs at once and returns its outputs, without waiting
+for the loop's turn to gather or calling back. It never changes an answer: a call that fills a
 batch by itself runs alone, a model whose outputs are not batch-major is run one call at a time
 from its first such batch on, and a merged batch that fails is rerun call by call so that each
 caller gets its own result.
@@ -360,13 +360,10 @@ class Batcher:
         caller's event loop; in adaptive mode, when this kind of call's batches are quick,
         the call is batched on that loop and `callback` runs there.
         """
-        arrays, size = self._batch_rows(signature_name, inputs)
-        if not size or size > self._max:
+        kind = self._kind(signature_name, inputs, output_keys)
+        if kind is None:
             return False
-        outs = tuple(output_keys) if output_keys is not None else None
-        key = self._queue_key(signature_name, outs, arrays)
-        if self._alone(key, size):
-            return False
+        arrays, size, outs, key = kind
         if here is not None and self._adaptive and self._costs.quick(key):
             if self._closed:
                 raise Unavailable(f"model {self._name} is unloading; retry the request")
@@ -384,14 +381,11 @@ class Batcher:
         request), this adaptive batcher is idle, its kind of call quick and none of that kind
         gathering on the loop; None, with nothing run, otherwise: `submit` it then. A model
         error raises here."""
-        if not self._adaptive:
+        kind = self._kind(signature_name, inputs, output_keys) if self._adaptive else None
+        if kind is None:
             return None
-        arrays, size = self._batch_rows(signature_name, inputs)
-        if not size or size > self._max:
-            return None
-        outs = tuple(output_keys) if output_keys is not None else None
-        key = self._queue_key(signature_name, outs, arrays)
-        if self._alone(key, size) or not self._costs.quick(key) or here.gathering(key):
+        arrays, _, outs, key = kind
+        if not self._costs.quick(key) or here.gathering(key):
             return None
         if self._closed:
             raise Unavailable(f"model {self._name} is unloading; retry the request")
@@ -403,6 +397,20 @@ class Batcher:
             if within is not None:
                 self._model_span(within, signature_name, started_ns, tracing.now_ns())
         return outputs
+
+    def _kind(
+        self, signature_name: str, inputs: dict[str, np.ndarray], output_keys: Sequence[str] | None,
+    ) -> tuple[dict[str, np.ndarray], int, tuple[str, ...] | None, tuple[object, ...]] | None:
+        """(arrays, rows, output keys, queue key) of a call that may join a batch; None for one
+        that needs the blocking path (no rows, more than a batch holds) or runs alone (`_alone`)."""
+        arrays, size = self._batch_rows(signature_name, inputs)
+        if not size or size > self._max:
+            return None
+        outs = tuple(output_keys) if output_keys is not None else None
+        key = self._queue_key(signature_name, outs, arrays)
+        if self._alone(key, size):
+            return None
+        return arrays, size, outs, key
 
     def _run_now(
         self, key: tuple[object, ...], signature: str, arrays: dict[str, np.ndarray], outs: tuple[str, ...] | None,
