@@ -234,8 +234,11 @@ def main() -> None:
     # Each worker's lines say how many spans it dropped since its line before.
     dropped = sum(int(m) for m in re.findall(r"spans dropped: (\d+)", logs[TRACED].read_text()))
     traced = traced_batches(_Receiver.traces, "traced")
-    captured = sum(1 for path in (scratch / "captured").rglob("*.jsonl") for _ in open(path))
-    line_bytes = len(next(open(path, "rb") for path in (scratch / "captured").rglob("*.jsonl")).readline())
+    captured = line_bytes = 0  # capture's files hold gigabytes here: read line by line
+    for path in (scratch / "captured").rglob("*.jsonl"):
+        with open(path, "rb") as lines:
+            for line in lines:
+                captured, line_bytes = captured + 1, line_bytes or len(line)
     shutil.rmtree(scratch, ignore_errors=True)
     if memory is not None:
         shutil.rmtree(memory, ignore_errors=True)
