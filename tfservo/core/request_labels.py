@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
 __all__ = [
@@ -21,11 +21,13 @@ __all__ = [
     "plain_scope",
     "RequestLabels",
     "RequestScope",
+    "reset_current",
+    "set_current",
     "tracking",
 ]
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestLabels:
     """Labels of one request; empty strings until known. The last four are for the access log
     only (never metric labels: they are unbounded)."""
@@ -45,6 +47,15 @@ _current: ContextVar[RequestLabels | None] = ContextVar("tfservo_request_labels"
 
 # (route, method) → a scope that makes the request's labels current and records it on exit.
 RequestScope = Callable[[str, str], AbstractContextManager[RequestLabels]]
+
+
+def set_current(labels: RequestLabels) -> Token[RequestLabels | None]:
+    """Make `labels` the current request's, until `reset_current` with the token returned."""
+    return _current.set(labels)
+
+
+def reset_current(token: Token[RequestLabels | None]) -> None:
+    _current.reset(token)
 
 
 class tracking:  # lower case: called as the function it replaced, `with tracking(labels):`

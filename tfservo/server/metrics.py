@@ -27,7 +27,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfservo.core.errors import Code, FailedPrecondition
-from tfservo.core.request_labels import RequestLabels, tracking
+from tfservo.core.request_labels import RequestLabels, reset_current, set_current, tracking
 from tfservo.core.request_labels import current as current_labels
 from tfservo.core.status import http_status
 from tfservo.http.routes import METHOD_KEY, ROUTE_KEY, metric_methods
@@ -319,13 +319,18 @@ class Metrics:
 
         `protocol` is the label (http, grpc, or v2 for the Open Inference Protocol on either
         transport; its routes tell which); `transport` picks error codes' spelling."""
+        return _Tracked(self, protocol, labels, transport, self.in_flight_child(protocol))
+
+    def in_flight_child(self, protocol: str) -> Any:
+        """The in-flight gauge's child for `protocol` (found once)."""
         gauge = self._in_flight.get(protocol)
         if gauge is None:
             gauge = self._in_flight[protocol] = self.in_flight.labels(protocol)
-        return _Tracked(self, protocol, labels, transport, gauge)
+        return gauge
 
-    def record(self, protocol: str, labels: RequestLabels, seconds: float, transport: str = "http") -> None:
-        """Count one answered request and log it (one line, debug level, logger tfservo.access)."""
+    def record(self, protocol: str, labels: RequestLabels, seconds: float, transport: str, at: int | None) -> None:
+        """Count one answered request and log it at level `at` (`_access_level()`: info with
+        --access-log, else debug; None: not logged), one line to logger tfservo.access."""
         key = (protocol, labels.model, labels.version, labels.method, labels.route, labels.status)
         children = self._answered.get(key)
         if children is None:
@@ -339,7 +344,6 @@ class Metrics:
             )
         if self.on_answered is not None:
             self.on_answered()
-        at = _access_level()
         if at is not None:
             fields = {
                 "protocol": protocol, "verb": labels.verb or None, "path": labels.path or labels.route or None,
@@ -449,7 +453,7 @@ class _Tracked(tracking):
         if kind is not None:
             labels.status = labels.status or ("500" if self.transport == "http" else "UNKNOWN")
         self.metrics.tally.inc(self.gauge, -1)
-        self.metrics.record(self.protocol, labels, time.perf_counter() - self.started, self.transport)
+        self.metrics.record(self.protocol, labels, time.perf_counter() - self.started, self.transport, _access_level())
 
 
 class _HttpMetrics:
@@ -465,8 +469,12 @@ class _HttpMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        labels = RequestLabels(verb=scope["method"], path=scope["path"])
-        if _access_level() is not None:
+        # Inline rather than through Metrics.request's context manager: this runs for every
+        # request, and each layer of calls cost a microsecond or two (docs/decisions.md).
+        path, verb = scope["path"], scope["method"]
+        labels = RequestLabels(verb=verb, path=path)
+        at = _access_level()
+        if at is not None:
             for key, value in scope["headers"]:
                 if key == b"x-amzn-sagemaker-inference-id":
                     labels.inference_id = value.decode("latin-1")
@@ -478,22 +486,38 @@ class _HttpMetrics:
                 labels.bytes_out += len(message.get("body", b""))
             await send(message)
 
-        path = scope["path"]
-        with self.metrics.request("v2" if path == "/v2" or path.startswith("/v2/") else "http", labels):
-            try:
-                if scope["path"] == METRICS_PATH and scope["method"] in ("GET", "HEAD"):
-                    labels.route = METRICS_PATH
-                    await self._expose(scope, send_noting_status, self.metrics.exposition)
-                elif self.metrics.tfs is not None and scope["path"] == self.metrics.tfs_path and scope["method"] in (
-                    "GET", "HEAD",
-                ):
-                    labels.route = scope["path"]
-                    await self._expose(scope, send_noting_status, self.metrics.tfs.exposition)
-                else:
-                    await self.app(scope, receive, send_noting_status)
-            finally:
-                if not labels.route:
-                    self._name(scope, labels)
+        metrics = self.metrics
+        protocol = "v2" if path.startswith("/v2") and (len(path) == 3 or path[3] == "/") else "http"
+        gauge = metrics.in_flight_child(protocol)
+        tally = metrics.tally
+        tally.inc(gauge)
+        token = set_current(labels)
+        started = time.perf_counter()
+        try:
+            exposition = self._exposition(path) if verb in ("GET", "HEAD") else None
+            if exposition is not None:
+                labels.route = path
+                await self._expose(scope, send_noting_status, exposition)
+            else:
+                await self.app(scope, receive, send_noting_status)
+        except BaseException:
+            labels.status = labels.status or "500"
+            raise
+        finally:
+            reset_current(token)
+            if not labels.route:
+                self._name(scope, labels)
+            tally.inc(gauge, -1)
+            metrics.record(protocol, labels, time.perf_counter() - started, "http", at)
+
+    def _exposition(self, path: str) -> Callable[[], bytes] | None:
+        """What GET `path` exposes, if it is a metrics path: tfservo's, or TF Serving's names."""
+        metrics = self.metrics
+        if path == METRICS_PATH:
+            return metrics.exposition
+        if metrics.tfs is not None and path == metrics.tfs_path:
+            return metrics.tfs.exposition
+        return None
 
     async def _expose(self, scope: Scope, send: Send, exposition: Callable[[], bytes]) -> None:
         body = await anyio.to_thread.run_sync(exposition)
@@ -537,5 +561,5 @@ class _HttpMetrics:
 
     def _known_model(self, labels: RequestLabels, name: str | None) -> None:
         # Only served names become label values: clients cannot grow the label set.
-        if not labels.model and name and self.service is not None and name in self.service.manager.model_names():
+        if not labels.model and name and self.service is not None and self.service.manager.has_model(name):
             labels.model = name
