@@ -163,12 +163,14 @@ _FLOORS = {
     "uvicorn": ("floor: do-nothing app, uvicorn + httptools", "floor", REPO / ".venv", []),
     "tfservo": ("floor: do-nothing app, tfservo's protocol", "floor-protocol", REPO / ".venv", ["--tfservo-protocol"]),
     "granian": ("floor: do-nothing app, granian", "floor-granian", BENCH / ".venv-tools", ["--granian"]),
+    "lean": ("floor: do-nothing app, a lean protocol on httptools", "floor-lean", REPO / ".venv", ["--lean"]),
 }
 
 
 def floor(model: str, answers: Path, *, stack: str = "uvicorn") -> Server:
     """bench/floor_app.py: the same requests answered by a do-nothing app on an HTTP stack:
-    tfservo's (uvicorn + httptools), through tfservo's protocol class, or a candidate (granian)."""
+    tfservo's (uvicorn + httptools), through tfservo's protocol class, or a candidate (granian, or
+    a minimal protocol on httptools: `floor_app.py --lean`)."""
     port = free_port()
     name, family, venv, flags = _FLOORS[stack]
     return Server(

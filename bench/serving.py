@@ -45,6 +45,7 @@ def server_configs(model: str, paths: dict[str, str], answers: Path) -> list[ser
         servers.floor(model, answers),
         servers.floor(model, answers, stack="tfservo"),
         servers.floor(model, answers, stack="granian"),
+        servers.floor(model, answers, stack="lean"),
         servers.tfservo_defaults(model, bundle),
         servers.tfservo(model, bundle, batching=None, workers=1),
         servers.tfservo(model, bundle, batching=batching, workers=1),

@@ -1,8 +1,19 @@
-"""The HTTP/1.1 protocol tfservo serves with: uvicorn's httptools protocol, with every answer
-it writes itself in JSON and limits on slow, idle and too many clients.
+"""The HTTP/1.1 protocol tfservo serves with: httptools' parser, uvloop's transports, and a
+connection layer of its own in place of uvicorn's (uvicorn still runs the server: listening,
+workers' signals, graceful shutdown), with every answer it writes itself in JSON and limits on
+slow, idle and too many clients.
+
+Why not uvicorn's protocol: a do-nothing app served through it did ~16 000 requests/s at 32
+clients on this project's machine, and ~40 000 through a minimal protocol on the same parser
+and loop; most of a small request's protocol time was uvicorn's per-request bookkeeping
+(docs/decisions.md, "A protocol of its own"). What it keeps of uvicorn's behaviour: keep-alive
+with its timeout, pipelined requests answered in order, "Expect: 100-continue", reading paused
+while an app leaves 64 KB of body unread and writing awaited while the socket's buffer is
+full, HEAD, chunked bodies both ways, a JSON 500 when an app fails before answering, and
+uvicorn's shutdown hooks (`connections`, `tasks`, `shutdown()`).
 
 - malformed HTTP (a control character in a header, bytes before the request line) answers
-  400 `{"error": …}` instead of uvicorn's plain-text line;
+  400 `{"error": …}`;
 - a request asking for a protocol upgrade (`Upgrade: websocket`, `h2c`) answers 400 at once
   instead of waiting for a body the parser will never deliver;
 - a connection whose request headers do not arrive within `header_timeout` seconds (an idle
@@ -19,15 +30,12 @@ it writes itself in JSON and limits on slow, idle and too many clients.
 - each request's scope carries how many requests this server holds (its open connections less
   the idle ones), so that a door can tell a lone request, which nothing can join in a batch,
   from one among others (`lone_request(scope)`);
-- a response's status line and headers leave with its first body bytes, in one write, when its
-  Content-Length says a body follows (uvicorn writes them apart: two syscalls, two segments and
-  two wake-ups of the client for every answer);
+- a response's status line and headers leave with its first body bytes, in one write
+  (`exchange.Exchange`);
 - after each answer, while the worker holds at most two connections, its loop polls their
   sockets for up to `idle_poll` seconds instead of sleeping at once, so a kept-alive client's
   next request finds it awake (`idle_poll.IdlePoll`).
 
-This leans on uvicorn's internals (HttpToolsProtocol's connection, parser-callback and
-response hooks), so it lives here alone, uvicorn is pinned in requirements.lock, and
 tests/http/test_http_protocol.py checks each behaviour on a real server.
 """
 
@@ -36,14 +44,16 @@ from __future__ import annotations
 import asyncio
 import http
 import resource
+import urllib.parse
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 import httptools
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tfservo.codecs.media_types import JSON
+from tfservo.http.exchange import Exchange
 from tfservo.http.idle_poll import IdlePoll
 
 __all__ = ["ServingProtocol", "default_max_connections", "lone_request", "protocol_class"]
@@ -72,8 +82,14 @@ def default_max_connections() -> int:
     return max(16, min(10_000, soft - 128))
 
 
-class ServingProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with JSON errors, no upgrades, and connection limits."""
+def _address(transport: asyncio.BaseTransport, key: str) -> tuple[str, int] | None:
+    info = transport.get_extra_info(key)
+    return (str(info[0]), int(info[1])) if isinstance(info, (tuple, list)) and len(info) >= 2 else None
+
+
+class ServingProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection: requests parsed by httptools, each answered by the app in a task
+    of its own (`Exchange`), one at a time and in order; JSON errors, no upgrades, and limits."""
 
     header_timeout: float = 10.0
     body_timeout: float = 20.0
@@ -86,13 +102,55 @@ class ServingProtocol(HttpToolsProtocol):
     idle: dict[ServingProtocol, None] = {}
     poll: IdlePoll | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def __init__(
+        self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if not config.loaded:
+            config.load()
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.server_state = server_state  # uvicorn's: its shutdown closes `connections`, awaits `tasks`
+        self.connections: set[Any] = server_state.connections
+        self.tasks: set[asyncio.Task[None]] = server_state.tasks
+        self.app_state = app_state
+        self.root_path: str = config.root_path
+        self.keep_alive_timeout: float = config.timeout_keep_alive
+        self.limit_concurrency: int | None = config.limit_concurrency
+        self.parser = httptools.HttpRequestParser(self)
+        try:  # answer the first of pipelined requests even when the client closed after sending them
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        except AttributeError:  # httptools < 0.6.3
+            pass
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
+        self.server: tuple[str, int] | None = None
+        self.client: tuple[str, int] | None = None
+        self.scheme = "http"
+        self.exchange: Exchange | None = None  # the request parsed last (answered now, or waiting)
+        self.answering: Exchange | None = None  # the request whose app runs now
+        self.pipeline: deque[Exchange] = deque()  # parsed while an earlier one was being answered
+        self.read_paused = False
+        self.write_paused = False
+        self._writable: asyncio.Future[None] | None = None
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._expect_100 = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_deadline = 0.0
         self._reading: str | None = None  # _HEADERS or _BODY while a request is part-read
         self._refusing_upgrade = False
+        # Kept alive since (loop time) an answer, while no request has come; one timer per
+        # connection checks it, instead of a timer made and cancelled for every request.
+        self._kept_alive_since: float | None = None
+        self._keep_alive_timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio's Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvloop's are not subclasses
+        self.connections.add(self)
+        self.transport = transport
+        self.server, self.client = _address(transport, "sockname"), _address(transport, "peername")
+        self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
         if self.idle_poll and self.poll is None:
             type(self).poll = IdlePoll(self.loop, self.idle_poll)
         if len(self.connections) > self.max_connections and not self._close_idle():
@@ -106,22 +164,31 @@ class ServingProtocol(HttpToolsProtocol):
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)
         self.idle.pop(self, None)
         self._cancel_header_timer()
         self._cancel_body_timer()
-        super().connection_lost(exc)
+        if self._keep_alive_timer is not None:
+            self._keep_alive_timer.cancel()
+            self._keep_alive_timer = None
+        for exchange in (self.answering, *self.pipeline):
+            if exchange is not None and not exchange.complete:
+                exchange.lost()
+        self.resume_writing()
+        if exc is None:
+            self.transport.close()
+
+    def eof_received(self) -> None:
+        pass
 
     def data_received(self, data: bytes) -> None:
         starting = self in self.idle  # a request's first bytes (later reads of a body are not arrivals)
         self.idle.pop(self, None)
         if starting and self.poll is not None:
             self.poll.arrived()
-        self._unset_keepalive_if_required()
+        self._kept_alive_since = None
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._answer(400, f"Malformed HTTP request ({exc}); check the request line and headers")
-            return
         except httptools.HttpParserUpgrade:
             self._answer(
                 400,
@@ -129,55 +196,165 @@ class ServingProtocol(HttpToolsProtocol):
                 "without the Upgrade and Connection: Upgrade headers",
             )
             return
+        except httptools.HttpParserError as exc:
+            self._answer(400, f"Malformed HTTP request ({exc}); check the request line and headers")
+            return
         # Timers only for a request these bytes left unfinished: most arrive whole in one read.
         if self._reading == _HEADERS and self._header_timer is None:
             self._arm_header_timer()
         elif self._reading == _BODY and self._body_timer is None:
             self._body_timer = self.loop.call_at(self._body_deadline, self._check_body_rate)
 
-    def send_400_response(self, msg: str) -> None:
-        self._answer(400, f"Malformed HTTP request: {msg}")
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    async def drained(self) -> None:
+        """Return once the transport takes writes again (or the connection is gone)."""
+        if self._writable is None:
+            self._writable = self.loop.create_future()
+        await asyncio.shield(self._writable)
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    # -- httptools' callbacks -------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        self._url = b""
+        self._headers = []
+        self._expect_100 = False
         self._reading = _HEADERS
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect_100 = True
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
-        if self.parser.should_upgrade():
+        parser = self.parser
+        if parser.should_upgrade():
             self._reading = None
             self._refusing_upgrade = True  # answered by data_received, without starting the app
             return
-        super().on_headers_complete()
-        self.cycle.transport = _HeadWithBody(self.transport, self.cycle)  # type: ignore[assignment]  # duck-typed
-        # Read by the app when it runs, after the loop has taken in every request of its turn.
-        self.scope[_REQUESTS_IN_PROGRESS] = self.requests_in_progress  # type: ignore[literal-required]
+        http_version = parser.get_http_version()
+        url = httptools.parse_url(self._url)
+        raw_path: bytes = url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        root = self.root_path
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": http_version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": root,
+            "headers": self._headers,
+            "state": self.app_state.copy(),
+            "method": parser.get_method().decode("ascii"),
+            "path": root + path if root else path,
+            "raw_path": root.encode("ascii") + raw_path if root else raw_path,
+            "query_string": url.query or b"",
+            # Read by the app when it runs, after the loop has taken in every request of its turn.
+            _REQUESTS_IN_PROGRESS: self.requests_in_progress,
+        }
+        keep_alive = http_version != "1.0" and parser.should_keep_alive()
+        exchange = Exchange(self, scope, keep_alive=keep_alive, expect_100=self._expect_100)
+        previous, self.exchange = self.exchange, exchange
+        if previous is None or previous.complete:
+            self._start(exchange)
+        else:  # pipelined: answered after the ones before it
+            self.pause_reading()
+            self.pipeline.append(exchange)
         self._reading = _BODY
         self._body_deadline = self.loop.time() + self.body_timeout
 
     def on_body(self, body: bytes) -> None:
         self._body_deadline += len(body) / self.min_body_rate
-        if not self._refusing_upgrade:
-            super().on_body(body)
+        exchange = self.exchange
+        if not self._refusing_upgrade and exchange is not None and not exchange.complete:
+            exchange.body_arrived(body)
 
     def on_message_complete(self) -> None:
         self._reading = None
         self._cancel_body_timer()
-        if not self._refusing_upgrade:
-            super().on_message_complete()
+        exchange = self.exchange
+        if not self._refusing_upgrade and exchange is not None and not exchange.complete:
+            exchange.body_ended()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
+    # -- requests and answers ---------------------------------------------------------------------
+
+    def _start(self, exchange: Exchange) -> None:
+        app = self.app
+        if self.limit_concurrency is not None and (
+            len(self.connections) >= self.limit_concurrency or len(self.tasks) >= self.limit_concurrency
+        ):
+            app = _over_concurrency
+        self.answering = exchange
+        task = self.loop.create_task(exchange.run(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    def answered(self, exchange: Exchange) -> None:
+        """`exchange`'s answer has been written: start the next pipelined request, or wait for one."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.resume_reading()
+        if self.pipeline:
+            self._start(self.pipeline.popleft())
+            return
         if self.poll is not None and len(self.connections) <= _POLL_CONNECTIONS:
             self.poll.answered()
-        if self.timeout_keep_alive_task is not None:  # kept alive, waiting for the next request
-            self.idle[self] = None
+        self.idle[self] = None  # kept alive, waiting for the next request
+        self._kept_alive_since = self.loop.time()
+        if self._keep_alive_timer is None:
+            self._keep_alive_timer = self.loop.call_later(self.keep_alive_timeout, self._check_kept_alive)
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: close now when idle, else after the answer in progress."""
+        exchange = self.exchange
+        if exchange is None or exchange.complete:
+            self.transport.close()
+        else:
+            exchange.keep_alive = False
 
     def requests_in_progress(self) -> int:
         """Requests this server holds now: its open connections that are not idle."""
         return len(self.connections) - len(self.idle)
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _check_kept_alive(self) -> None:
+        self._keep_alive_timer = None
+        since = self._kept_alive_since
+        if since is None or self.transport.is_closing():
+            return  # a request came (the next answer arms the timer again)
+        left = since + self.keep_alive_timeout - self.loop.time()
+        if left > 0:
+            self._keep_alive_timer = self.loop.call_later(left, self._check_kept_alive)
+        else:
+            self.transport.close()
 
     def _close_idle(self) -> bool:
         """Close the oldest idle connections until this one fits; False if none is idle."""
@@ -195,21 +372,18 @@ class ServingProtocol(HttpToolsProtocol):
         self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
 
     def _cancel_header_timer(self) -> None:
-        self._cancel("_header_timer")
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
 
     def _cancel_body_timer(self) -> None:
-        self._cancel("_body_timer")
-
-    def _cancel(self, attribute: str) -> None:
-        """Cancel the timer held in `attribute` (set in connection_made), if one is armed."""
-        timer: asyncio.TimerHandle | None = getattr(self, attribute, None)
-        if timer is not None:
-            timer.cancel()
-            setattr(self, attribute, None)
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def _headers_too_slow(self) -> None:
         self._header_timer = None
-        if self.cycle is None or self.cycle.response_complete:
+        if self.exchange is None or self.exchange.complete:
             self._answer(
                 408,
                 f"The request headers did not arrive within {self.header_timeout:g} s; "
@@ -219,7 +393,7 @@ class ServingProtocol(HttpToolsProtocol):
     def _check_body_rate(self) -> None:
         self._body_timer = None
         now = self.loop.time()
-        if self.flow is not None and self.flow.read_paused:
+        if self.read_paused:
             self._body_deadline = now + self.body_timeout  # waiting on the app, not the client
         if now < self._body_deadline:
             self._body_timer = self.loop.call_later(self._body_deadline - now, self._check_body_rate)
@@ -247,45 +421,13 @@ class ServingProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-class _HeadWithBody:
-    """A request's transport as its RequestResponseCycle sees it: the head of a response that
-    declares a body (Content-Length > 0, not HEAD) is held until the body's first write, and both
-    go out in one `writelines` (one writev). Everything else passes through."""
-
-    __slots__ = ("_transport", "_cycle", "_head", "_started")
-
-    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
-        self._transport = transport
-        self._cycle = cycle
-        self._head: bytes | None = None
-        self._started = False  # the response's head has been written (or is held)
-
-    def write(self, data: bytes) -> None:
-        head, self._head = self._head, None
-        if head is not None:
-            self._transport.writelines((head, data))
-            return
-        cycle = self._cycle
-        if (
-            not self._started and cycle.response_started and cycle.expected_content_length > 0
-            and not cycle.chunked_encoding and cycle.scope["method"] != "HEAD"
-        ):
-            self._started = True
-            self._head = data  # uvicorn writes the head last in handling http.response.start
-            return
-        self._started = self._started or cycle.response_started
-        self._transport.write(data)
-
-    def close(self) -> None:
-        """Close, writing first a head still held: uvicorn closes without writing the body when
-        the app fails after its http.response.start (every body message writes, even b"")."""
-        head, self._head = self._head, None
-        if head is not None and not self._transport.is_closing():
-            self._transport.write(head)
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
+async def _over_concurrency(scope: Any, receive: Any, send: Any) -> None:
+    """uvicorn's --limit-concurrency answer, in JSON."""
+    body = orjson.dumps({"error": "Exceeded concurrency limit; retry shortly"})
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode()), (b"connection", b"close"),
+    ]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def protocol_class(*, header_timeout: float, max_connections: int, body_timeout: float = 20.0,
