@@ -99,7 +99,12 @@ def signalled_run(model: Path, mode: str, seconds: float, script: Path) -> tuple
 def test_a_signal_taken_inside_a_gemm_corrupts_the_heap_without_routing(dense_model, tmp_path):
     # The upstream bug this module works around. When a TensorFlow release carries oneDNN 3.11.2
     # or later this test fails: the workaround in server/signals.py may then go.
-    code, out, sent = signalled_run(dense_model, "plain", 8.0, tmp_path / "child.py")
+    # A race: it corrupts within a fraction of a second as a rule, but on a loaded machine one
+    # run of 8 s survived 21 249 signals; three runs tell a fixed oneDNN from bad luck.
+    for _ in range(3):
+        code, out, sent = signalled_run(dense_model, "plain", 8.0, tmp_path / "child.py")
+        if code != 0:
+            break
     assert code in (-signal.SIGABRT, -signal.SIGSEGV, -signal.SIGBUS), (
         f"the process survived {sent} signals (exit {code}): does this TensorFlow's oneDNN carry the fix "
         f"of oneDNN#4845? Then server/signals.py is no longer needed.\n{out[-2000:]}"
