@@ -120,6 +120,94 @@ def test_an_answer_leaves_in_one_segment_and_a_head_request_still_gets_its_head(
         assert json.loads(body) == {"predictions": [2.5, 3.0]}
 
 
+PREDICT = b"POST /v1/models/saved_model_half_plus_two_cpu:predict HTTP/1.1\r\nHost: x\r\n"
+
+
+def predict_request(body: bytes) -> bytes:
+    return PREDICT + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
+    """The next `count` answers on a connection (each with a Content-Length): heads and bodies."""
+    data, out = bytearray(), []
+    while len(out) < count:
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            chunk = sock.recv(1 << 20)
+            assert chunk, (out, bytes(data))
+            data += chunk
+        head = bytes(data[:end])
+        length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+                     .split(b":")[1])
+        del data[: end + 4]
+        while len(data) < length:
+            chunk = sock.recv(1 << 20)
+            assert chunk, (out, head)
+            data += chunk
+        out.append((head, bytes(data[:length])))
+        del data[:length]
+    return out
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection(server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(predict_request(b'{"instances": [1.0]}') + b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+                     + predict_request(b'{"instances": [5.0]}'))
+        (head1, body1), (head2, body2), (head3, body3) = answers(sock, 3)
+    assert head1.startswith(b"HTTP/1.1 200") and json.loads(body1) == {"predictions": [2.5]}
+    assert head2.startswith(b"HTTP/1.1 200") and body2 == b""
+    assert head3.startswith(b"HTTP/1.1 200") and json.loads(body3) == {"predictions": [4.5]}
+
+
+def test_expect_100_continue_gets_the_go_ahead_before_the_body_is_sent(server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    body = b'{"instances": [3.0]}'
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(PREDICT + b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        ((head, answer),) = answers(sock, 1)
+    assert head.startswith(b"HTTP/1.1 200") and json.loads(answer) == {"predictions": [3.5]}
+
+
+def test_a_chunked_request_body_is_read_whole(server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    parts = [b'{"instances": ', b"[1.0, 2.0]}"]
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(PREDICT + b"Transfer-Encoding: chunked\r\n\r\n" + chunked)
+        ((head, answer),) = answers(sock, 1)
+    assert head.startswith(b"HTTP/1.1 200") and json.loads(answer) == {"predictions": [2.5, 3.0]}
+
+
+def test_answers_larger_than_the_socket_takes_wait_for_a_client_that_reads_late(server) -> None:
+    # Two pipelined requests whose answers fill the socket's buffers while the
+    # client reads nothing: the second answer waits for the transport to drain, and both arrive whole.
+    host, port = server.url.removeprefix("http://").split(":")
+    rows = 1_000_000  # ~5 MB an answer: more than the kernel's send buffer holds (tcp_wmem: 4 MB)
+    body = b'{"instances": [' + b",".join([b"1.0"] * rows) + b"]}"
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(predict_request(body) + predict_request(body))
+        time.sleep(1.0)
+        got = answers(sock, 2)
+    for head, answer in got:
+        assert head.startswith(b"HTTP/1.1 200")
+        assert json.loads(answer) == {"predictions": [2.5] * rows}
+
+
+def test_http_1_0_is_answered_then_closed_and_1_1_is_kept_alive_until_its_timeout(server) -> None:
+    answer = raw(server, b"GET /ping HTTP/1.0\r\n\r\n")  # raw() returns once the server closes
+    assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answers(sock, 1)[0][0].startswith(b"HTTP/1.1 200")
+        time.sleep(0.3)  # within the keep-alive timeout (1 s): the connection still serves
+        sock.sendall(predict_request(b'{"instances": [1.0]}'))
+        assert json.loads(answers(sock, 1)[0][1]) == {"predictions": [2.5]}
+        assert sock.recv(1) == b""  # closed by the server once idle past the timeout (within recv's 5 s)
+
+
 def test_idle_and_slow_clients_are_closed_on_time_while_others_are_served(server) -> None:
     host, port = server.url.removeprefix("http://").split(":")
     idle = [socket.create_connection((host, int(port))) for _ in range(10)]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Exchange"]
 
-log = logging.getLogger("uvicorn.error")  # where uvicorn's own protocol logged a failed app
+log = logging.getLogger("tfservo.http")
 
 # A name or value that could split a header (RFC 9110's token and field-value characters).
 _BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')

@@ -115,7 +115,6 @@ class ServingProtocol(asyncio.Protocol):
         self.app_state = app_state
         self.root_path: str = config.root_path
         self.keep_alive_timeout: float = config.timeout_keep_alive
-        self.limit_concurrency: int | None = config.limit_concurrency
         self.parser = httptools.HttpRequestParser(self)
         try:  # answer the first of pipelined requests even when the client closed after sending them
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
@@ -305,13 +304,8 @@ class ServingProtocol(asyncio.Protocol):
     # -- requests and answers ---------------------------------------------------------------------
 
     def _start(self, exchange: Exchange) -> None:
-        app = self.app
-        if self.limit_concurrency is not None and (
-            len(self.connections) >= self.limit_concurrency or len(self.tasks) >= self.limit_concurrency
-        ):
-            app = _over_concurrency
         self.answering = exchange
-        task = self.loop.create_task(exchange.run(app))
+        task = self.loop.create_task(exchange.run(self.app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 
@@ -419,15 +413,6 @@ class ServingProtocol(asyncio.Protocol):
         ]
         self.transport.write(b"".join(head) + body)
         self.transport.close()
-
-
-async def _over_concurrency(scope: Any, receive: Any, send: Any) -> None:
-    """uvicorn's --limit-concurrency answer, in JSON."""
-    body = orjson.dumps({"error": "Exceeded concurrency limit; retry shortly"})
-    await send({"type": "http.response.start", "status": 503, "headers": [
-        (b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode()), (b"connection", b"close"),
-    ]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def protocol_class(*, header_timeout: float, max_connections: int, body_timeout: float = 20.0,
