@@ -20,7 +20,7 @@ import orjson
 if TYPE_CHECKING:
     from tfservo.http.protocol import ServingProtocol
 
-__all__ = ["Exchange"]
+__all__ = ["Exchange", "status_line"]
 
 log = logging.getLogger("tfservo.http")
 
@@ -35,7 +35,8 @@ _STATUS: dict[int, bytes] = {
 HIGH_WATER = 65536
 
 
-def _status_line(status: int) -> bytes:
+def status_line(status: int) -> bytes:
+    """`HTTP/1.1 <status> <reason>` and its line end."""
     return _STATUS.get(status) or b"HTTP/1.1 %d \r\n" % status
 
 
@@ -179,7 +180,7 @@ class Exchange:
     def _start(self, status: int, headers: Any) -> None:
         self.started = True
         self.expect_100 = False
-        lines = [_status_line(status)]
+        lines = [status_line(status)]
         lines += [name + b": " + value + b"\r\n" for name, value in self.protocol.server_state.default_headers]
         length: int | None = None
         close = False

@@ -6,7 +6,7 @@ slow, idle and too many clients.
 Why not uvicorn's protocol: a do-nothing app served through it did ~16 000 requests/s at 32
 clients on this project's machine, and ~40 000 through a minimal protocol on the same parser
 and loop; most of a small request's protocol time was uvicorn's per-request bookkeeping
-(docs/decisions.md, "A protocol of its own"). What it keeps of uvicorn's behaviour: keep-alive
+(docs/decisions.md, "A protocol of its own on httptools"). What it keeps of uvicorn's behaviour: keep-alive
 with its timeout, pipelined requests answered in order, "Expect: 100-continue", reading paused
 while an app leaves 64 KB of body unread and writing awaited while the socket's buffer is
 full, HEAD, chunked bodies both ways, a JSON 500 when an app fails before answering, and
@@ -42,7 +42,6 @@ tests/http/test_http_protocol.py checks each behaviour on a real server.
 from __future__ import annotations
 
 import asyncio
-import http
 import resource
 import urllib.parse
 from collections import deque
@@ -53,7 +52,7 @@ import httptools
 import orjson
 
 from tfservo.codecs.media_types import JSON
-from tfservo.http.exchange import Exchange
+from tfservo.http.exchange import Exchange, status_line
 from tfservo.http.idle_poll import IdlePoll
 
 __all__ = ["ServingProtocol", "default_max_connections", "lone_request", "protocol_class"]
@@ -405,7 +404,7 @@ class ServingProtocol(asyncio.Protocol):
             return
         body = orjson.dumps({"error": message})
         head = [
-            f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode(),
+            status_line(status),
             *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
             b"content-type: " + JSON.encode() + b"\r\n",
             b"content-length: " + str(len(body)).encode() + b"\r\n",
