@@ -68,11 +68,11 @@ class tracking:  # lower case: called as the function it replaced, `with trackin
         self.labels = labels if labels is not None else RequestLabels()
 
     def __enter__(self) -> RequestLabels:
-        self.token = _current.set(self.labels)
+        self.token = set_current(self.labels)
         return self.labels
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
-        _current.reset(self.token)
+        reset_current(self.token)
 
 
 def plain_scope(route: str, method: str) -> AbstractContextManager[RequestLabels]:
