@@ -61,12 +61,23 @@ def server_configs(model: str, paths: dict[str, str], answers: Path) -> list[ser
     ]
 
 
+def cpu() -> str:
+    """The processor the figures were measured on, as the name that tells this machine's hosts
+    apart: the same "AMD EPYC" comes with AVX-512 or without, and TensorFlow's kernels run
+    several times faster with it while the HTTP stack runs alike. Rows are only compared with a
+    ceiling measured on the same."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "unknown")
+    avx512 = "with" if " avx512f " in info else "without"
+    return f"{model}, {os.cpu_count()} cores, {avx512} AVX-512"
+
+
 def machine_facts() -> dict:
-    cpu = "unknown"
+    cpu_model = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
+                cpu_model = line.split(":", 1)[1].strip()
                 break
     except OSError:
         pass
@@ -81,7 +92,7 @@ def machine_facts() -> dict:
 
     wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True)
     return {
-        "cpu_model": cpu,
+        "cpu_model": cpu_model,
         "cores": os.cpu_count(),
         "avx512": " avx512f " in flags,
         "memory_gib": round(mem_gib, 1),
@@ -154,7 +165,8 @@ def run(workdir: Path, ceiling: dict, out: Path, *, quick: bool, only: list[str]
                         record = {
                             "server": server.name, "family": server.family, "model": model,
                             "workload": workload, "concurrency": c, "settings": server.settings,
-                            "start_seconds": round(started, 1), "answer_max_abs_diff": diff, **result,
+                            "start_seconds": round(started, 1), "answer_max_abs_diff": diff, "cpu": cpu(),
+                            **result,
                         }
                         doc["runs"].append(record)
                         print(
