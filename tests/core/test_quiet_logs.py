@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from conftest import write_code
@@ -36,10 +37,16 @@ def noise(stderr: str) -> list[str]:
 
 
 def test_serve_is_quiet() -> None:
-    with ServerProcess([str(HALF_PLUS_THREE)]) as server:
+    with ServerProcess([str(HALF_PLUS_THREE), "--workers", "2"]) as server:
         with server.client() as client:
             assert client.post("/invocations", content=b"1.0", headers={"Content-Type": "text/csv"}).status_code == 200
+        deadline = time.monotonic() + 60  # the second worker may still be starting
+        while server.output.count("tfservo.server: serving ") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert noise(server.output) == []
+    # Each worker says it serves; the access line comes once, from their supervisor.
+    assert server.output.count("tfservo.server: serving ") == 2, server.output
+    assert server.output.count("tfservo.audit: access:") == 1, server.output
 
 
 @pytest.mark.parametrize(

@@ -242,6 +242,8 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
             grpc_server.stop(_GRACE_SECONDS)
 
     def started() -> None:
+        if link is None:  # a supervisor says it once for all its workers
+            log_access(settings)
         _log_ready(settings, port, service)
         if link is not None:
             link.ready()
@@ -287,7 +289,6 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
 
 
 def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
-    log_access(settings)  # before the "serving" line that says the worker is ready
     log.info(
         "serving %s on %s://%s:%d (models: %s; default: %s; pid %d of %d workers, %d TF thread(s) each; batching: %s; memory %.0f MB)",
         ", ".join(settings.paths)

@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+from tfservo.auth.doors import log_access
 from tfservo.core.errors import ServingError
 from tfservo.core.scratch import remove_scratch_dirs
 from tfservo.core.settings import Settings
@@ -202,6 +203,7 @@ class Supervisor:
         host, port = self.socks[0].getsockname()[:2]
         log.info("starting %d worker%s on %s:%d", self.settings.workers, "s" if self.settings.workers > 1 else "",
                  host, port)
+        log_access(self.settings)  # once for the server, not once per worker
         try:
             for slot in range(self.settings.workers):
                 self._start(slot)
