@@ -61,28 +61,25 @@ def server_configs(model: str, paths: dict[str, str], answers: Path) -> list[ser
     ]
 
 
+def _cpuinfo() -> tuple[str, bool]:
+    """The processor's model name and whether it has AVX-512."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "unknown")
+    return model, " avx512f " in info
+
+
 def cpu() -> str:
     """The processor the figures were measured on, as the name that tells this machine's hosts
     apart: the same "AMD EPYC" comes with AVX-512 or without, and TensorFlow's kernels run
     several times faster with it while the HTTP stack runs alike. Rows are only compared with a
     ceiling measured on the same."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "unknown")
-    avx512 = "with" if " avx512f " in info else "without"
-    return f"{model}, {os.cpu_count()} cores, {avx512} AVX-512"
+    model, avx512 = _cpuinfo()
+    return f"{model}, {os.cpu_count()} cores, {'with' if avx512 else 'without'} AVX-512"
 
 
 def machine_facts() -> dict:
-    cpu_model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu_model, avx512 = _cpuinfo()
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     def version_of(python: Path, module: str) -> str | None:
         if not python.exists():
             return None
@@ -94,7 +91,7 @@ def machine_facts() -> dict:
     return {
         "cpu_model": cpu_model,
         "cores": os.cpu_count(),
-        "avx512": " avx512f " in flags,
+        "avx512": avx512,
         "memory_gib": round(mem_gib, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
