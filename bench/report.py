@@ -297,9 +297,8 @@ def render(results: Path) -> str:
         lines.append(f"| {k} | {v} |")
     for rerun in serving.get("reruns", []):
         m2 = rerun["machine"]
-        avx = "with" if m2.get("avx512") else "without"
-        lines.append(f"| re-measured later: {', '.join(rerun['only'])} | on {m2['cpu_model']}, {m2['cores']} cores, "
-                     f"{avx} AVX-512; load average {' '.join(m2['loadavg_at_start'])} at the start |")
+        lines.append(f"| re-measured later: {', '.join(rerun['only'])} | on {m2['cpu']}; load average "
+                     f"{' '.join(m2['loadavg_at_start'])} at the start |")
     lines += ["", f"Batching settings (tfservo \"batching on\" and PyTriton's dynamic batcher): `{json.dumps(serving['batching'])}`", ""]
     lines += ["### Targets", ""] + targets(runs, ceiling, other_targets(sections)) + [""]
     lines += ["### Ceiling: in-process calls, no server", ""] + ceiling_table(ceiling)

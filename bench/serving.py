@@ -74,7 +74,12 @@ def cpu() -> str:
     several times faster with it while the HTTP stack runs alike. Rows are only compared with a
     ceiling measured on the same."""
     model, avx512 = _cpuinfo()
-    return f"{model}, {os.cpu_count()} cores, {'with' if avx512 else 'without'} AVX-512"
+    return cpu_name(model, os.cpu_count() or 0, avx512)
+
+
+def cpu_name(model: str, cores: int, avx512: bool) -> str:
+    """How rows, ceilings and machine facts name a CPU (cpu())."""
+    return f"{model}, {cores} cores, {'with' if avx512 else 'without'} AVX-512"
 
 
 def machine_facts() -> dict:
@@ -92,6 +97,7 @@ def machine_facts() -> dict:
         "cpu_model": cpu_model,
         "cores": os.cpu_count(),
         "avx512": avx512,
+        "cpu": cpu(),
         "memory_gib": round(mem_gib, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
@@ -162,7 +168,8 @@ def run(workdir: Path, ceiling: dict, out: Path, *, quick: bool, only: list[str]
                         record = {
                             "server": server.name, "family": server.family, "model": model,
                             "workload": workload, "concurrency": c, "settings": server.settings,
-                            "start_seconds": round(started, 1), "answer_max_abs_diff": diff, "cpu": cpu(),
+                            "start_seconds": round(started, 1), "answer_max_abs_diff": diff,
+                            "cpu": doc["machine"]["cpu"],
                             **result,
                         }
                         doc["runs"].append(record)
