@@ -1,17 +1,24 @@
 """The ceiling: raw in-process calls of the same signature, no server, at the best batch size.
 
-Two call paths are measured and the faster one is the ceiling: a TF session callable (what
-tfservo's runtime uses) and `tf.saved_model.load(...).signatures["serving_default"]` (TF's
-documented TF2 path). Also the batch-1 latency (the concurrency-1 reference) and each
-workload's reference answer, which every server's answer is checked against.
+Three call paths are measured and the fastest one is the ceiling: a TF session callable (what
+tfservo's runtime uses) with TensorFlow's default threads, the same with one intra-op thread
+(what each of tfservo's workers gets when the defaults start one per core), and
+`tf.saved_model.load(...).signatures["serving_default"]` (TF's documented TF2 path). Also the
+batch-1 latency of the fastest path there (the concurrency-1 reference) and each workload's
+reference answer, which every server's answer is checked against.
+
+A process's intra-op thread pool is made with its first session and shared by every session
+after it, so the one-thread path runs in a process of its own (`--one-thread`).
 
 Usage: python bench/ceiling.py WORKDIR OUT.json [--quick] [--model=mlp|resnet]...
+       python bench/ceiling.py --one-thread MODEL WORKDIR SECONDS   (one path's figures, as JSON)
 """
 
 from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -74,6 +81,40 @@ def keep_best(old: dict, new: dict) -> dict:
     return best
 
 
+def _specs(work: Path) -> dict[str, tuple[Path, str, str, Callable[[int], np.ndarray]]]:
+    """Each model's version directory, input and output names, and its batches of `b` rows."""
+    from PIL import Image
+
+    bodies = work / "bodies"
+    mlp_row = np.asarray(json.loads((bodies / "mlp.tfs.json").read_text())["instances"][0], np.float32)
+    pixels = np.asarray(Image.open(io.BytesIO((bodies / "image.jpg").read_bytes())).convert("RGB"), np.float32)
+    return {
+        "mlp": (work / "models/mlp/1", "x", "probabilities", lambda b: np.tile(mlp_row, (b, 1))),
+        "resnet": (work / "models/resnet50/1", "images", "probabilities", lambda b: np.repeat(pixels[None], b, 0)),
+    }
+
+
+def one_thread(model: str, workdir: str, seconds: float) -> dict:
+    """The session callable with one intra-op thread (run in a process of its own: see the module doc)."""
+    from tfservo.core.logs import quiet_tensorflow
+
+    quiet_tensorflow()
+    from tfservo.models.savedmodel import load_saved_model
+
+    path, inp, outp, make = _specs(Path(workdir))[model]
+    loaded = load_saved_model(str(path), intra_op_threads=1)
+    try:
+        return measure(lambda x: loaded.run("serving_default", {inp: x})[outp], make, BATCHES[model], seconds)
+    finally:
+        loaded.close()
+
+
+def _one_thread_elsewhere(model: str, workdir: str, seconds: float) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--one-thread", model, workdir, str(seconds)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = None) -> dict:
     from serving import cpu
 
@@ -81,19 +122,12 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
 
     quiet_tensorflow()
     import tensorflow as tf
-    from PIL import Image
 
     from tfservo.models.savedmodel import load_saved_model
 
     work = Path(workdir)
     scale = 0.3 if quick else 1.0
-    bodies = work / "bodies"
-    mlp_row = np.asarray(json.loads((bodies / "mlp.tfs.json").read_text())["instances"][0], np.float32)
-    pixels = np.asarray(Image.open(io.BytesIO((bodies / "image.jpg").read_bytes())).convert("RGB"), np.float32)
-    specs = {
-        "mlp": (work / "models/mlp/1", "x", "probabilities", lambda b: np.tile(mlp_row, (b, 1))),
-        "resnet": (work / "models/resnet50/1", "images", "probabilities", lambda b: np.repeat(pixels[None], b, 0)),
-    }
+    specs = _specs(work)
     results: dict = {}
     previous: dict = {}
     if only:  # re-measure some models, keep the others' figures from the last run
@@ -109,6 +143,7 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
             "tf2_signature": lambda x, f=signature: f(**{inp: tf.constant(x)})[outp].numpy(),
         }
         measured = {name: measure(fn, make, BATCHES[model], SECONDS[model] * scale) for name, fn in paths.items()}
+        measured["session_callable_1_thread"] = _one_thread_elsewhere(model, str(work), SECONDS[model] * scale)
         best_path = max(measured, key=lambda n: measured[n]["best_rows_per_s"])
         fastest_single = min(measured, key=lambda n: measured[n]["batch1_p50_ms"])
         results[model] = {
@@ -139,5 +174,8 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--one-thread":
+        print(json.dumps(one_thread(sys.argv[2], sys.argv[3], float(sys.argv[4]))))
+        sys.exit(0)
     models = [a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--model=")]
     main(sys.argv[1], sys.argv[2], quick="--quick" in sys.argv, only=models or None)

@@ -8,6 +8,7 @@ whole tree it started (workers, tritonserver, backend stubs).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -165,6 +166,15 @@ _FLOORS = {
     "granian": ("floor: do-nothing app, granian", "floor-granian", BENCH / ".venv-tools", ["--granian"]),
     "lean": ("floor: do-nothing app, a lean protocol on httptools", "floor-lean", REPO / ".venv", ["--lean"]),
 }
+
+
+def floor_answers(workdir: Path, model: str, reference: list[float]) -> Path:
+    """WORKDIR/floor-answers-MODEL.json: what the floor answers at each of tfservo's paths for
+    `model`: the in-process reference answer in TF Serving's format, as tfservo answers it."""
+    answers = workdir / f"floor-answers-{model}.json"
+    answer = json.dumps({"predictions": [reference]})
+    answers.write_text(json.dumps({ep.path: answer for ep in _tfservo_endpoints(model).values()}))
+    return answers
 
 
 def floor(model: str, answers: Path, *, stack: str = "uvicorn") -> Server:

@@ -135,10 +135,7 @@ def run(workdir: Path, ceiling: dict, out: Path, *, quick: bool, only: list[str]
     for name, (model, levels, secs, warm) in WORKLOADS.items():
         doc["workloads"][name] = {"model": model, "concurrency": levels, "seconds": secs / (3 if quick else 1)}
     for model in ("mlp", "resnet"):
-        # What the floor answers: the reference answer in TF Serving's format, as tfservo answers it.
-        answers = workdir / f"floor-answers-{model}.json"
-        answer = json.dumps({"predictions": [ceiling[model]["reference_output"]]})
-        answers.write_text(json.dumps({ep.path: answer for ep in servers.tfservo_defaults(model, "").endpoints.values()}))
+        answers = servers.floor_answers(workdir, model, ceiling[model]["reference_output"])
         for server in server_configs(model, paths, answers):
             label = f"{model}: {server.name}"
             if only and not any(o in label for o in only):
