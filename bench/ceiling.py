@@ -8,10 +8,11 @@ batch-1 latency of the fastest path there (the concurrency-1 reference) and each
 reference answer, which every server's answer is checked against.
 
 A process's intra-op thread pool is made with its first session and shared by every session
-after it, so the one-thread path runs in a process of its own (`--one-thread`).
+after it, so the one-thread path runs in a process of its own (`--alone`).
 
 Usage: python bench/ceiling.py WORKDIR OUT.json [--quick] [--model=mlp|resnet]...
-       python bench/ceiling.py --one-thread MODEL WORKDIR SECONDS   (one path's figures, as JSON)
+       python bench/ceiling.py --alone PATH MODEL WORKDIR SECONDS [BATCH]...   (one path, in a
+           process of its own, as JSON: session_callable, session_callable_1_thread, tf2_signature)
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _time_calls(fn: Callable[[], object], seconds: float, min_calls: int = 3) ->
 
 
 def measure(call: Callable[[np.ndarray], np.ndarray], make: Callable[[int], np.ndarray], batches: list[int],
-            seconds: float) -> dict:
+            seconds: float, *, batch1: bool = True) -> dict:
+    """Rows/s at each batch size (and the batch-1 call's latency, unless `batch1` is False)."""
     rows = {}
     for b in batches:
         x = make(b)
@@ -59,14 +61,12 @@ def measure(call: Callable[[np.ndarray], np.ndarray], make: Callable[[int], np.n
             "rows_per_cpu_s": round(b * len(times) / sum(times) / max(cores, 1e-9), 2),
         }
     best = max(rows, key=lambda b: rows[b]["rows_per_s"])
-    single = _time_calls(lambda: call(make(1)), seconds, min_calls=20)
-    return {
-        "by_batch": rows,
-        "best_batch": int(best),
-        "best_rows_per_s": rows[best]["rows_per_s"],
-        "batch1_p50_ms": round(float(np.percentile(single, 50)) * 1e3, 4),
-        "batch1_p99_ms": round(float(np.percentile(single, 99)) * 1e3, 4),
-    }
+    out = {"by_batch": rows, "best_batch": int(best), "best_rows_per_s": rows[best]["rows_per_s"]}
+    if batch1:
+        single = _time_calls(lambda: call(make(1)), seconds, min_calls=20)
+        out["batch1_p50_ms"] = round(float(np.percentile(single, 50)) * 1e3, 4)
+        out["batch1_p99_ms"] = round(float(np.percentile(single, 99)) * 1e3, 4)
+    return out
 
 
 def keep_best(old: dict, new: dict) -> dict:
@@ -94,24 +94,34 @@ def _specs(work: Path) -> dict[str, tuple[Path, str, str, Callable[[int], np.nda
     }
 
 
-def one_thread(model: str, workdir: str, seconds: float) -> dict:
-    """The session callable with one intra-op thread (run in a process of its own: see the module doc)."""
+def path_alone(name: str, model: str, workdir: str, seconds: float, batches: list[int] | None = None) -> dict:
+    """One call path's figures, measured in this process, which must have loaded no model yet
+    (a process's intra-op pool is its first session's: see the module doc). `batches` other than
+    the model's usual ones skip the batch-1 latency."""
     from tfservo.core.logs import quiet_tensorflow
 
     quiet_tensorflow()
-    from tfservo.models.savedmodel import load_saved_model
-
     path, inp, outp, make = _specs(Path(workdir))[model]
-    loaded = load_saved_model(str(path), intra_op_threads=1)
-    try:
-        return measure(lambda x: loaded.run("serving_default", {inp: x})[outp], make, BATCHES[model], seconds)
-    finally:
-        loaded.close()
+    if name == "tf2_signature":
+        import tensorflow as tf
+
+        signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+        call: Callable[[np.ndarray], np.ndarray] = lambda x: signature(**{inp: tf.constant(x)})[outp].numpy()
+    else:
+        from tfservo.models.savedmodel import load_saved_model
+
+        loaded = load_saved_model(str(path), intra_op_threads={"session_callable": 0, "session_callable_1_thread": 1}[name])
+        call = lambda x: loaded.run("serving_default", {inp: x})[outp]
+    return measure(call, make, batches or BATCHES[model], seconds, batch1=batches is None)
 
 
-def _one_thread_elsewhere(model: str, workdir: str, seconds: float) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--one-thread", model, workdir, str(seconds)],
-                          capture_output=True, text=True, check=True)
+def measure_alone(name: str, model: str, workdir: str, seconds: float, batches: list[int] | None = None) -> dict:
+    """`path_alone` in a process of its own."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--alone", name, model, workdir, str(seconds),
+         *map(str, batches or [])],
+        capture_output=True, text=True, check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -143,7 +153,8 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
             "tf2_signature": lambda x, f=signature: f(**{inp: tf.constant(x)})[outp].numpy(),
         }
         measured = {name: measure(fn, make, BATCHES[model], SECONDS[model] * scale) for name, fn in paths.items()}
-        measured["session_callable_1_thread"] = _one_thread_elsewhere(model, str(work), SECONDS[model] * scale)
+        measured["session_callable_1_thread"] = measure_alone("session_callable_1_thread", model, str(work),
+                                                              SECONDS[model] * scale)
         best_path = max(measured, key=lambda n: measured[n]["best_rows_per_s"])
         fastest_single = min(measured, key=lambda n: measured[n]["batch1_p50_ms"])
         results[model] = {
@@ -174,8 +185,9 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--one-thread":
-        print(json.dumps(one_thread(sys.argv[2], sys.argv[3], float(sys.argv[4]))))
+    if sys.argv[1] == "--alone":
+        name, model, workdir, seconds, *batches = sys.argv[2:]
+        print(json.dumps(path_alone(name, model, workdir, float(seconds), [int(b) for b in batches] or None)))
         sys.exit(0)
     models = [a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--model=")]
     main(sys.argv[1], sys.argv[2], quick="--quick" in sys.argv, only=models or None)

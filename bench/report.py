@@ -165,11 +165,11 @@ def extra_sections(results: Path) -> dict[str, dict]:
 
 
 def other_targets(sections: dict[str, dict]) -> list[str]:
-    """Issue 28's targets that other benchmarks measure (their own sections below): the MLP's
-    with the servers side by side, gRPC against its floor, the insurance-style transform against
+    """Issue 28's targets that other benchmarks measure (their own sections below): the serving
+    targets with the servers side by side, gRPC against its floor, the insurance-style transform against
     its model, the clusters against the local engine."""
     out = [
-        f"| MLP: {row['measure']} {row['target']} | tfservo defaults | {row['median of the rounds']} (median of "
+        f"| {row['measure']} {row['target']} | tfservo defaults | {row['median of the rounds']} (median of "
         f"{row['rounds']} rounds, {row['lowest round']} to {row['highest round']}; bench/targets_bench.py) | "
         f"{row['verdict']} |"
         for row in sections.get("targets", {}).get("rows", [])
@@ -309,7 +309,7 @@ def render(results: Path) -> str:
                      f"{' '.join(m2['loadavg_at_start'])} at the start |")
     lines += ["", f"Batching settings (tfservo \"batching on\" and PyTriton's dynamic batcher): `{json.dumps(serving['batching'])}`", ""]
     lines += ["### Targets", "",
-              "The MLP's first targets appear twice: from the tables below, where each server ran once, minutes",
+              "The serving targets appear twice: from the tables below, where each server ran once, minutes",
               "apart (a server's figure moves by ±20 % between such runs on this machine), and from",
               "bench/targets_bench.py, where the servers run side by side and each ratio is taken within one",
               "round of turns: the steadier figure (its section is further below).", ""] + targets(runs, ceiling, other_targets(sections)) + [""]

@@ -1,11 +1,13 @@
-"""Issue 28's MLP targets measured side by side: tfservo's defaults, the HTTP floor (the do-nothing
-app on uvicorn + httptools) and PyTriton at 32 clients, and the defaults and batching off (one
-worker) at one client. All four servers run at once and wrk drives them in turn, round after
-round, the order rotated each round. Each target's ratio is taken within a round, where drift
-on a shared machine hits both sides alike, and its figure is the median over the rounds, with
-the lowest and highest round beside it. The serving tables run each server once, minutes
-apart; on this project's machine a server's figure moves by ±20 % between such runs, and a
-ratio of two of them by more.
+"""Issue 28's serving targets measured side by side. The MLP: tfservo's defaults, the HTTP floor
+(the do-nothing app on uvicorn + httptools) and PyTriton at 32 clients, and the defaults and
+batching off (one worker) at one client. ResNet-50: the defaults and PyTriton on both bodies at
+8 clients, and the in-process call at batch 8 (the faster of the session callable and the TF2
+signature, each in a process of its own). A model's servers run at once and are driven in
+turns, round after round, the order rotated each round. Each target's ratio is taken within a
+round, where drift on a shared machine hits both sides alike, and its figure is the median over
+the rounds, with the lowest and highest round beside it. The serving tables run each server
+once, minutes apart; on this project's machine a server's figure moves by ±20 % between such
+runs, and a ratio of two of them by more.
 
 Writes RESULTS/targets.json in the report's section format.
 
@@ -16,138 +18,234 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import servers
+from ceiling import measure_alone
 from load import run_wrk
 from models import build_all
 from report import save_section, section_arguments
 from serving import BATCHING, check_answer, cpu
 
 DEFAULTS, FLOOR, PYTRITON, OFF = "tfservo defaults", "HTTP floor", "PyTriton", "tfservo batching off, 1 worker"
-# (server, clients) pairs driven in each round, in the first round's order
-TURNS = ((FLOOR, 32), (DEFAULTS, 32), (PYTRITON, 32), (DEFAULTS, 1), (OFF, 1))
+IN_PROCESS = "in-process call, batch 8"
+IN_PROCESS_PATHS = ("session_callable", "tf2_signature")
+Turn = tuple[str, str, int]  # (server, workload, clients)
+Turns = dict[Turn, dict]  # one round's results
 
 
-def start_all(workdir: Path, ceiling: dict, logs: Path) -> dict[str, servers.Server]:
+@dataclass(frozen=True)
+class Measure:
+    """One target: what it compares, its bound, the figure of a round, and whether a median meets it."""
+
+    name: str
+    target: str
+    figure: Callable[[Turns], float]
+    meets: Callable[[float], bool]
+    form: str
+    against_ceiling: bool = False  # compares with ceiling.json's figure: judged only on its CPU
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One model's servers, the turns of a round, and its targets."""
+
+    model: str
+    configure: Callable[[Path, dict], dict[str, servers.Server]]
+    turns: tuple[Turn, ...]
+    measures: Callable[[dict], list[Measure]]
+    rounds: tuple[int, int]  # (full, --quick)
+    seconds: tuple[float, float]
+
+
+def _mlp_servers(workdir: Path, ceiling: dict) -> dict[str, servers.Server]:
     paths = build_all(str(workdir))
     answers = servers.floor_answers(workdir, "mlp", ceiling["mlp"]["reference_output"])
-    batching = BATCHING["mlp"]
-    configured = {
+    return {
         FLOOR: servers.floor("mlp", answers),
         DEFAULTS: servers.tfservo_defaults("mlp", paths["mlp"]),
-        PYTRITON: servers.pytriton("mlp", paths["mlp_version"], max_batch_size=batching["max_batch_size"],
-                                   queue_delay_micros=batching["batch_timeout_micros"]),
+        PYTRITON: _pytriton("mlp", paths["mlp_version"]),
         OFF: servers.tfservo("mlp", paths["mlp"], batching=None, workers=1),
     }
-    started: dict[str, servers.Server] = {}
+
+
+def _resnet_servers(workdir: Path, ceiling: dict) -> dict[str, servers.Server]:
+    paths = build_all(str(workdir))
+    return {DEFAULTS: servers.tfservo_defaults("resnet", paths["resnet50"]),
+            PYTRITON: _pytriton("resnet", paths["resnet50_version"])}
+
+
+def _pytriton(model: str, version: str) -> servers.Server:
+    batching = BATCHING[model]
+    return servers.pytriton(model, version, max_batch_size=batching["max_batch_size"],
+                            queue_delay_micros=batching["batch_timeout_micros"])
+
+
+def _ratio(a: Turn, b: Turn) -> Callable[[Turns], float]:
+    return lambda t: t[a]["rps"] / t[b]["rps"]
+
+
+def _mlp_measures(ceiling: dict) -> list[Measure]:
+    in_process = ceiling["mlp"]["batch1_p50_ms"]
+    return [
+        Measure("MLP, 32 clients: defaults ÷ HTTP floor", "≥ 0.50×", _ratio((DEFAULTS, "mlp", 32), (FLOOR, "mlp", 32)),
+                lambda m: m >= 0.5, "{:.2f}×"),
+        Measure("MLP, 32 clients: defaults ÷ PyTriton", "≥ 3×", _ratio((DEFAULTS, "mlp", 32), (PYTRITON, "mlp", 32)),
+                lambda m: m >= 3, "{:.2f}×"),
+        Measure(f"MLP, 1 client: defaults p50 − the in-process call ({in_process:.3f} ms)", "≤ 0.3 ms",
+                lambda t: t[(DEFAULTS, "mlp", 1)]["p50_ms"] - in_process, lambda m: m <= 0.3, "{:+.3f} ms",
+                against_ceiling=True),
+        Measure("MLP, 1 client: defaults p50 − batching off p50", "≤ 0.2 ms",
+                lambda t: t[(DEFAULTS, "mlp", 1)]["p50_ms"] - t[(OFF, "mlp", 1)]["p50_ms"], lambda m: m <= 0.2,
+                "{:+.3f} ms"),
+    ]
+
+
+def _resnet_measures(ceiling: dict) -> list[Measure]:
+    out = []
+    for workload in ("resnet_b64", "resnet_float"):
+        out += [
+            Measure(f"{workload}, 8 clients: defaults ÷ the in-process call", "≥ 0.95×",
+                    _ratio((DEFAULTS, workload, 8), (IN_PROCESS, "resnet", 8)), lambda m: m >= 0.95, "{:.2f}×"),
+            Measure(f"{workload}, 8 clients: defaults ÷ PyTriton", "≥ 1.05×",
+                    _ratio((DEFAULTS, workload, 8), (PYTRITON, workload, 8)), lambda m: m >= 1.05, "{:.2f}×"),
+        ]
+    return out
+
+
+PHASES = (
+    Phase("mlp", _mlp_servers,
+          ((FLOOR, "mlp", 32), (DEFAULTS, "mlp", 32), (PYTRITON, "mlp", 32), (DEFAULTS, "mlp", 1), (OFF, "mlp", 1)),
+          _mlp_measures, rounds=(7, 3), seconds=(5.0, 3.0)),
+    Phase("resnet", _resnet_servers,
+          ((DEFAULTS, "resnet_b64", 8), (PYTRITON, "resnet_b64", 8), (IN_PROCESS, "resnet", 8),
+           (DEFAULTS, "resnet_float", 8), (PYTRITON, "resnet_float", 8)),
+          _resnet_measures, rounds=(3, 2), seconds=(15.0, 5.0)),
+)
+
+
+def start_all(configured: dict[str, servers.Server], workdir: Path, ceiling: dict, logs: Path) -> None:
+    """Start every server and check one answer per workload; on a failure, stop those started."""
+    started: list[servers.Server] = []
     try:
-        for name, server in configured.items():
+        for server in configured.values():
             server.start(logs)
-            started[name] = server
-            body = workdir / "bodies" / server.endpoints["mlp"].body
-            check_answer(server, "mlp", body.read_bytes(), ceiling["mlp"]["reference_output"])
+            started.append(server)
+            for workload, ep in server.endpoints.items():
+                model = "resnet" if workload.startswith("resnet") else "mlp"
+                body = (workdir / "bodies" / ep.body).read_bytes()
+                check_answer(server, workload, body, ceiling[model]["reference_output"])
     except BaseException:
-        for server in started.values():
+        for server in started:
             server.stop()
         raise
-    return started
 
 
-def drive(started: dict[str, servers.Server], workdir: Path, rounds: int, seconds: float) -> list[dict]:
-    """Every turn of every round: {round, server, clients, **run_wrk's result}."""
-    def run(name: str, clients: int, secs: float) -> dict:
+def drive(phase: Phase, started: dict[str, servers.Server], workdir: Path, rounds: int, seconds: float) -> list[dict]:
+    """Every turn of every round: {round, server, workload, clients, rps, …}."""
+    def run(turn: Turn, secs: float) -> dict:
+        name, workload, clients = turn
+        if name == IN_PROCESS:
+            secs = min(secs, 8.0)  # each path loads the model in a process of its own first
+            paths = {path: measure_alone(path, phase.model, str(workdir), secs, [clients]) for path in IN_PROCESS_PATHS}
+            best = max(paths, key=lambda p: paths[p]["best_rows_per_s"])
+            return {"rps": paths[best]["best_rows_per_s"], "path": best,
+                    "paths": {p: v["best_rows_per_s"] for p, v in paths.items()}, "errors": 0}
         server = started[name]
-        ep = server.endpoints["mlp"]
+        ep = server.endpoints[workload]
         assert server.proc is not None
         return run_wrk(server.base_url + ep.path, str(workdir / "bodies" / ep.body), connections=clients,
                        seconds=secs, server_pid=server.proc.pid)
 
-    for name in started:
-        run(name, 32, 2)  # warm: first calls of each batch size build kernels
+    for turn in phase.turns:  # warm: the first calls of each batch size build kernels
+        if turn[0] != IN_PROCESS:
+            run(turn, max(2.0, seconds / 3))
     runs = []
+    turns = phase.turns
     for r in range(rounds):
-        for name, clients in TURNS[r % len(TURNS):] + TURNS[: r % len(TURNS)]:
-            result = run(name, clients, seconds)
+        for turn in turns[r % len(turns):] + turns[: r % len(turns)]:
+            result = run(turn, seconds)
             if result["errors"]:
-                raise RuntimeError(f"{name}, {clients} clients: {result['error_kinds']}")
-            runs.append({"round": r, "server": name, "clients": clients, **result})
-            print(f"round {r}: {name}, {clients} clients: {result['rps']:.0f} req/s, p50 {result['p50_ms']:.3f} ms",
-                  flush=True)
+                raise RuntimeError(f"{turn}: {result['error_kinds']}")
+            name, workload, clients = turn
+            runs.append({"round": r, "server": name, "workload": workload, "clients": clients, **result})
+            print(f"round {r}: {name}, {workload}, {clients} clients: {result['rps']:.1f}/s"
+                  + (f", p50 {result['p50_ms']:.3f} ms" if "p50_ms" in result else ""), flush=True)
     return runs
 
 
-def per_round(runs: list[dict], figure: Callable[[dict[tuple[str, int], dict]], float]) -> list[float]:
-    """`figure(that round's runs by (server, clients))` for each round."""
-    by_round: dict[int, dict[tuple[str, int], dict]] = {}
+def per_round(runs: Sequence[dict], figure: Callable[[Turns], float]) -> list[float]:
+    """`figure(that round's runs by turn)` for each round."""
+    by_round: dict[int, Turns] = {}
     for run in runs:
-        by_round.setdefault(run["round"], {})[(run["server"], run["clients"])] = run
+        by_round.setdefault(run["round"], {})[(run["server"], run["workload"], run["clients"])] = run
     return [figure(turns) for _, turns in sorted(by_round.items())]
 
 
-def target_rows(runs: list[dict], ceiling: dict) -> list[dict]:
-    in_process = ceiling["mlp"]["batch1_p50_ms"]
-    comparable = ceiling["mlp"].get("cpu") == cpu()
-    measures = [
-        # (measure, target, per-round figure, whether the median meets it, format)
-        ("defaults ÷ HTTP floor, 32 clients", "≥ 0.50×",
-         lambda t: t[(DEFAULTS, 32)]["rps"] / t[(FLOOR, 32)]["rps"], lambda m: m >= 0.5, "{:.2f}×"),
-        ("defaults ÷ PyTriton, 32 clients", "≥ 3×",
-         lambda t: t[(DEFAULTS, 32)]["rps"] / t[(PYTRITON, 32)]["rps"], lambda m: m >= 3, "{:.2f}×"),
-        (f"defaults p50 − the in-process call ({in_process:.3f} ms), 1 client", "≤ 0.3 ms",
-         lambda t: t[(DEFAULTS, 1)]["p50_ms"] - in_process, lambda m: m <= 0.3, "{:+.3f} ms"),
-        ("defaults p50 − batching off p50, 1 client", "≤ 0.2 ms",
-         lambda t: t[(DEFAULTS, 1)]["p50_ms"] - t[(OFF, 1)]["p50_ms"], lambda m: m <= 0.2, "{:+.3f} ms"),
-    ]
+def target_rows(measures: list[Measure], runs: Sequence[dict], ceiling_cpu: str | None) -> list[dict]:
     rows = []
-    for measure, target, figure, meets, fmt in measures:
-        values = per_round(runs, figure)
+    for m in measures:
+        values = per_round(runs, m.figure)
         median = statistics.median(values)
-        verdict = "met" if meets(median) else "missed"
-        if "in-process" in measure and not comparable:
-            verdict = f"not comparable: the ceiling ran on {ceiling['mlp'].get('cpu')}, this on {cpu()}"
+        verdict = "met" if m.meets(median) else "missed"
+        if m.against_ceiling and ceiling_cpu != cpu():
+            verdict = f"not comparable: the ceiling ran on {ceiling_cpu}, this on {cpu()}"
         rows.append({
-            "measure": measure, "target": target, "median of the rounds": fmt.format(median),
-            "lowest round": fmt.format(min(values)), "highest round": fmt.format(max(values)),
+            "measure": m.name, "target": m.target, "median of the rounds": m.form.format(median),
+            "lowest round": m.form.format(min(values)), "highest round": m.form.format(max(values)),
             "rounds": len(values), "verdict": verdict,
         })
     return rows
 
 
-def server_notes(runs: list[dict]) -> list[str]:
+def turn_notes(phase: Phase, runs: Sequence[dict]) -> list[str]:
     out = []
-    for name, clients in TURNS:
-        mine = [r for r in runs if r["server"] == name and r["clients"] == clients]
-        rps = [r["rps"] for r in mine]
-        out.append(f"- {name}, {clients} client{'s' if clients > 1 else ''}: median {statistics.median(rps):,.0f} req/s "
-                   f"(rounds {min(rps):,.0f}–{max(rps):,.0f}), p50 {statistics.median(r['p50_ms'] for r in mine):.3f} ms, "
-                   f"server {statistics.median(r['server_cores'] for r in mine):.2f} cores")
+    for name, workload, clients in phase.turns:
+        mine = [r for r in runs if (r["server"], r["workload"], r["clients"]) == (name, workload, clients)]
+        rates = [r["rps"] for r in mine]
+        line = (f"- {workload}, {name}, {clients} client{'s' if clients > 1 else ''}: median "
+                f"{statistics.median(rates):,.1f}/s (rounds {min(rates):,.1f}–{max(rates):,.1f})")
+        if name == IN_PROCESS:
+            line += f"; the faster path: {', '.join(sorted({r['path'] for r in mine}))}"
+        else:
+            line += (f", p50 {statistics.median(r['p50_ms'] for r in mine):.3f} ms, server "
+                     f"{statistics.median(r['server_cores'] for r in mine):.2f} cores")
+        out.append(line)
     return out
 
 
 def main() -> None:
     args = section_arguments()
-    rounds, seconds = (3, 3.0) if args.quick else (7, 5.0)
+    pick = 1 if args.quick else 0
     workdir, results = Path(args.workdir).resolve(), Path(args.results)
     ceiling = json.loads((results / "ceiling.json").read_text())
-    logs = results / "logs"
-    started = start_all(workdir, ceiling, logs)
-    try:
-        runs = drive(started, workdir, rounds, seconds)
-    finally:
-        for server in started.values():
-            server.stop()
+    rows: list[dict] = []
+    notes: list[str] = []
+    runs: list[dict] = []
+    for phase in PHASES:
+        rounds, seconds = phase.rounds[pick], phase.seconds[pick]
+        configured = phase.configure(workdir, ceiling)
+        start_all(configured, workdir, ceiling, results / "logs")
+        try:
+            mine = drive(phase, configured, workdir, rounds, seconds)
+        finally:
+            for server in configured.values():
+                server.stop()
+        runs += mine
+        rows += target_rows(phase.measures(ceiling), mine, ceiling[phase.model].get("cpu"))
+        notes += [f"{phase.model}: {rounds} rounds of {seconds:g} s per turn;", *turn_notes(phase, mine), ""]
     save_section(results, "targets", {
-        "title": "Issue 28's MLP targets, side by side: the servers running at once, driven in turns",
-        "rows": target_rows(runs, ceiling),
+        "title": "Issue 28's serving targets, side by side: a model's servers running at once, driven in turns",
+        "rows": rows,
         "notes": [
-            f"{rounds} rounds of {seconds:g} s per server and client count on {cpu()}; within a round the turns "
-            "run back to back, and each round starts one turn later than the last (bench/targets_bench.py). "
-            "The four servers are up together, the idle ones waiting on their sockets. Each ratio is taken "
-            "within one round; the figure is the median over the rounds.",
+            f"On {cpu()}. Within a round the turns run back to back, and each round starts one turn later "
+            "than the last (bench/targets_bench.py). A model's servers are up together, the idle ones waiting "
+            "on their sockets; the in-process call runs in processes of its own, one per call path. Each "
+            "ratio is taken within one round; the figure is the median over the rounds.",
             "",
-            *server_notes(runs),
+            *notes,
         ],
         "runs": runs,
     })
