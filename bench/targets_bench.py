@@ -205,10 +205,11 @@ def turn_notes(phase: Phase, runs: Sequence[dict]) -> list[str]:
     for name, workload, clients in phase.turns:
         mine = [r for r in runs if (r["server"], r["workload"], r["clients"]) == (name, workload, clients)]
         rates = [r["rps"] for r in mine]
-        line = (f"- {workload}, {name}, {clients} client{'s' if clients > 1 else ''}: median "
-                f"{statistics.median(rates):,.1f}/s (rounds {min(rates):,.1f}–{max(rates):,.1f})")
+        who = name if name == IN_PROCESS else f"{name}, {clients} client{'s' if clients > 1 else ''}"
+        line = (f"- {workload}, {who}: median {statistics.median(rates):,.1f}/s "
+                f"(rounds {min(rates):,.1f}–{max(rates):,.1f})")
         if name == IN_PROCESS:
-            line += f"; the faster path: {', '.join(sorted({r['path'] for r in mine}))}"
+            line += f"; the faster path in some round: {', '.join(sorted({r['path'] for r in mine}))}"
         else:
             line += (f", p50 {statistics.median(r['p50_ms'] for r in mine):.3f} ms, server "
                      f"{statistics.median(r['server_cores'] for r in mine):.2f} cores")
