@@ -94,6 +94,22 @@ def _specs(work: Path) -> dict[str, tuple[Path, str, str, Callable[[int], np.nda
     }
 
 
+_THREADS = {"session_callable": 0, "session_callable_1_thread": 1}  # intra-op threads (0: TensorFlow's choice)
+
+
+def caller(name: str, path: Path, inp: str, outp: str) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[], None]]:
+    """Call path `name` on the SavedModel version at `path`: its call on a batch, and what releases it."""
+    if name == "tf2_signature":
+        import tensorflow as tf
+
+        signature = tf.saved_model.load(str(path)).signatures["serving_default"]
+        return lambda x: signature(**{inp: tf.constant(x)})[outp].numpy(), lambda: None
+    from tfservo.models.savedmodel import load_saved_model
+
+    loaded = load_saved_model(str(path), intra_op_threads=_THREADS[name])
+    return lambda x: loaded.run("serving_default", {inp: x})[outp], loaded.close
+
+
 def path_alone(name: str, model: str, workdir: str, seconds: float, batches: list[int] | None = None) -> dict:
     """One call path's figures, measured in this process, which must have loaded no model yet
     (a process's intra-op pool is its first session's: see the module doc). `batches` other than
@@ -102,17 +118,11 @@ def path_alone(name: str, model: str, workdir: str, seconds: float, batches: lis
 
     quiet_tensorflow()
     path, inp, outp, make = _specs(Path(workdir))[model]
-    if name == "tf2_signature":
-        import tensorflow as tf
-
-        signature = tf.saved_model.load(str(path)).signatures["serving_default"]
-        call: Callable[[np.ndarray], np.ndarray] = lambda x: signature(**{inp: tf.constant(x)})[outp].numpy()
-    else:
-        from tfservo.models.savedmodel import load_saved_model
-
-        loaded = load_saved_model(str(path), intra_op_threads={"session_callable": 0, "session_callable_1_thread": 1}[name])
-        call = lambda x: loaded.run("serving_default", {inp: x})[outp]
-    return measure(call, make, batches or BATCHES[model], seconds, batch1=batches is None)
+    call, close = caller(name, path, inp, outp)
+    try:
+        return measure(call, make, batches or BATCHES[model], seconds, batch1=batches is None)
+    finally:
+        close()
 
 
 def measure_alone(name: str, model: str, workdir: str, seconds: float, batches: list[int] | None = None) -> dict:
@@ -131,10 +141,6 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
     from tfservo.core.logs import quiet_tensorflow
 
     quiet_tensorflow()
-    import tensorflow as tf
-
-    from tfservo.models.savedmodel import load_saved_model
-
     work = Path(workdir)
     scale = 0.3 if quick else 1.0
     specs = _specs(work)
@@ -145,14 +151,9 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
         results = dict(previous)
         specs = {m: spec for m, spec in specs.items() if m in only}
     for model, (path, inp, outp, make) in specs.items():
-        session_model = load_saved_model(str(path))
-        loaded = tf.saved_model.load(str(path))
-        signature = loaded.signatures["serving_default"]
-        paths = {
-            "session_callable": lambda x, m=session_model: m.run("serving_default", {inp: x})[outp],
-            "tf2_signature": lambda x, f=signature: f(**{inp: tf.constant(x)})[outp].numpy(),
-        }
-        measured = {name: measure(fn, make, BATCHES[model], SECONDS[model] * scale) for name, fn in paths.items()}
+        # TensorFlow's default threads: both paths in this process (the first session makes its pool)
+        paths = {name: caller(name, path, inp, outp) for name in ("session_callable", "tf2_signature")}
+        measured = {name: measure(fn, make, BATCHES[model], SECONDS[model] * scale) for name, (fn, _) in paths.items()}
         measured["session_callable_1_thread"] = measure_alone("session_callable_1_thread", model, str(work),
                                                               SECONDS[model] * scale)
         best_path = max(measured, key=lambda n: measured[n]["best_rows_per_s"])
@@ -166,7 +167,7 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
             "ceiling_cpu_cores": measured[best_path]["by_batch"][str(measured[best_path]["best_batch"])]["cpu_cores"],
             "batch1_path": fastest_single,
             "batch1_p50_ms": measured[fastest_single]["batch1_p50_ms"],
-            "reference_output": paths["session_callable"](make(1))[0].astype(float).tolist(),
+            "reference_output": paths["session_callable"][0](make(1))[0].astype(float).tolist(),
             "cpu": cpu(),
         }
         print(
@@ -177,14 +178,17 @@ def main(workdir: str, out: str, quick: bool = False, only: list[str] | None = N
         )
         if model in previous:
             results[model] = keep_best(previous[model], results[model])
-        session_model.close()
-        del loaded, signature
+        for _, close in paths.values():
+            close()
+        del paths
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=1))
     return results
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
     if sys.argv[1] == "--alone":
         name, model, workdir, seconds, *batches = sys.argv[2:]
         print(json.dumps(path_alone(name, model, workdir, float(seconds), [int(b) for b in batches] or None)))

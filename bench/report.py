@@ -73,7 +73,7 @@ def _like(run: dict, ceiling_doc: dict) -> bool:
     return run.get("cpu") is not None and run.get("cpu") == ceiling_doc.get("cpu")
 
 
-def _verdict_against(ok: bool, run: dict, ceiling_doc: dict) -> str:
+def verdict_against(ok: bool, run: dict, ceiling_doc: dict) -> str:
     """A target against the in-process ceiling: judged only on the CPU the ceiling ran on."""
     if not _like(run, ceiling_doc):
         return f"not comparable: the ceiling ran on {ceiling_doc.get('cpu', 'an unrecorded CPU')}, this row on {run.get('cpu', 'an unrecorded CPU')}"
@@ -100,7 +100,7 @@ def targets(runs: list[dict], ceiling: dict, more: list[str] | None = None) -> l
     if d1:
         out.append(f"| MLP c=1, defaults: p50 within 0.3 ms of the in-process call ({ref:.3f} ms) | {defaults} | "
                    f"p50 {d1['p50_ms']:.2f} ms (+{d1['p50_ms'] - ref:.2f} ms) | "
-                   f"{_verdict_against(d1['p50_ms'] - ref <= 0.3, d1, ceiling['mlp'])} |")
+                   f"{verdict_against(d1['p50_ms'] - ref <= 0.3, d1, ceiling['mlp'])} |")
     if d1 and off1:
         extra = d1["p50_ms"] - off1["p50_ms"]
         out.append(f"| MLP c=1: the default batching adds ≤ 0.2 ms to batching off | {defaults} | "
@@ -112,7 +112,7 @@ def targets(runs: list[dict], ceiling: dict, more: list[str] | None = None) -> l
             ok = share >= 0.95 and d8["rps"] >= 1.05 * tri8["rps"]
             out.append(f"| {workload} c=8, defaults: ≥ 0.95× in-process and ≥ 1.05× PyTriton | {defaults} | "
                        f"{share:.2f}× in-process, {d8['rps'] / tri8['rps']:.2f}× PyTriton | "
-                       f"{_verdict_against(ok, d8, ceiling['resnet'])} |")
+                       f"{verdict_against(ok, d8, ceiling['resnet'])} |")
     out += more or []
     tri32 = _peer_runs(runs, "mlp", 32).get("pytriton")
     for r in [r for r in ours if r["workload"] == "mlp" and r["concurrency"] == 32]:
@@ -131,7 +131,7 @@ def targets(runs: list[dict], ceiling: dict, more: list[str] | None = None) -> l
         gap = r["p50_ms"] - ref
         out.append(
             f"| MLP c=1: p50 within 1 ms of the in-process call ({ref:.3f} ms) | {r['server']} | "
-            f"p50 {r['p50_ms']:.2f} ms (+{gap:.2f} ms) | {_verdict_against(gap <= 1.0, r, ceiling['mlp'])} |"
+            f"p50 {r['p50_ms']:.2f} ms (+{gap:.2f} ms) | {verdict_against(gap <= 1.0, r, ceiling['mlp'])} |"
         )
     ceil = ceiling["resnet"]["ceiling_rows_per_s"]
     ceil_eff = ceiling["resnet"].get("ceiling_rows_per_cpu_s")
@@ -140,7 +140,7 @@ def targets(runs: list[dict], ceiling: dict, more: list[str] | None = None) -> l
         per_cpu = f" ({r['rps'] / r['server_cores'] / ceil_eff:.0%} per CPU-s)" if ceil_eff and r["server_cores"] else ""
         out.append(
             f"| ResNet-50 b64 JPEG ≥ 85% of in-process ({ceil:.2f} images/s) | {r['server']} | "
-            f"{r['rps']:.2f} req/s = {share:.0%}{per_cpu} | {_verdict_against(share >= 0.85, r, ceiling['resnet'])} |"
+            f"{r['rps']:.2f} req/s = {share:.0%}{per_cpu} | {verdict_against(share >= 0.85, r, ceiling['resnet'])} |"
         )
     return out
 
