@@ -63,7 +63,7 @@ def workload_table(runs: list[dict], workload: str, c: int, ceiling: dict) -> li
     return out
 
 
-def _verdict(ok: bool) -> str:
+def verdict(ok: bool) -> str:
     return "met" if ok else "missed"
 
 
@@ -77,7 +77,7 @@ def verdict_against(ok: bool, run: dict, ceiling_doc: dict) -> str:
     """A target against the in-process ceiling: judged only on the CPU the ceiling ran on."""
     if not _like(run, ceiling_doc):
         return f"not comparable: the ceiling ran on {ceiling_doc.get('cpu', 'an unrecorded CPU')}, this row on {run.get('cpu', 'an unrecorded CPU')}"
-    return _verdict(ok)
+    return verdict(ok)
 
 
 def targets(runs: list[dict], ceiling: dict, more: list[str] | None = None) -> list[str]:
@@ -94,7 +94,7 @@ def targets(runs: list[dict], ceiling: dict, more: list[str] | None = None) -> l
     if d32 and floor32 and tri32:
         ok = d32["rps"] >= 3 * tri32["rps"] and d32["rps"] >= 0.5 * floor32["rps"]
         out.append(f"| MLP c=32, defaults: ≥ 3× PyTriton and ≥ 50% of the HTTP floor | {defaults} | "
-                   f"{d32['rps'] / tri32['rps']:.2f}× PyTriton, {d32['rps'] / floor32['rps']:.0%} of the floor | {_verdict(ok)} |")
+                   f"{d32['rps'] / tri32['rps']:.2f}× PyTriton, {d32['rps'] / floor32['rps']:.0%} of the floor | {verdict(ok)} |")
     ref = ceiling["mlp"]["batch1_p50_ms"]
     d1, off1 = one(defaults, "mlp", 1), one("tfservo batching off, 1 worker", "mlp", 1)
     if d1:
@@ -104,7 +104,7 @@ def targets(runs: list[dict], ceiling: dict, more: list[str] | None = None) -> l
     if d1 and off1:
         extra = d1["p50_ms"] - off1["p50_ms"]
         out.append(f"| MLP c=1: the default batching adds ≤ 0.2 ms to batching off | {defaults} | "
-                   f"{extra:+.2f} ms p50 | {_verdict(extra <= 0.2)} |")
+                   f"{extra:+.2f} ms p50 | {verdict(extra <= 0.2)} |")
     for workload in ("resnet_b64", "resnet_float"):
         d8, tri8 = one(defaults, workload, 8), _peer_runs(runs, workload, 8).get("pytriton")
         if d8 and tri8:
@@ -124,7 +124,7 @@ def targets(runs: list[dict], ceiling: dict, more: list[str] | None = None) -> l
         out.append(
             f"| MLP c=32: ≥ 2× PyTriton req/s, p99 ≤ PyTriton's | {r['server']} | "
             f"{r['rps'] / tri32['rps']:.2f}× req/s ({per_cpu} per CPU-s), p99 {r['p99_ms']:.1f} vs "
-            f"{tri32['p99_ms']:.1f} ms | {'met' if ok else 'missed'} |"
+            f"{tri32['p99_ms']:.1f} ms | {verdict(ok)} |"
         )
     ref = ceiling["mlp"]["batch1_p50_ms"]
     for r in [r for r in ours if r["workload"] == "mlp" and r["concurrency"] == 1]:
@@ -179,13 +179,13 @@ def other_targets(sections: dict[str, dict]) -> list[str]:
             share = _times(row.get("× floor"))
             if share is not None:
                 out.append(f"| gRPC Predict c=32: ≥ 50% of the gRPC floor | tfservo defaults | {share:.0%} of the floor "
-                           f"(bench/grpc_floor.py) | {_verdict(share >= 0.5)} |")
+                           f"(bench/grpc_floor.py) | {verdict(share >= 0.5)} |")
     for row in sections.get("insurance", {}).get("rows", []):
         if "(this checkout)" in str(row.get("way", "")):
             share = _times(row.get("× model only"))
             if share is not None:
                 out.append(f"| insurance-style CSV transform: ≥ 30% of the model-only rate | local engine | {share:.2f}× "
-                           f"model only (bench/insurance_bench.py) | {_verdict(share >= 0.3)} |")
+                           f"model only (bench/insurance_bench.py) | {verdict(share >= 0.3)} |")
     for row in sections.get("clusters", {}).get("rows", []):
         if row.get("engine") == "local engine":
             continue
@@ -193,7 +193,7 @@ def other_targets(sections: dict[str, dict]) -> list[str]:
         if images is not None and records is not None:
             out.append(f"| clusters: images ≥ 0.9× and records ≥ 1× the local engine | {row['engine']} | images "
                        f"{images:.2f}×, records {records:.2f}× (bench/cluster_bench.py) | "
-                       f"{_verdict(images >= 0.9 and records >= 1.0)} |")
+                       f"{verdict(images >= 0.9 and records >= 1.0)} |")
     return out
 
 

@@ -26,7 +26,7 @@ import servers
 from ceiling import measure_alone
 from load import run_wrk
 from models import build_all
-from report import save_section, section_arguments, verdict_against
+from report import save_section, section_arguments, verdict, verdict_against
 from serving import BATCHING, check_answer, cpu
 
 DEFAULTS, FLOOR, PYTRITON, OFF = "tfservo defaults", "HTTP floor", "PyTriton", "tfservo batching off, 1 worker"
@@ -191,11 +191,11 @@ def target_rows(measures: list[Measure], runs: Sequence[dict], ceiling_doc: dict
         values = per_round(runs, m.figure)
         median = statistics.median(values)
         ok = m.meets(median)
-        verdict = verdict_against(ok, {"cpu": cpu()}, ceiling_doc) if m.against_ceiling else ("met" if ok else "missed")
+        judged = verdict_against(ok, {"cpu": cpu()}, ceiling_doc) if m.against_ceiling else verdict(ok)
         rows.append({
             "measure": m.name, "target": m.target, "median of the rounds": m.form.format(median),
             "lowest round": m.form.format(min(values)), "highest round": m.form.format(max(values)),
-            "rounds": len(values), "verdict": verdict,
+            "rounds": len(values), "verdict": judged,
         })
     return rows
 
