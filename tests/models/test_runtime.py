@@ -299,6 +299,18 @@ def test_wrong_and_missing_input_keys(half_plus_two):
         half_plus_two.run("serving_default", {"x": [[1.0]], "extra": [[1.0]]})
 
 
+def test_arrays_of_the_inputs_dtype_keep_every_check(half_plus_two):
+    # Arrays already of the signature's dtypes are fed without conversion, not without checks.
+    x = np.array([[1.0], [2.0]], np.float32)
+    np.testing.assert_allclose(half_plus_two.run("serving_default", {"x": x})["y"], [[2.5], [3.0]])
+    np.testing.assert_allclose(half_plus_two.run("serving_default", {"x": x.astype(np.float64)})["y"], [[2.5], [3.0]])
+    with pytest.raises(InvalidArgument, match="missing x; unexpected z. Expected inputs: x"):
+        half_plus_two.run("serving_default", {"z": x})
+    with load_saved_model(str(TFS / "saved_model_half_plus_two_cpu" / "00000123"), strict_shapes=True) as strict:
+        with pytest.raises(InvalidArgument, match=r"has shape \[1, 2\].*expects \[-1, 1\]"):
+            strict.run("serving_default", {"x": np.ones((1, 2), np.float32)})
+
+
 def test_string_into_float(half_plus_two):
     message = "Input 'x' of signature 'serving_default' expects DT_FLOAT.*strings"
     with pytest.raises(InvalidArgument, match=message):

@@ -863,6 +863,9 @@ def encode_predict_response(outputs: Mapping[str, object], row_format: bool) -> 
         raise InvalidArgument(f"Failed to write JSON value: {err}") from None
 
 
+_PREDICTIONS = b'{\n    "predictions": '
+
+
 def _encode_rows(tensors: list[_Output]) -> bytes:
     batch = -1
     for t in tensors:
@@ -878,15 +881,14 @@ def _encode_rows(tensors: list[_Output]) -> bytes:
                 "({\"inputs\": ...})"
             )
         batch = t.array.shape[0]
+    only = tensors[0] if len(tensors) == 1 else None
+    if only is not None and only.numeric and batch > 0:
+        # One numeric output: the whole array in one chunk, then rapidjson's closing line, as
+        # _Writer lays it out (written directly: this is every such answer's path).
+        return _PREDICTIONS + _dump(only.array, single_line=True, depth=0)[:-1] + b"\n    ]\n}"
     w = _Writer()
     w.start_object()
     w.key("predictions")
-    only = tensors[0] if len(tensors) == 1 else None
-    if only is not None and only.numeric and batch > 0:
-        # One numeric output: the whole array in one chunk, then rapidjson's closing line.
-        w.raw(_dump(only.array, single_line=True, depth=0)[:-1] + b"\n    ]")
-        w.end_object()
-        return w.getvalue()
     w.start_array()
     for item in range(batch):
         if only is None:
