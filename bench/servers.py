@@ -194,6 +194,22 @@ def floor(model: str, answers: Path, *, stack: str = "uvicorn") -> Server:
     )
 
 
+def least(version_dir: str, *, workers: int = 2) -> Server:
+    """bench/least_server.py: the MLP's request with nothing but the work (simdjson, the session
+    callable, orjson) on the floor's stack, with as many workers as tfservo's defaults start."""
+    port = free_port()
+    return Server(
+        name="least server: simdjson, session call, orjson",
+        family="least",
+        command=[str(REPO / ".venv" / "bin" / "python"), str(BENCH / "least_server.py"), str(port), version_dir,
+                 str(workers)],
+        ready_path="/ping",
+        endpoints=_tfservo_endpoints("mlp"),
+        port=port,
+        settings={"workers": workers},
+    )
+
+
 def pytriton(model: str, version_dir: str, *, max_batch_size: int, queue_delay_micros: int) -> Server:
     python = peer_python("pytriton")
     port, grpc, metrics = free_port(), free_port(), free_port()

@@ -1,6 +1,8 @@
 """Issue 28's serving targets measured side by side. The MLP: tfservo's defaults, the HTTP floor
 (the do-nothing app on uvicorn + httptools) and PyTriton at 32 clients, and the defaults and
-batching off (one worker) at one client. ResNet-50: the defaults and PyTriton on both bodies at
+batching off (one worker) at one client; beside them, at both, the least server
+(bench/least_server.py: the work alone on the floor's stack), whose figures the notes give for
+reference: what tfservo's own layers cost, and what the work costs over the floor. ResNet-50: the defaults and PyTriton on both bodies at
 8 clients, and the in-process call at batch 8 (the faster of the session callable and the TF2
 signature, each in a process of its own). A model's servers run at once and are driven in
 turns, round after round, the order rotated each round. Each target's ratio is taken within a
@@ -30,6 +32,7 @@ from report import save_section, section_arguments, verdict, verdict_against
 from serving import BATCHING, check_answer, cpu
 
 DEFAULTS, FLOOR, PYTRITON, OFF = "tfservo defaults", "HTTP floor", "PyTriton", "tfservo batching off, 1 worker"
+LEAST = "least server"  # bench/least_server.py: the work alone, on the floor's stack
 IN_PROCESS = "in-process call, batch 8"
 IN_PROCESS_PATHS = ("session_callable", "tf2_signature")
 Turn = tuple[str, str, int]  # (server, workload, clients)
@@ -38,12 +41,13 @@ Turns = dict[Turn, dict]  # one round's results
 
 @dataclass(frozen=True)
 class Measure:
-    """One target: what it compares, its bound, the figure of a round, and whether a median meets it."""
+    """One target: what it compares, its bound, the figure of a round, and whether a median meets
+    it; a figure with no bound (`meets` None) is reported in the notes, for reference."""
 
     name: str
     target: str
     figure: Callable[[Turns], float]
-    meets: Callable[[float], bool]
+    meets: Callable[[float], bool] | None
     form: str
     against_ceiling: bool = False  # compares with ceiling.json's figure: judged only on its CPU
 
@@ -68,6 +72,7 @@ def _mlp_servers(workdir: Path, ceiling: dict) -> dict[str, servers.Server]:
         DEFAULTS: servers.tfservo_defaults("mlp", paths["mlp"]),
         PYTRITON: _pytriton("mlp", paths["mlp_version"]),
         OFF: servers.tfservo("mlp", paths["mlp"], batching=None, workers=1),
+        LEAST: servers.least(paths["mlp_version"]),
     }
 
 
@@ -87,6 +92,10 @@ def _ratio(a: Turn, b: Turn) -> Callable[[Turns], float]:
     return lambda t: t[a]["rps"] / t[b]["rps"]
 
 
+def _p50_over(a: Turn, b: Turn) -> Callable[[Turns], float]:
+    return lambda t: t[a]["p50_ms"] - t[b]["p50_ms"]
+
+
 def _mlp_measures(ceiling: dict) -> list[Measure]:
     in_process = ceiling["mlp"]["batch1_p50_ms"]
     return [
@@ -100,6 +109,16 @@ def _mlp_measures(ceiling: dict) -> list[Measure]:
         Measure("MLP, 1 client: defaults p50 − batching off p50", "≤ 0.2 ms",
                 lambda t: t[(DEFAULTS, "mlp", 1)]["p50_ms"] - t[(OFF, "mlp", 1)]["p50_ms"], lambda m: m <= 0.2,
                 "{:+.3f} ms"),
+        # What tfservo's own layers cost beside the least server (the work alone), and what the
+        # work costs beside the floor: no target, the figures behind the two above.
+        Measure("MLP, 1 client: defaults p50 − least server p50", "", _p50_over((DEFAULTS, "mlp", 1), (LEAST, "mlp", 1)),
+                None, "{:+.3f} ms"),
+        Measure(f"MLP, 1 client: least server p50 − the in-process call ({in_process:.3f} ms)", "",
+                lambda t: t[(LEAST, "mlp", 1)]["p50_ms"] - in_process, None, "{:+.3f} ms"),
+        Measure("MLP, 32 clients: defaults ÷ least server", "", _ratio((DEFAULTS, "mlp", 32), (LEAST, "mlp", 32)),
+                None, "{:.2f}×"),
+        Measure("MLP, 32 clients: least server ÷ HTTP floor", "", _ratio((LEAST, "mlp", 32), (FLOOR, "mlp", 32)),
+                None, "{:.2f}×"),
     ]
 
 
@@ -117,7 +136,8 @@ def _resnet_measures(ceiling: dict) -> list[Measure]:
 
 PHASES = (
     Phase("mlp", _mlp_servers,
-          ((FLOOR, "mlp", 32), (DEFAULTS, "mlp", 32), (PYTRITON, "mlp", 32), (DEFAULTS, "mlp", 1), (OFF, "mlp", 1)),
+          ((FLOOR, "mlp", 32), (DEFAULTS, "mlp", 32), (PYTRITON, "mlp", 32), (LEAST, "mlp", 32), (DEFAULTS, "mlp", 1),
+           (OFF, "mlp", 1), (LEAST, "mlp", 1)),
           _mlp_measures, rounds=(7, 3), seconds=(5.0, 3.0)),
     Phase("resnet", _resnet_servers,
           ((DEFAULTS, "resnet_b64", 8), (PYTRITON, "resnet_b64", 8), (IN_PROCESS, "resnet", 8),
@@ -188,6 +208,8 @@ def target_rows(measures: list[Measure], runs: Sequence[dict], ceiling_doc: dict
     """One row per target; one compared with ceiling.json is judged only on the ceiling's CPU."""
     rows = []
     for m in measures:
+        if m.meets is None:
+            continue
         values = per_round(runs, m.figure)
         median = statistics.median(values)
         ok = m.meets(median)
@@ -198,6 +220,17 @@ def target_rows(measures: list[Measure], runs: Sequence[dict], ceiling_doc: dict
             "rounds": len(values), "verdict": judged,
         })
     return rows
+
+
+def reference_notes(measures: list[Measure], runs: Sequence[dict]) -> list[str]:
+    """The figures with no target, each as the median over the rounds with their range."""
+    out = []
+    for m in measures:
+        if m.meets is None:
+            values = per_round(runs, m.figure)
+            out.append(f"- {m.name}: {m.form.format(statistics.median(values))} "
+                       f"(rounds {m.form.format(min(values))} to {m.form.format(max(values))})")
+    return out
 
 
 def turn_notes(phase: Phase, runs: Sequence[dict]) -> list[str]:
@@ -235,8 +268,10 @@ def main() -> None:
             for server in configured.values():
                 server.stop()
         runs += mine
-        rows += target_rows(phase.measures(ceiling), mine, ceiling[phase.model])
-        notes += [f"{phase.model}: {rounds} rounds of {seconds:g} s per turn;", *turn_notes(phase, mine), ""]
+        measures = phase.measures(ceiling)
+        rows += target_rows(measures, mine, ceiling[phase.model])
+        notes += [f"{phase.model}: {rounds} rounds of {seconds:g} s per turn;", *turn_notes(phase, mine),
+                  *reference_notes(measures, mine), ""]
     save_section(results, "targets", {
         "title": "Issue 28's serving targets, side by side: a model's servers running at once, driven in turns",
         "rows": rows,
