@@ -71,6 +71,8 @@ CASES = [
     b'{"instances": [[[1, 2]], [[3, 4]]]}',
     b'{"instances": [16777216, 1]}',  # not exact in float32
     b'{"instances": [16777215.0, 1]}',
+    b'{"instances": [16777215.0, -16777215.0, 0.5]}',  # each within float32's exact range, their squares' sum not
+    b'{"instances": [[16777215.5, 1.0]]}',  # just over it, as a float
     b'{"instances": [1e39]}',  # over float32's range
     b'{"instances": [300, 2]}',  # over uint8 / int8
     b'{"instances": [-1, 2]}',
@@ -189,3 +191,13 @@ def test_csv_fast_path_matches_csv_instances(text: str) -> None:
     fast = numeric_csv(text.encode(), text)
     if fast is not None:
         assert fast.values.tolist() == csv_instances(text)
+
+
+@pytest.mark.parametrize("values", [[[0.5, 1.5]], [[16777215.0, -16777215.0, 0.5]], [[1e-45, -2.5]]])
+def test_numbers_within_float32s_exact_range_convert_without_the_general_path(values: list) -> None:
+    def general() -> object:
+        raise AssertionError("the numbers were sent down the general path")
+
+    arrays, error = decoded({"instances": NumericTensor(np.array(values, dtype=np.float64), general)}, signature("DT_FLOAT"))
+    assert error is None and arrays is not None
+    assert arrays["x"] == ("<f4", (1, len(values[0])), np.array(values, dtype=np.float32).tolist())

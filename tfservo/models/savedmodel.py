@@ -245,7 +245,7 @@ class LoadedModel:
         else:
             feeds = self._feeds(sig, inputs)
         out_keys = tuple(sig.outputs) if output_keys is None else tuple(output_keys)
-        for key in out_keys:
+        for key in () if output_keys is None else out_keys:
             if key not in sig.outputs:
                 raise InvalidArgument(
                     f"Output tensor alias '{key}' not found in signature '{sig.name}'; "

@@ -416,8 +416,10 @@ class ModelManager:
         if label is not None:
             version = served.labelled(label)
         if version is None:
-            for sv in reversed(served.available()):
-                if not take or sv._take():
+            versions = served.versions
+            for number in sorted(versions, reverse=True):  # the latest AVAILABLE one
+                sv = versions[number]
+                if sv.state is State.AVAILABLE and (not take or sv._take()):
                     note_version(name, sv.version)
                     return sv
             raise NotFound(_no_version_message(served))
