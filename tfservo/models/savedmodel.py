@@ -241,9 +241,10 @@ class LoadedModel:
         ready = None if self.strict_shapes else self._ready.get(sig.name)
         feeds: Feeds
         if ready is not None and _fed_as_is(inputs, ready):
-            feeds = inputs
+            feeds, in_keys = inputs, tuple(ready)  # the signature's order: one runner whatever the caller's
         else:
             feeds = self._feeds(sig, inputs)
+            in_keys = tuple(feeds)
         out_keys = tuple(sig.outputs) if output_keys is None else tuple(output_keys)
         for key in () if output_keys is None else out_keys:
             if key not in sig.outputs:
@@ -253,7 +254,6 @@ class LoadedModel:
                 )
         if self._closed:
             raise FailedPrecondition(f"Model at {self.path} has been unloaded; retry the request")
-        in_keys = tuple(feeds)
         runner = self._runners.get((sig.name, in_keys, out_keys))
         if runner is None:
             runner = self._make_runner(sig, in_keys, out_keys)
