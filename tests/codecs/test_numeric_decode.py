@@ -193,7 +193,7 @@ def test_csv_fast_path_matches_csv_instances(text: str) -> None:
         assert fast.values.tolist() == csv_instances(text)
 
 
-@pytest.mark.parametrize("values", [[[0.5, 1.5]], [[16777215.0, -16777215.0, 0.5]], [[1e-45, -2.5]]])
+@pytest.mark.parametrize("values", [[[0.5, 1.5]], [[16777215.0, -16777215.0, 0.5]], [[1e-45, -2.5]], [[0.5] * 9000]])
 def test_numbers_within_float32s_exact_range_convert_without_the_general_path(values: list) -> None:
     def general() -> object:
         raise AssertionError("the numbers were sent down the general path")

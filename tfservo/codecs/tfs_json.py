@@ -505,6 +505,7 @@ def _fast_array(value: Any, shape: list[int], dt: _DType) -> np.ndarray | None:
 
 
 _lowest, _highest = np.minimum.reduce, np.maximum.reduce
+_DOT_CHECK_MAX = 8192  # OpenBLAS (numpy's BLAS) ran dot products of 20 000 numbers on two threads, of 10 000 on one
 
 
 def _from_numbers(values: np.ndarray, dt: _DType) -> np.ndarray | None:
@@ -513,11 +514,14 @@ def _from_numbers(values: np.ndarray, dt: _DType) -> np.ndarray | None:
     # The ufuncs' reduce, not ndarray.min/max: those add a Python-level wrapper (~1.5 µs each).
     if dt.family == "float":
         limit = dt.exact_int
-        # Floats: one BLAS call settles the usual request, since no |value| passes the limit while
+        # Floats: one BLAS call settles a small request, since no |value| passes the limit while
         # the sum of squares stays within limit² (NaN, inf and overflow fail it too); each numpy
         # call costs ~4.5 µs on a request's cold caches, so the exact bounds wait for a sum that fails.
-        # (Not for int64: its dot product wraps around.)
-        if values.size and not (values.dtype == np.float64 and float(np.vdot(values, values)) <= limit * limit) and not (
+        # Not for int64 (its dot product wraps around), nor past _DOT_CHECK_MAX numbers, where
+        # OpenBLAS splits the sum over threads that then spin, taking cores from the model.
+        if values.size and not (
+            values.dtype == np.float64 and values.size <= _DOT_CHECK_MAX and float(np.vdot(values, values)) <= limit * limit
+        ) and not (
             -limit <= float(_lowest(values, axis=None)) and float(_highest(values, axis=None)) <= limit
         ):
             return None  # large values (or NaN): the JSON path decides between lossy ints and big floats
