@@ -416,10 +416,8 @@ class ModelManager:
         if label is not None:
             version = served.labelled(label)
         if version is None:
-            versions = served.versions
-            for number in sorted(versions, reverse=True):  # the latest AVAILABLE one
-                sv = versions[number]
-                if sv.state is State.AVAILABLE and (not take or sv._take()):
+            for sv in reversed(served.available()):
+                if not take or sv._take():
                     note_version(name, sv.version)
                     return sv
             raise NotFound(_no_version_message(served))
