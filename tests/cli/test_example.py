@@ -59,3 +59,13 @@ def test_serve_example_tours_only_once_it_answers_and_says_when_its_port_is_take
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0 or proc.returncode in (-signal.SIGINT, 130, 143)
+
+
+def test_serve_example_help_shows_serves_options_and_succeeds():
+    """Its arguments go to `tfservo serve`: --help prints serve's usage and exits 0, not as a failure."""
+    import os
+
+    done = subprocess.run([str(REPO / "scripts" / "serve-example"), "--help"], env={**os.environ, "PORT": "0"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "Usage: tfservo serve" in done.stdout and "tfservo is serving" not in done.stdout
