@@ -3,7 +3,9 @@ and `scripts/setup` refuses an argument it does not know instead of installing s
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from server_process import REPO
@@ -20,20 +22,32 @@ COMMANDS = {
 }
 
 
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The commands in a tree of their own: one that ignored --help would set up, re-pin or
+    overwrite results there, never in the checkout."""
+    root = tmp_path_factory.mktemp("commands")
+    shutil.copytree(REPO / "scripts", root / "scripts")
+    (root / "bench" / "results").mkdir(parents=True)
+    shutil.copy2(REPO / "bench" / "run", root / "bench" / "run")
+    (root / "bench" / "results" / "ceiling.json").write_text("{}")
+    return root
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_help_prints_the_usage_and_runs_nothing(command):
-    results = REPO / "bench" / "results"
-    before = {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")}
+def test_help_prints_the_usage_and_runs_nothing(copy, command):
+    before = sorted(p.name for p in copy.rglob("*"))
     for flag in ("--help", "-h"):
         # Past the help, each of these would set up, install, build or test: minutes, not seconds.
-        done = subprocess.run([str(REPO / command), "--quick", flag], capture_output=True, text=True, timeout=30)
+        done = subprocess.run([str(copy / command), "--quick", flag], capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
         assert COMMANDS[command] in done.stdout
         assert "set -euo pipefail" not in done.stdout and not done.stdout.startswith("#!") and done.stderr == ""
-    assert {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")} == before
+    assert sorted(p.name for p in copy.rglob("*")) == before  # nothing made: no .venv, no lock, no result
+    assert (copy / "bench" / "results" / "ceiling.json").read_text() == "{}"
 
 
-def test_setup_refuses_an_unknown_argument():
-    done = subprocess.run([str(REPO / "scripts" / "setup"), "--al"], capture_output=True, text=True, timeout=30)
+def test_setup_refuses_an_unknown_argument(copy):
+    done = subprocess.run([str(copy / "scripts" / "setup"), "--al"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert "unknown argument '--al'" in done.stderr and "--all" in done.stderr
