@@ -504,6 +504,7 @@ def _fast_array(value: Any, shape: list[int], dt: _DType) -> np.ndarray | None:
     return arr if arr.shape == tuple(shape) else None
 
 
+# The ufuncs' reduce, not ndarray.min/max: those add a Python-level wrapper (~1.5 µs each).
 _lowest, _highest = np.minimum.reduce, np.maximum.reduce
 _DOT_CHECK_MAX = 8192  # OpenBLAS (numpy's BLAS) ran dot products of 20 000 numbers on two threads, of 10 000 on one
 
@@ -511,19 +512,8 @@ _DOT_CHECK_MAX = 8192  # OpenBLAS (numpy's BLAS) ran dot products of 20 000 numb
 def _from_numbers(values: np.ndarray, dt: _DType) -> np.ndarray | None:
     """A NumericTensor's values (int64: integer literals only; float64: not) as `dt`, when every
     value converts exactly as the JSON path would; None sends them down that path instead."""
-    # The ufuncs' reduce, not ndarray.min/max: those add a Python-level wrapper (~1.5 µs each).
     if dt.family == "float":
-        limit = dt.exact_int
-        # Floats: one BLAS call settles a small request, since no |value| passes the limit while
-        # the sum of squares stays within limit² (NaN, inf and overflow fail it too); each numpy
-        # call costs ~4.5 µs on a request's cold caches, so the exact bounds wait for a sum that fails.
-        # Not for int64 (its dot product wraps around), nor past _DOT_CHECK_MAX numbers, where
-        # OpenBLAS splits the sum over threads that then spin, taking cores from the model.
-        if values.size and not (
-            values.dtype == np.float64 and values.size <= _DOT_CHECK_MAX and float(np.vdot(values, values)) <= limit * limit
-        ) and not (
-            -limit <= float(_lowest(values, axis=None)) and float(_highest(values, axis=None)) <= limit
-        ):
+        if values.size and not _within(values, dt.exact_int):
             return None  # large values (or NaN): the JSON path decides between lossy ints and big floats
         return values.astype(dt.np_type, copy=False)
     if dt.family == "int" and values.dtype == np.int64:
@@ -531,6 +521,19 @@ def _from_numbers(values: np.ndarray, dt: _DType) -> np.ndarray | None:
             return None
         return values.astype(dt.np_type, copy=False)
     return None
+
+
+def _within(values: np.ndarray, limit: int) -> bool:
+    """Whether every value lies in [-limit, limit] (NaN does not).
+
+    One BLAS call settles a small float64 array: no |value| passes the limit while the sum of
+    squares stays within limit² (NaN, inf and overflow fail it too), and each numpy call costs
+    ~4.5 µs on a request's cold caches, so the exact bounds wait for a sum that fails. Not for
+    int64 (its dot product wraps around), nor past _DOT_CHECK_MAX numbers, where OpenBLAS splits
+    the sum over threads that then spin, taking cores from the model."""
+    if values.dtype == np.float64 and values.size <= _DOT_CHECK_MAX and float(np.vdot(values, values)) <= limit * limit:
+        return True
+    return -limit <= float(_lowest(values, axis=None)) and float(_highest(values, axis=None)) <= limit
 
 
 def _fill(value: object, level: int, shape: list[int], dt: _DType, out: list[object]) -> None:

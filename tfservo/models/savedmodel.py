@@ -246,7 +246,7 @@ class LoadedModel:
             feeds = self._feeds(sig, inputs)
             in_keys = tuple(feeds)
         out_keys = tuple(sig.outputs) if output_keys is None else tuple(output_keys)
-        for key in () if output_keys is None else out_keys:
+        for key in out_keys if output_keys is not None else ():  # the signature's own need no check
             if key not in sig.outputs:
                 raise InvalidArgument(
                     f"Output tensor alias '{key}' not found in signature '{sig.name}'; "
