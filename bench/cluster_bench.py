@@ -72,7 +72,7 @@ def raw_csv(model: Path, rows: int) -> float:
     """records/s of the model called in-process on CSV requests of the job's size (Invoker.invoke)."""
     code = f"""
 import time
-from tfservo.batch.run import load_service
+from tfservo.batch.loading import load_service
 service = load_service({str(model)!r})
 body = "".join(f"{{i % 1000}}.5\\n" for i in range({rows})).encode()
 assert service.invoker.invoke(body, "text/csv").status == 200

@@ -61,7 +61,7 @@ def model_only(source: Path, model: Path, rows: int, seconds: float) -> float:
     code = f"""
 import random, time
 try:
-    from tfservo.batch.run import load_service
+    from tfservo.batch.loading import load_service
 except ImportError:  # a baseline from before the packages by role
     from tfservo.transform.run import load_service
 service = load_service({str(model)!r})

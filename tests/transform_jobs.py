@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import SMC
 
-from tfservo.batch.run import load_service
+from tfservo.batch.loading import load_service
 from tfservo.batch.state import REPORT_NAME, TransformSummary
 
 HALF_PLUS_THREE = SMC / "resources" / "models" / "half_plus_three"

@@ -9,7 +9,7 @@ The public API for library use, imported on first access so `import tfservo` sta
 from importlib import import_module
 from typing import Any
 
-__version__ = "0.1.0"
+from tfservo.core.version import __version__
 
 _PUBLIC = {
     "BundleModelHandler": "tfservo.beam",
@@ -20,7 +20,7 @@ _PUBLIC = {
     "Session": "tfservo.sagemaker_sdk",
     "Settings": "tfservo.core.settings",
     "resolve_settings": "tfservo.core.settings",
-    "build_service": "tfservo.core.service",
+    "build_service": "tfservo.service.factory",
 }
 
 __all__ = ["__version__", *_PUBLIC]

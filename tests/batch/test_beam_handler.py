@@ -388,11 +388,18 @@ def test_run_inference_reports_bad_elements_and_runs_ragged_ones(beam_models: Be
     assert [float(r.inference["total"]) for r in results] == [4.0, 8.0]
     model.close()
 
-    # Elements that cannot be stacked into one batch are run one by one instead of failing.
+    # Elements that cannot be stacked into one batch: the ones that disagree with the rest fail
+    # (as /invocations refuses the same instances in one body), the rest are answered together.
     five = BundleModelHandler(beam_models.five)
     model = five.load_model()
-    ragged = five.run_inference([f32(2.0)[0], f32(3.0, 4.0)], model)
-    assert [r.inference["y"].tolist() for r in ragged] == [10.0, [15.0, 20.0]]
+    with pytest.raises(ElementErrors) as caught:
+        five.run_inference([f32(2.0)[0], f32(3.0, 4.0), f32(5.0)[0]], model)
+    assert [f.index for f in caught.value.failures] == [1]
+    assert "its instances are x: float32 of shape [2], the rest of its mini-batch's are x: float32 of shape []" in (
+        caught.value.message
+    )
+    alone = five.run_inference([f32(3.0, 4.0)], model)  # alone, it is a request of its own
+    assert [r.inference["y"].tolist() for r in alone] == [[15.0, 20.0]]
     model.close()
 
 

@@ -24,8 +24,8 @@ from transform_jobs import (  # noqa: F401
 )
 
 from tfservo.batch.engines.beam import OUTCOMES_PREFIX, BeamSettings, run_beam_transform
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.job import TransformJob
-from tfservo.batch.run import run_transform
 from tfservo.batch.state import TransformSummary
 from tfservo.cli.transform import transform as transform_command
 

@@ -12,8 +12,8 @@ from conftest import handler_bundle
 from s3_server import s3_bucket, s3_client, s3_endpoint  # noqa: F401
 from transform_jobs import HALF_PLUS_THREE, hp3, write  # noqa: F401
 
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.job import JobError, TransformJob
-from tfservo.batch.run import run_transform
 
 CSV_FLAGS = {"content_type": "text/csv", "split_type": "Line", "assemble_with": "Line"}
 

@@ -16,8 +16,9 @@ import pytest
 from conftest import REPO, SMC, write_code
 from server_process import TFSERVO, ServerProcess, run_cli
 
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.job import TransformJob
-from tfservo.batch.run import load_service, run_transform
+from tfservo.batch.loading import load_service
 from tfservo.batch.state import JOB_NAME, REPORT_NAME
 from tfservo.core.settings import ConfigError, execution_parameters_from_env, resolve_settings
 

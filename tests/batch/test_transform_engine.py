@@ -21,8 +21,9 @@ from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, lines, state, write 
 
 from tfservo.batch import sources
 from tfservo.batch.engines.local import TransformEngine
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.job import JobError, TransformJob
-from tfservo.batch.run import load_service, run_transform
+from tfservo.batch.loading import load_service
 from tfservo.batch.state import JOB_NAME, REPORT_NAME
 
 

@@ -11,7 +11,7 @@ from transform_jobs import HALF_PLUS_THREE
 
 from tfservo.batch.engines.distributed import on_cores
 from tfservo.batch.job import TransformJob
-from tfservo.batch.run import apply_env, load_service
+from tfservo.batch.loading import apply_env, load_service
 
 
 def test_a_later_jobs_env_replaces_an_earlier_ones(monkeypatch) -> None:

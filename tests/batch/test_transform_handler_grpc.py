@@ -13,8 +13,9 @@ from server_process import run_cli
 from transform_jobs import HALF_PLUS_THREE, INSURANCE, lines, write
 
 from tfservo.batch.engines.beam import run_beam_transform
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.job import TransformJob
-from tfservo.batch.run import load_service, run_transform
+from tfservo.batch.loading import load_service
 from tfservo.batch.worker.loaded import LoadedBundle, Selection
 
 GRPC_HANDLER = '''

@@ -25,7 +25,7 @@ from tfservo.batch.records import (
 )
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.sources import guess_content_type
-from tfservo.batch.storage_retry import RetryingReader, retry, storage_error_is_transient
+from tfservo.storage.retry import RetryingReader, retry, storage_error_is_transient
 
 # -- JSONPath ---------------------------------------------------------------------------------
 

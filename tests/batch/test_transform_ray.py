@@ -20,8 +20,9 @@ from clusters import image_example, ray_cluster
 from transform_jobs import HALF_PLUS_THREE, INSURANCE, counts, hp3, insurance_input, report, tree, write  # noqa: F401
 
 from tfservo.batch.engines.ray import RaySettings, actor_shape, run_ray_transform
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.job import JobError, TransformJob
-from tfservo.batch.run import load_service, run_transform
+from tfservo.batch.loading import load_service
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +195,8 @@ def test_follow_on_ray_transforms_objects_as_they_land_with_its_actors_kept(clus
     and the outputs are the local engine's."""
     import threading
 
+    from tfservo.batch.engines.follow import follow_transform
     from tfservo.batch.engines.ray import RayPasses
-    from tfservo.batch.follow import follow_transform
 
     flags = {"content_type": "text/csv", "split_type": "Line", "assemble_with": "Line"}
     inputs, out = tmp_path / "in", tmp_path / "out"

@@ -14,8 +14,8 @@ from s3_server import s3_client, upload_dir
 from transform_jobs import HALF_PLUS_THREE, INSURANCE, hp3, lines, state, write  # noqa: F401
 
 from tfservo.batch.engines.beam import run_beam_transform
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.job import JobError, TransformJob
-from tfservo.batch.run import run_transform
 from tfservo.batch.state import JOB_NAME, REPORT_NAME
 from tfservo.cli.transform import transform as transform_command
 

@@ -14,9 +14,10 @@ import pytest
 from clusters import image_example, spark_standalone
 from transform_jobs import HALF_PLUS_THREE, INSURANCE, counts, hp3, insurance_input, report, tree, write  # noqa: F401
 
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.engines.spark import SparkSettings, run_spark_transform
 from tfservo.batch.job import TransformJob
-from tfservo.batch.run import load_service, run_transform
+from tfservo.batch.loading import load_service
 
 
 @pytest.fixture(scope="module")

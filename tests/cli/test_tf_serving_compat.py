@@ -347,8 +347,8 @@ def test_rest_timeout_and_grpc_deadline_against_a_slow_model(slow_model):
 
 def test_rows_whose_deadline_passed_in_the_queue_are_dropped_from_the_batch():
     from tfservo.core import deadlines
+    from tfservo.core.batching_options import BatchingOptions
     from tfservo.models.batching.batcher import Batcher
-    from tfservo.models.batching.options import BatchingOptions
 
     seen: list[int] = []
     gate = threading.Event()

@@ -21,8 +21,8 @@ from tfservo.codecs.content_types import (
     to_tfs_request,
 )
 from tfservo.codecs.json_arrays import NumericTensor
-from tfservo.core.custom_attributes import parse_custom_attributes
 from tfservo.core.errors import Code, InvalidArgument
+from tfservo.service.custom_attributes import parse_custom_attributes
 
 JSON = "application/json"
 

@@ -28,12 +28,12 @@ from conftest import SMC, write_code
 from server_process import ServerProcess
 
 from tfservo.batch.engines.beam import run_beam_transform
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.job import TransformJob
-from tfservo.batch.run import run_transform
 from tfservo.batch.worker.failures import ElementErrors
 from tfservo.beam import BundleModelHandler
 from tfservo.cli import main as tfservo_cli
-from tfservo.core.invocation import error_result
+from tfservo.service.invocation import error_result
 
 MME = SMC / "resources" / "mme"
 DEFAULT_ENV = {"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "half_plus_two"}
@@ -82,6 +82,7 @@ CASES = [
          b'{"signature_name": "tensorflow/serving/regress", "examples": [{"x": 1.0}, {"x": 2.0}]}', JSON,
          attributes="tfs-model-name=half_plus_three,tfs-method=regress"),
     Case("bad record", "mme", b"1.0\nabc\n", CSV),
+    Case("ragged rows", "mme", b"1.0\n2.0\n1.0,7.5\n", CSV),  # a row with an extra column: refused whole
     Case("bad json", "mme", b'{"instances": [1.0, }', JSON),
     Case("through inference.py", "handler", b"1 2 5", CSV),
     Case("inference.py raises", "handler", b"1 -2", CSV),
@@ -299,6 +300,7 @@ def test_the_reference_answers_are_the_expected_ones(reference) -> None:
     assert orjson.loads(reference["regress by attribute"][1]) == {"results": [3.5, 4.0]}
     assert reference["through inference.py"] == (200, b"3.50\n4.00\n5.50")
     assert reference["bad record"][0] == 400 and "abc" in reference["bad record"][1]
+    assert reference["ragged rows"][0] == 400 and "same shape" in reference["ragged rows"][1]
     assert reference["inference.py raises"] == (500, "negative values are not quotes: -2.0")
 
 
@@ -351,9 +353,9 @@ def test_v2_rest_and_grpc_answer_as_invocations(servers, reference) -> None:
 def test_several_bodies_go_to_the_model_as_one_call_and_answer_as_if_alone(bundles) -> None:
     """Invoker.call_many (Beam's content_type= batches): one model call for CSV bodies, each
     body's answer byte-identical to its lone invocation, and a bad body failing alone."""
-    from tfservo.core.service import build_service
     from tfservo.core.settings import resolve_settings
     from tfservo.models.batching import BatchingOptions
+    from tfservo.service.factory import build_service
 
     batches: list[int] = []
     settings = resolve_settings(paths=[str(MME)], multi_model=False, env=DEFAULT_ENV).replace(

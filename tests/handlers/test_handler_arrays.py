@@ -38,7 +38,7 @@ def output_handler(response, context):
 def service(tmp_path_factory):
     import tensorflow as tf
 
-    from tfservo.core.service import ModelService
+    from tfservo.service.factory import ModelService
 
     root = tmp_path_factory.mktemp("arrays") / "double"
 

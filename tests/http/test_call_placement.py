@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tfservo.server.call_placement import INLINE_BODY_BYTES, CallPlacement
+from tfservo.service.call_placement import INLINE_BODY_BYTES, CallPlacement
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("test_var", default="unset")
 

@@ -13,8 +13,8 @@ from conftest import SMC, write_code
 from s3_server import s3_client, upload_dir
 from transform_jobs import HALF_PLUS_THREE, lines, state, write
 
+from tfservo.batch.engines.run import run_transform
 from tfservo.batch.job import JobError, TransformJob
-from tfservo.batch.run import run_transform
 from tfservo.batch.state import JOB_NAME, REPORT_NAME
 
 # The insurance blog's handler, in its own style: the MultiRecord body is split on "\n" and
@@ -178,8 +178,8 @@ def test_container_csv_batch_file_as_sagemaker_frames_it(tmp_path):
 
 def test_each_bundles_code_applies_to_its_own_models(image_bundle, tmp_path):
     """`serve A B` where only B has code/inference.py: A's models answer by content conversion."""
-    from tfservo.core.service import build_service
     from tfservo.core.settings import resolve_settings
+    from tfservo.service.factory import build_service
 
     plain = tmp_path / "plain" / "half_plus_two"
     shutil.copytree(SMC / "resources" / "mme" / "half_plus_two", plain)

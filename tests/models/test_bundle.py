@@ -255,8 +255,8 @@ def test_invalid_model_dir_name(tmp_path: Path, hp3: Path) -> None:
 
 def _default_model(path: Path, env: dict[str, str]) -> str | None:
     """The default model the one settings resolution and service factory choose."""
-    from tfservo.core.service import build_service
     from tfservo.core.settings import resolve_settings
+    from tfservo.service.factory import build_service
 
     service = build_service(resolve_settings(paths=[str(path)], multi_model=False, env=env))
     try:

@@ -337,7 +337,7 @@ def test_new_version_dir_goes_available_while_serving(layout, client):
 
 
 def test_reload_config_adds_updates_and_removes_models(layout, tmp_path):
-    from tfservo.core.service import ModelService
+    from tfservo.service.factory import ModelService
 
     labelled = layout["root"] / "labelled"
     service = ModelService()
@@ -391,7 +391,7 @@ def test_unload_waits_for_calls_in_flight(layout):
     import numpy as np
 
     from tfservo.core.errors import NotFound
-    from tfservo.core.service import ModelService
+    from tfservo.service.factory import ModelService
 
     service = ModelService()
     service.add_bundle(str(layout["root"] / "slow"))

@@ -20,11 +20,12 @@ import orjson
 import pytest
 from conftest import SMC
 
+from tfservo.core.archive_limits import ArchiveLimits
 from tfservo.core.errors import BundleError, ModelLoadError, NotFound, PermissionDenied
-from tfservo.core.service import ModelService
 from tfservo.core.settings import Settings
-from tfservo.models.bundle import ArchiveLimits, open_bundle
-from tfservo.models.multi_model import MultiModelEndpoint
+from tfservo.models.bundle import open_bundle
+from tfservo.service.factory import ModelService
+from tfservo.service.multi_model import MultiModelEndpoint
 
 MME = SMC / "resources" / "mme"
 VERSION = "00000123"

@@ -15,11 +15,11 @@ from conftest import SMC, write_code
 from server_process import ServerProcess, run_cli
 
 from tfservo.core.errors import NotFound
-from tfservo.core.invocation import error_result
 from tfservo.core.memory import available_memory_bytes
-from tfservo.core.service import ModelService
 from tfservo.core.settings import ConfigError, Settings, resolve_settings
-from tfservo.models.multi_model import InsufficientMemory, MultiModelEndpoint
+from tfservo.service.factory import ModelService
+from tfservo.service.invocation import error_result
+from tfservo.service.multi_model import InsufficientMemory, MultiModelEndpoint
 
 MME = SMC / "resources" / "mme"
 INSTANCES = {"instances": [1.0, 2.0, 5.0]}

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfservo.core.service import build_service
 from tfservo.core.settings import resolve_settings
+from tfservo.service.factory import build_service
 
 
 def _thread_of(values: np.ndarray) -> np.ndarray:

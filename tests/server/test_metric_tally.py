@@ -1,4 +1,4 @@
-"""Metric updates written in bulk (server.metric_tally) give the exposition observe() and inc()
+"""Metric updates written in bulk (service.metric_tally) give the exposition observe() and inc()
 give one by one; this also pins what it reads of prometheus_client's private histogram fields."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tfservo.server.metric_tally import Tally
-from tfservo.server.metrics import LATENCY_BUCKETS
+from tfservo.service.metric_tally import Tally
+from tfservo.service.metrics import LATENCY_BUCKETS
 
 
 def exposition(registry: CollectorRegistry) -> list[bytes]:

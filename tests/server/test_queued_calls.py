@@ -15,10 +15,10 @@ import pytest
 import tensorflow as tf
 
 from tfservo.core.errors import Overloaded
-from tfservo.core.service import build_service
 from tfservo.core.settings import resolve_settings
-from tfservo.server.call_placement import CallPlacement
-from tfservo.server.queued_calls import QueuedCalls
+from tfservo.service.call_placement import CallPlacement
+from tfservo.service.factory import build_service
+from tfservo.service.queued_calls import QueuedCalls
 
 KIND = ("two_speeds", "predict")
 

@@ -11,8 +11,8 @@ from tfservo.async_inference.config import read_async_config
 from tfservo.async_inference.intake import AsyncIntake
 from tfservo.async_inference.queue import AsyncQueue
 from tfservo.async_inference.runner import AsyncRunner
-from tfservo.core.service import ModelService
 from tfservo.core.settings import Settings
+from tfservo.service.factory import ModelService
 
 __all__ = ["AsyncEndpoint", "state_folder"]
 

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from tfservo.async_inference.config import AsyncConfig
 from tfservo.async_inference.notify import Notifier, notification
 from tfservo.async_inference.queue import AsyncQueue, AsyncRequest
-from tfservo.batch.sources import is_local, url_to_fs
-from tfservo.batch.storage_retry import retry
 from tfservo.core import deadlines
 from tfservo.core.errors import ServingError
-from tfservo.core.invocation import InvocationResult, error_result
-from tfservo.core.service import ModelService
+from tfservo.service.factory import ModelService
+from tfservo.service.invocation import InvocationResult, error_result
+from tfservo.storage.retry import retry
+from tfservo.storage.urls import is_local, url_to_fs
 
 __all__ = ["AsyncRunner", "read_object", "write_object"]
 

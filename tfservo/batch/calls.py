@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import orjson
@@ -33,8 +33,12 @@ from tfservo.batch.state import DeadLetter, RecordFailure
 from tfservo.codecs.media_types import record_kind
 from tfservo.codecs.rows import answer_rows
 from tfservo.core import tracing
-from tfservo.core.dataplane import Answer
-from tfservo.core.invocation import InvocationResult, Invoker
+from tfservo.core.batch_split import Failed, NotTried, inputs_structure, is_transient, run_split
+from tfservo.core.errors import Code, ServingError
+from tfservo.core.retry import Backoff
+from tfservo.core.status import http_status
+from tfservo.models.calls import Answer, PredictCall
+from tfservo.service.invocation import InvocationResult, Invoker, result_error
 
 __all__ = ["BatchCaller", "BatchResult"]
 
@@ -52,10 +56,23 @@ class BatchResult:
     capture: list[bytes] = field(default_factory=list)  # --data-capture: a line per answered request
 
 
-class _RecordFailed(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+class _RecordFailed(ServingError):
+    """A request of the batch that failed: the message as a record's error, the code its answer's."""
+
+    def __init__(self, message: str, code: Code = Code.INTERNAL) -> None:
+        super().__init__(message, code)
+
+
+_TRANSIENT_RETRIES = Backoff(retries=3, base_delay=0.2, max_delay=2.0)  # an overloaded model's batch, whole
+
+
+def _record_message(error: BaseException) -> str:
+    """A failed record's error as its failure report and dead letter word it."""
+    if isinstance(error, _RecordFailed):
+        return error.message
+    if isinstance(error, ServingError):
+        return f"the model answered {http_status(error.code)}: {error.message}"
+    return f"{type(error).__name__}: {error}"
 
 
 class BatchCaller:
@@ -182,22 +199,45 @@ class BatchCaller:
 
     def _call(self, sent: list[Item], into: BatchResult) -> dict[int, RecordOutput | bytes | str]:
         """Per sent item: its output (RecordOutput per record, bytes per request) or an error;
-        each answered request's capture line goes `into` the batch's result."""
+        each answered request's capture line goes `into` the batch's result. A failed request
+        splits by core.batch_split's rule (records that disagree with the rest fail, the rest
+        are retried); an overload or outage is retried whole with back-off, then fails every
+        record it held."""
+
+        def run(group: Sequence[Item]) -> list[RecordOutput | bytes | str]:
+            answers = self._try(list(group), into)
+            return [answers[id(item)] for item in group]
+
         try:
-            return self._try(sent, into)
-        except _RecordFailed as exc:
-            if len(sent) == 1:
-                return {id(sent[0]): exc.message}
-            log.debug("batch of %d records failed (%s); retrying them one at a time", len(sent), exc.message)
+            outcomes = _TRANSIENT_RETRIES.call(
+                lambda: run_split(sent, run, structure=self._structure, stop_at_first=self.job.on_record_error == "fail"),
+                retriable=is_transient,
+            )
+        except ServingError as exc:  # transient, still: no record's fault, but none answered
+            return {id(item): _record_message(exc) for item in sent}
         answers: dict[int, RecordOutput | bytes | str] = {}
-        for item in sent:
-            try:
-                answers.update(self._try([item], into))
-            except _RecordFailed as exc:
-                answers[id(item)] = exc.message
-                if self.job.on_record_error == "fail":
-                    break
+        for item, outcome in zip(sent, outcomes):
+            if isinstance(outcome, Failed):
+                answers[id(item)] = _record_message(outcome.error)
+            elif not isinstance(outcome, NotTried):
+                answers[id(item)] = outcome
+        if len(sent) > 1 and any(isinstance(outcome, Failed) for outcome in outcomes):
+            log.debug("a batch of %d records failed; its records were split by the batch rule", len(sent))
         return answers
+
+    def _structure(self, item: Item) -> Hashable:
+        """What a record's request decodes to — input names, dtypes, inner shapes — for telling
+        the records that disagree with their batch; one constant with handlers (their code
+        decodes: each record is then tried alone)."""
+        body = payload([item], self.job.split_type)
+        prepared = self.invoker.prepare(body, self.content_type, self.job.accept, self.job.custom_attributes)
+        if prepared is None:
+            return "-"
+        prepared.handle.release()
+        call = prepared.call
+        if not isinstance(call, PredictCall):
+            return call.method
+        return inputs_structure(call.inputs)
 
     def _try(self, sent: list[Item], into: BatchResult) -> dict[int, RecordOutput | bytes | str]:
         body = payload(sent, self.job.split_type)
@@ -205,11 +245,11 @@ class BatchCaller:
         try:
             result = self.invoker.invoke(body, self.content_type, self.job.accept, self.job.custom_attributes)
         except Exception as exc:  # a bug below us must fail records, not the run
-            log.exception("invocation raised")
+            log.debug("invocation raised", exc_info=True)
             raise _RecordFailed(f"the invocation raised {type(exc).__name__}: {exc}") from None
         if not result.ok:
             text = result.error.message if result.error is not None else _error_text(result.body)
-            raise _RecordFailed(f"the model answered {result.status}: {text}")
+            raise _RecordFailed(f"the model answered {result.status}: {text}", result_error(result, "the model").code)
         self._capture(into, body, result, sent_at, sent[0].record.index)
         whole = self.job.split_type == "None"  # the record is the object: its output is the whole answer
         rows = answer_rows(result.answer) if self.per_record and not whole and result.answer is not None else None

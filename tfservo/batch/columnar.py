@@ -24,7 +24,7 @@ import numpy as np
 from tfservo.batch.joiner import DataProcessing
 from tfservo.batch.records import Record, RecordBatch, RecordChunk, blank_test, line_chunk
 from tfservo.codecs.rows import answer_columns
-from tfservo.core.dataplane import Answer
+from tfservo.models.calls import Answer
 
 if TYPE_CHECKING:
     import pyarrow as pa

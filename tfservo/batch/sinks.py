@@ -17,9 +17,9 @@ import tempfile
 from collections.abc import Iterable
 from typing import Any
 
-from tfservo.batch.sources import display_url, is_local, url_to_fs
-from tfservo.batch.storage_retry import retry
 from tfservo.core.processes import process_alive
+from tfservo.storage.retry import retry
+from tfservo.storage.urls import display_url, is_local, url_to_fs
 
 __all__ = ["SPOOL_BYTES", "ObjectWriter", "OutputStore"]
 

@@ -18,20 +18,18 @@ from typing import Any, BinaryIO
 import orjson
 
 from tfservo.batch.job import JobError, TransformJob
-from tfservo.batch.storage_retry import RetryingReader, retry
 from tfservo.codecs.media_types import guess_type
+from tfservo.storage.retry import RetryingReader, retry
+from tfservo.storage.urls import display_url, is_local, url_to_fs
 
 __all__ = [
     "SMALL_OBJECT_BYTES",
-    "display_url",
     "guess_content_type",
     "gzip_error",
     "InputObject",
-    "is_local",
     "list_inputs",
     "NoInputObjects",
     "OpenedInput",
-    "url_to_fs",
 ]
 
 SMALL_OBJECT_BYTES = 8 * 2**20  # read whole with one GET; larger objects are streamed
@@ -51,26 +49,6 @@ class InputObject:
     @property
     def out_name(self) -> str:
         return self.rel + ".out"
-
-
-def url_to_fs(url: str) -> tuple[Any, str]:
-    """fsspec filesystem and path for a local path or URL; JobError when no backend fits."""
-    import fsspec.core
-
-    try:
-        fs_path: tuple[Any, str] = fsspec.core.url_to_fs(url)
-        return fs_path
-    except (ImportError, ValueError) as exc:
-        raise JobError(f"cannot open {url}: {exc}; install the fsspec backend for its protocol") from None
-
-
-def is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return "file" in protocol or "local" in protocol
-
-
-def display_url(fs: Any, path: str) -> str:
-    return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
 class NoInputObjects(JobError):

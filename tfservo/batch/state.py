@@ -25,8 +25,9 @@ import orjson
 
 from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.sinks import OutputStore
-from tfservo.batch.sources import InputObject, display_url, is_local, url_to_fs
+from tfservo.batch.sources import InputObject
 from tfservo.models.bundle import Bundle
+from tfservo.storage.urls import display_url, is_local, url_to_fs
 
 __all__ = [
     "DEAD_LETTERS",

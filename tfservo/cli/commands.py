@@ -12,8 +12,8 @@ from tfservo.core.logs import quiet_tensorflow, setup_logging
 from tfservo.core.settings import options
 
 if TYPE_CHECKING:
-    from tfservo.core.service import ModelService
     from tfservo.core.settings import Settings
+    from tfservo.service.factory import ModelService
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -132,7 +132,7 @@ def _watch_code(service: ModelService, run: Callable[[], object]) -> None:
     """Run `run` again after each reload of the service's handler code, until Ctrl-C."""
     import threading
 
-    from tfservo.handlers.reload import CodeReloader
+    from tfservo.server.reload import CodeReloader
 
     changed = threading.Event()
     reloader = CodeReloader(service, on_reload=lambda dirs: changed.set()).start()

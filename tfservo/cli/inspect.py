@@ -6,10 +6,10 @@ and handler code shown are exactly what `tfservo serve` would serve.
 
 from __future__ import annotations
 
-from tfservo.core.service import ModelService, build_service
 from tfservo.core.settings import Settings
 from tfservo.models.bundle import ModelSource
 from tfservo.models.signatures import SignatureDef, TensorSpec
+from tfservo.service.factory import ModelService, build_service
 
 __all__ = ["describe_bundle"]
 

@@ -93,7 +93,7 @@ def parse_tfs_args(argv: Sequence[str]) -> tuple[dict[str, object], list[str]]:
         if arg in ("--help", "-h", "--helpfull"):
             raise SystemExit(_usage())
         if arg == "--version":
-            from tfservo import __version__
+            from tfservo.core.version import __version__
 
             print(f"TensorFlow ModelServer: tfservo {__version__}")
             raise SystemExit(0)

@@ -97,10 +97,11 @@ def transform(model: str, input_url: str, output_url: str, env: tuple[str, ...],
     failures.json in the state location, which is <OUTPUT>.tfservo-state unless --state-dir).
     OUTPUT holds only .out files.
     """
+    from tfservo.batch.engines.run import run_transform
     from tfservo.batch.job import JobError, TransformJob, parse_env
-    from tfservo.batch.run import run_transform
     from tfservo.core.errors import ServingError
     from tfservo.core.extras import MissingExtra
+    from tfservo.storage.urls import UnsupportedStorage
 
     setup_logging(log_level)
     try:
@@ -147,7 +148,7 @@ def transform(model: str, input_url: str, output_url: str, env: tuple[str, ...],
             summary = run_spark_transform(job, SparkSettings(spark_master, workers), progress=progress)
         else:
             summary = run_transform(job, progress=progress)
-    except JobError as exc:
+    except (JobError, UnsupportedStorage) as exc:
         raise click.UsageError(exc.message) from None
     except ServingError as exc:
         raise click.ClickException(exc.message) from None
@@ -178,7 +179,7 @@ def _follow(job: TransformJob, poll_seconds: float, metrics_port: int | None,
     import signal
     import threading
 
-    from tfservo.batch.follow import FollowMetrics, follow_transform
+    from tfservo.batch.engines.follow import FollowMetrics, follow_transform
 
     stop = threading.Event()
 

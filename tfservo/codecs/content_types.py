@@ -24,8 +24,8 @@ from tfservo.codecs import tfs_json as json_codec
 from tfservo.codecs.json_arrays import NumericTensor, csv_numbers
 from tfservo.codecs.media_types import CONVERTIBLE_TYPES, CSV, JSON, is_json_lines, lookup
 from tfservo.codecs.rows import answer_rows
-from tfservo.core.dataplane import Answer
 from tfservo.core.errors import Code, InvalidArgument, ServingError
+from tfservo.models.calls import Answer
 
 __all__ = [
     "REQUEST_TYPES",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from tfservo.core.dataplane import Answer, Prediction, Regression
+from tfservo.models.calls import Answer, Prediction, Regression
 
 __all__ = ["AnswerRows", "answer_columns", "answer_rows"]
 

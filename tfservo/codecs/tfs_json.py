@@ -22,8 +22,8 @@ import numpy as np
 import orjson
 
 from tfservo.codecs.json_arrays import NumericTensor, parse_numeric_request
-from tfservo.core.dataplane import Answer, Classification, PredictCall, Prediction
 from tfservo.core.errors import InvalidArgument, ServingError, Unimplemented
+from tfservo.models.calls import Answer, Classification, PredictCall, Prediction
 from tfservo.models.signatures import DEFAULT_SIGNATURE, SignatureDef
 
 __all__ = [

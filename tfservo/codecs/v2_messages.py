@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 
 from tfservo.codecs.v2 import V2Error, decode_inputs, encode_outputs, parameters_of
-from tfservo.core.v2_dataplane import InferRequest, InferResponse
+from tfservo.models.calls import InferRequest, InferResponse
 
 __all__ = ["HEADER_LENGTH", "decode_infer_request", "encode_infer_response"]
 

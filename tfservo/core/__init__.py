@@ -1,2 +1,3 @@
-"""The core every front door asks: settings, errors, the service factory, the invocation path
-(model, version and method chosen in one place) and the typed data plane. No protocol here."""
+"""The kernel every layer stands on: errors and their canonical codes, the one status mapping,
+settings, deadlines, retry, memory, logs, tracing and offloading to a child process. Imports
+nothing of tfservo above it (tests/test_package_graph.py checks)."""

@@ -1,5 +1,5 @@
 """How long the recent calls of each kind took, and whether a kind is quick enough to run on an
-event loop: one rule for the server's inline requests (server.call_placement) and the
+event loop: one rule for the server's inline requests (service.call_placement) and the
 batcher's loop batches (models.batching).
 
 A call's wall time also holds what was not its own: on a thread, the wait to take the GIL back

@@ -9,7 +9,7 @@ labels) are declared in `INPUTS`. Adding a setting is one declaration plus its u
 
 `serve`, `invoke`, `inspect`, `transform` (every engine) and the pipeline adapters all call
 `resolve_settings` and hand the result to the one service factory
-(`tfservo.core.service.build_service`), so a variable such as
+(`tfservo.service.factory.build_service`), so a variable such as
 `SAGEMAKER_TFS_DEFAULT_MODEL_NAME` means the same thing whatever front door is used. Nothing
 else in tfservo reads SAGEMAKER_* or TFSERVO_* variables. A bad value raises ConfigError
 naming the flag or variable; the CLI turns it into a message and an exit status.
@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tfservo.core import tracing
-from tfservo.core.errors import InvalidArgument
-from tfservo.core.memory import memory_limit_bytes, tree_bytes, usable_cores
-from tfservo.models.batching.options import (
+from tfservo.core.archive_limits import ArchiveLimits
+from tfservo.core.batching_options import (
     AUTO_BATCH_THREADS,
     AUTO_MAX_BATCH_SIZE,
     ENABLE_VAR,
     BatchingOptions,
 )
-from tfservo.models.bundle import ArchiveLimits
+from tfservo.core.errors import InvalidArgument
+from tfservo.core.memory import memory_limit_bytes, tree_bytes, usable_cores
 
 __all__ = [
     "DEFAULT_MODEL_ENV",

@@ -9,13 +9,13 @@ import grpc
 
 from tfservo.auth.audit import ManagementGate
 from tfservo.core.request_labels import plain_scope
-from tfservo.core.service import ModelService
 from tfservo.core.settings import Settings
 from tfservo.core.tfs_configs import read_ssl_config
-from tfservo.core.v2_dataplane import V2DataPlane
 from tfservo.grpc.options import server_options
 from tfservo.grpc.server import GrpcServer
-from tfservo.server.metrics import Metrics
+from tfservo.service.factory import ModelService
+from tfservo.service.metrics import Metrics
+from tfservo.service.v2_dataplane import V2DataPlane
 
 __all__ = ["start_grpc"]
 

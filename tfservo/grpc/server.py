@@ -1,6 +1,6 @@
 """The gRPC server: grpc.aio on an event loop of its own (uvloop when installed), in one thread.
 
-Predicts are decoded on the loop and queued for their batch (server.queued_calls), as HTTP's
+Predicts are decoded on the loop and queued for their batch (service.queued_calls), as HTTP's
 are: no thread per call waits for a batch. Every other method runs in the loop's thread pool
 (grpc.methods.threaded). The sync interface — construct, `add_service`, `start`, `stop(grace)`
 returning an Event — lets the serving process start and stop it beside uvicorn.
@@ -20,7 +20,6 @@ import grpc
 from tfservo.auth.audit import ManagementGate
 from tfservo.codecs.tensor_proto import MAX_FILL_BYTES
 from tfservo.core import tracing
-from tfservo.core.api import TFServingAPI
 from tfservo.core.errors import Unavailable
 from tfservo.core.request_labels import RequestScope, plain_scope
 from tfservo.grpc.methods import service_handler
@@ -33,8 +32,9 @@ from tfservo.grpc.tfserving import (
     PredictionServicer,
     ReloadConfig,
 )
-from tfservo.server.call_placement import CallPlacement
-from tfservo.server.queued_calls import QueuedCalls
+from tfservo.service.api import TFServingAPI
+from tfservo.service.call_placement import CallPlacement
+from tfservo.service.queued_calls import QueuedCalls
 
 __all__ = ["GrpcServer"]
 

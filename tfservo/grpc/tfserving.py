@@ -30,16 +30,16 @@ from tensorflow_serving.apis import (
 from tfservo.codecs.results import classification_result_proto, regression_result_proto
 from tfservo.codecs.tensor_proto import MAX_FILL_BYTES, to_ndarray, write_tensor_proto
 from tfservo.core import deadlines
-from tfservo.core.api import TFServingAPI
-from tfservo.core.dataplane import Answer, Classification, ExamplesCall, Prediction, Regression
 from tfservo.core.errors import Code, InvalidArgument, ServingError, Unimplemented
 from tfservo.core.request_labels import RequestScope, plain_scope
 from tfservo.grpc.methods import Method, SyncContext, UndecodableRequest
+from tfservo.models.calls import Answer, Classification, ExamplesCall, Prediction, Regression
 from tfservo.models.servables import ServableVersion
 from tfservo.models.signatures import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
-from tfservo.models.warmup import serialized_examples  # Input → tf.Examples, shared with warmup replay
-from tfservo.server.call_placement import CallPlacement
-from tfservo.server.queued_calls import Prepared, QueuedCalls
+from tfservo.service.api import TFServingAPI
+from tfservo.service.call_placement import CallPlacement
+from tfservo.service.queued_calls import Prepared, QueuedCalls
+from tfservo.service.warmup import serialized_examples  # Input → tf.Examples, shared with warmup replay
 
 __all__ = [
     "MODEL_SERVICE",

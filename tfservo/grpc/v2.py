@@ -12,14 +12,14 @@ import numpy as np
 
 from tfservo.auth.audit import ManagementGate
 from tfservo.codecs.v2 import DTYPE_OF_V2, V2Error, decode_inputs, encode_outputs
-from tfservo.core.dataplane import Answer, parse_version
 from tfservo.core.request_labels import RequestScope, plain_scope
-from tfservo.core.v2_dataplane import InferRequest, V2DataPlane
 from tfservo.grpc.methods import Method, SyncContext, service_handler
 from tfservo.grpc.tfserving import GrpcCalls
 from tfservo.grpc.v2_protocol import SERVICE, messages
-from tfservo.server.call_placement import CallPlacement
-from tfservo.server.queued_calls import Prepared, QueuedCalls
+from tfservo.models.calls import Answer, InferRequest, parse_version
+from tfservo.service.call_placement import CallPlacement
+from tfservo.service.queued_calls import Prepared, QueuedCalls
+from tfservo.service.v2_dataplane import V2DataPlane
 
 __all__ = ["V2_METHODS", "V2Servicer", "v2_handler"]
 

@@ -23,9 +23,7 @@ from starlette.types import Receive, Scope, Send
 from tfservo.auth.audit import ManagementGate
 from tfservo.auth.sigv4 import SigV4Verifier
 from tfservo.core import tracing
-from tfservo.core.dataplane import METHODS, parse_version
 from tfservo.core.errors import ServingError
-from tfservo.core.service import ModelService
 from tfservo.http.async_routes import AsyncRoutes
 from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.docs_page import DocsPage
@@ -35,13 +33,15 @@ from tfservo.http.responses import error_response, internal_error, json_response
 from tfservo.http.routes import HotDispatch, RouteSpec, starlette_routes, tfs_path_parts
 from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
-from tfservo.server.call_placement import CallPlacement
+from tfservo.models.calls import METHODS, parse_version
+from tfservo.service.call_placement import CallPlacement
+from tfservo.service.factory import ModelService
 
 if TYPE_CHECKING:
     from tfservo.async_inference.intake import AsyncIntake
     from tfservo.http.capture_tap import HttpCapture, Tap
-    from tfservo.models.multi_model import MultiModelEndpoint
-    from tfservo.models.target_models import TargetModels
+    from tfservo.service.multi_model import MultiModelEndpoint
+    from tfservo.service.target_models import TargetModels
 
 __all__ = ["build_app", "ServingApp"]
 
@@ -203,8 +203,8 @@ def build_app(
     Without batching, quick and small model calls run on the event loop (call_placement); with
     it, small predicts (every door's) are queued from the loop and answered from the batch thread.
     """
-    from tfservo.core.v2_dataplane import V2DataPlane
     from tfservo.http.decode_budget import default_decoding_bytes
+    from tfservo.service.v2_dataplane import V2DataPlane
 
     settings = service.settings
     max_decoding_bytes = settings.max_decoding_bytes or default_decoding_bytes(settings.workers)

@@ -17,10 +17,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tfservo.auth.audit import caller
 from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated, bearer
 from tfservo.codecs.media_types import JSON
-from tfservo.core.custom_attributes import parse_custom_attributes
 from tfservo.core.errors import ServingError
 from tfservo.http.hot_routes import CUSTOM_ATTRIBUTES, request_header, retry_after_header, send_response
 from tfservo.http.routes import RouteScopes
+from tfservo.service.custom_attributes import parse_custom_attributes
 
 __all__ = ["KeyCheck"]
 

@@ -24,10 +24,7 @@ from starlette.types import Receive, Scope, Send
 from tfservo.async_inference.intake import AsyncCall, AsyncIntake
 from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
-from tfservo.core.dataplane import Answer, parse_version
 from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, ServingError
-from tfservo.core.invocation import InvocationResult, error_result
-from tfservo.core.service import ModelService
 from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.protocol import lone_request
 from tfservo.http.routes import BODY_KEY, ROUTE_KEY
@@ -40,13 +37,16 @@ from tfservo.http.runtime_api import (
     model_error,
     runtime_error,
 )
-from tfservo.server.call_placement import CallPlacement
-from tfservo.server.queued_calls import Prepared, QueuedCalls
+from tfservo.models.calls import Answer, parse_version
+from tfservo.service.call_placement import CallPlacement
+from tfservo.service.factory import ModelService
+from tfservo.service.invocation import InvocationResult, error_result
+from tfservo.service.queued_calls import Prepared, QueuedCalls
 
 if TYPE_CHECKING:
     from tfservo.auth.sigv4 import SigV4Verifier
-    from tfservo.core.v2_dataplane import V2DataPlane
-    from tfservo.models.target_models import TargetModels
+    from tfservo.service.target_models import TargetModels
+    from tfservo.service.v2_dataplane import V2DataPlane
 
 __all__ = [
     "CUSTOM_ATTRIBUTES",

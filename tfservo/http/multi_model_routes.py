@@ -2,7 +2,7 @@
 routes.ROUTES; /models/{name}/invoke is a hot route).
 
 Served when serving with --multi-model. Loading and the model-root confinement live in
-tfservo.models.multi_model; invocations go through the service's one Invoker with the model
+tfservo.service.multi_model; invocations go through the service's one Invoker with the model
 name from the path.
 """
 
@@ -15,7 +15,7 @@ from starlette.responses import Response
 from tfservo.core.errors import ServingError
 from tfservo.http.hot_routes import read_body
 from tfservo.http.responses import error_response, json_response
-from tfservo.models.multi_model import MultiModelEndpoint, parse_load_request
+from tfservo.service.multi_model import MultiModelEndpoint, parse_load_request
 
 __all__ = ["MultiModelRoutes"]
 

@@ -8,9 +8,9 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from tfservo import __version__
 from tfservo.codecs.media_types import CONVERTIBLE_TYPES
 from tfservo.codecs.v2 import V2_OF_TF
+from tfservo.core.version import __version__
 from tfservo.http.routes import ROUTES, Doc, RouteSpec
 from tfservo.models.signatures import (
     CLASSIFY_METHOD,

@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from tfservo.codecs.media_types import JSON
 from tfservo.core.errors import ServingError
-from tfservo.core.invocation import error_result
+from tfservo.service.invocation import error_result
 
 __all__ = ["error_response", "internal_error", "json_response"]
 

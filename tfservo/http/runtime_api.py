@@ -16,7 +16,7 @@ import orjson
 
 from tfservo.auth.sigv4 import SignatureRefused
 from tfservo.core.errors import InvalidArgument, NotFound, ServingError
-from tfservo.core.invocation import InvocationResult, error_result
+from tfservo.service.invocation import InvocationResult, error_result
 
 __all__ = [
     "DEFAULT_VARIANT",

@@ -11,10 +11,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tfservo.core.dataplane import parse_version
 from tfservo.core.errors import ServingError
-from tfservo.core.v2_dataplane import V2DataPlane
 from tfservo.http.responses import error_response, json_response
+from tfservo.models.calls import parse_version
+from tfservo.service.v2_dataplane import V2DataPlane
 
 __all__ = ["V2Routes"]
 

@@ -1,5 +1,5 @@
 """Models: SavedModel loading and signatures (the runtime), servables and their handles, version
-lifecycle, model config, warmup, bundles and multi-model loading, batching. No HTTP here.
+lifecycle, model config, bundles, batching, and the typed calls and answers (`calls`). No HTTP here.
 
 `load_saved_model` and `LoadedModel` are imported lazily, so importing the package (or
 `signatures`) does not pull in TensorFlow. TensorFlow's C++ logs are quieted to errors unless

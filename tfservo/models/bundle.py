@@ -22,12 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tfservo.core.archive_limits import ArchiveLimits
 from tfservo.core.errors import BundleError, BundleNotFound
 from tfservo.core.scratch import make_scratch_dir
 
 __all__ = [
     "ARCHIVE_MODEL_NAME",
-    "ArchiveLimits",
     "CODE_DIR_NAME",
     "MAX_VERSION",
     "SAVED_MODEL_FILES",
@@ -119,17 +119,6 @@ def discover_versions(model_dir: str) -> dict[int, str]:
     if not found and _is_saved_model_dir(model_dir):
         return {1: model_dir}
     return dict(sorted(found.items()))
-
-
-@dataclass(frozen=True)
-class ArchiveLimits:
-    """Bounds an archive must keep before anything is extracted (decompression bombs, floods
-    of files): member files, bytes once extracted (None: the free space where it extracts), and
-    extracted bytes per compressed byte, held only by archives that expand past 64 MiB."""
-
-    max_files: int = 100_000
-    max_bytes: int | None = None
-    max_ratio: float = 100.0
 
 
 def open_bundle(

@@ -24,7 +24,6 @@ from tfservo.core.request_labels import note_model, note_version
 from tfservo.models.signatures import Runner, SignatureDef
 
 if TYPE_CHECKING:
-    from tfservo.models.batching.batcher import LoopBatches
     from tfservo.models.savedmodel import LoadedModel
 
 __all__ = ["ModelManager", "Runner", "RunnerFactory", "ServableHandle", "ServableVersion", "ServedModel", "State"]
@@ -128,10 +127,11 @@ class ServableVersion:
         output_keys: Sequence[str] | None,
         callback: Callable[[dict[str, np.ndarray] | None, BaseException | None], None],
         *,
-        here: LoopBatches | None = None,
+        here: object | None = None,
     ) -> bool:
         """Queue a call on this version's batcher without waiting (see Batcher.submit; `here`:
-        the caller's event loop, where a quick model's calls are batched).
+        the caller's event loop's LoopBatches, where a quick model's calls are batched; passed on
+        as it is, so this module needs no batching).
 
         False, with nothing queued, when the call has to go through `run` instead: no batcher,
         or a call the batcher only takes blocking.
@@ -144,7 +144,7 @@ class ServableVersion:
 
     def run_lone(
         self, signature_name: str, inputs: dict[str, np.ndarray], output_keys: Sequence[str] | None,
-        here: LoopBatches,
+        here: object,
     ) -> dict[str, np.ndarray] | None:
         """A lone call's outputs, run at once when this version's batcher allows it (see
         Batcher.run_lone); None: `submit` it instead."""

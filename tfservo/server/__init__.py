@@ -1,2 +1,2 @@
-"""Server processes: start and supervise workers, graceful shutdown, listeners, the loopback
-endpoints handlers call, and the metrics every door shares."""
+"""Server processes: run one, supervise workers, graceful shutdown, listeners, --reload, and the
+loopback endpoints handlers call. Above the doors, which it assembles."""

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from tfservo.core.service import ModelService, build_service
 from tfservo.core.settings import Settings
+from tfservo.service.factory import ModelService, build_service
 
 if TYPE_CHECKING:
     from tfservo.grpc.server import GrpcServer

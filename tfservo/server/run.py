@@ -21,16 +21,16 @@ from tfservo.core.errors import ServingError
 from tfservo.core.memory import resident_bytes
 from tfservo.core.settings import Settings
 from tfservo.server.listener import bind_socket, bind_sockets
-from tfservo.server.metrics import Metrics
 from tfservo.server.recycling import REASONS, WorkerWatch, hard_limit, worker_memory_limit
 from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.signals import route_signals
 from tfservo.server.workers import Supervisor, WorkerLink
+from tfservo.service.metrics import Metrics
 
 if TYPE_CHECKING:
-    from tfservo.core.service import ModelService
     from tfservo.http.app import ServingApp
     from tfservo.http.capture_tap import Tap
+    from tfservo.service.factory import ModelService
 
 __all__ = ["READY_LINE", "serve", "serve_process", "start_worker", "uvicorn_config"]
 
@@ -51,8 +51,9 @@ def start_worker(
 ) -> tuple[ModelService, ASGIApp, ServingApp]:
     """Everything one serving process needs: the loaded service, its ASGI app (with /metrics) and
     the serving app inside it (its call placements)."""
-    from tfservo.core.service import build_service
     from tfservo.http.app import build_app
+    from tfservo.http.metrics_edge import instrument
+    from tfservo.service.factory import build_service
 
     metrics = metrics or Metrics()
     if settings.monitoring_config_file:
@@ -78,8 +79,8 @@ def start_worker(
         LoopbackServer(service).start()
     multi_model = targets = None
     if settings.multi_model:
-        from tfservo.models.multi_model import MultiModelEndpoint
-        from tfservo.models.target_models import TargetModels
+        from tfservo.service.multi_model import MultiModelEndpoint
+        from tfservo.service.target_models import TargetModels
 
         multi_model = MultiModelEndpoint(service, settings.model_root, memory_factor=settings.memory_factor)
         targets = TargetModels(
@@ -102,7 +103,7 @@ def start_worker(
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app
-    served = metrics.asgi(outer, service, routes)
+    served = instrument(outer, metrics, service, routes)
     if settings.api_keys:
         from tfservo.auth.keys import KeyRing
         from tfservo.http.auth_edge import KeyCheck
@@ -231,7 +232,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
         config_poll = ConfigFilePoller(service, settings.model_config_file, settings.model_config_poll_seconds).start()
     reloader = None
     if settings.reload_code:
-        from tfservo.handlers.reload import CodeReloader
+        from tfservo.server.reload import CodeReloader
 
         reloader = CodeReloader(service).start()
 

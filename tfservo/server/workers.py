@@ -42,7 +42,7 @@ from tfservo.core.errors import ServingError
 from tfservo.core.scratch import remove_scratch_dirs
 from tfservo.core.settings import Settings
 from tfservo.server.listener import bind_socket, port_free
-from tfservo.server.metrics import MULTIPROC_ENV, mark_worker_dead
+from tfservo.service.metrics import MULTIPROC_ENV, mark_worker_dead
 
 __all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
 

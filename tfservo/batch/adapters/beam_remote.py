@@ -27,7 +27,6 @@ import orjson
 
 from tfservo.batch.adapters.beam import ServingModelHandler
 from tfservo.batch.adapters.beam_metrics import count_retry
-from tfservo.batch.worker.failures import is_transient
 from tfservo.batch.worker.loaded import Selection
 from tfservo.batch.worker.target import (
     INVOKE,
@@ -38,11 +37,12 @@ from tfservo.batch.worker.target import (
     merged_attributes,
 )
 from tfservo.codecs import tfs_json as json_codec
-from tfservo.core.custom_attributes import HEADER as CUSTOM_ATTRIBUTES_HEADER
-from tfservo.core.custom_attributes import parse_custom_attributes
+from tfservo.core.batch_split import is_transient
 from tfservo.core.errors import Code, InvalidArgument, ServingError, Unavailable, error_from_response
 from tfservo.core.retry import Backoff
 from tfservo.models.signatures import DEFAULT_SIGNATURE, SignatureDef, signature_from_proto
+from tfservo.service.custom_attributes import HEADER as CUSTOM_ATTRIBUTES_HEADER
+from tfservo.service.custom_attributes import parse_custom_attributes
 
 log = logging.getLogger("tfservo.batch.adapters.beam_remote")
 

@@ -180,7 +180,7 @@ def worker_service(job: TransformJob, cores: int | None = None) -> Any:
     server when the bundle has handlers, as `transform` and `serve` do); `cores`: the CPUs this
     worker owns, its TensorFlow intra-op threads unless the job's environment sets them (a
     thread per core of the machine in every worker ran twice the threads there are cores)."""
-    from tfservo.batch.run import apply_env, load_service
+    from tfservo.batch.loading import apply_env, load_service
     from tfservo.server.loopback import start_handler_endpoints
 
     def load() -> _WorkerService:

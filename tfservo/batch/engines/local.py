@@ -38,9 +38,7 @@ from tfservo.batch.sources import (
     OpenedInput,
     guess_content_type,
     gzip_error,
-    is_local,
     list_inputs,
-    url_to_fs,
 )
 from tfservo.batch.state import (
     DeadLetter,
@@ -51,7 +49,8 @@ from tfservo.batch.state import (
 from tfservo.codecs.media_types import JSON, X_IMAGE
 from tfservo.core import tracing
 from tfservo.core.errors import ServingError
-from tfservo.core.invocation import Invoker
+from tfservo.service.invocation import Invoker
+from tfservo.storage.urls import is_local, url_to_fs
 
 __all__ = [
     "WRITERS",

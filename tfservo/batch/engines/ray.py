@@ -149,7 +149,7 @@ def run_ray_transform(
 
 class RayPasses:
     """`transform --follow --runner ray`: the connection and the model actors kept from one pass
-    to the next, each pass a driver run over the objects that landed (see tfservo.batch.follow)."""
+    to the next, each pass a driver run over the objects that landed (see tfservo.batch.engines.follow)."""
 
     def __init__(self, job: TransformJob, settings: RaySettings | None = None) -> None:
         self.settings = settings or RaySettings()

@@ -3,9 +3,10 @@
 Beam's handlers (bundle in-process or a remote endpoint) and the columnar adapters (Ray Data,
 Spark) all run a batch here: the elements go to the model in one call of the target's method
 (predict, classify, regress, or raw bodies through /invocations in as few calls as their
-content type allows); if that call fails, each element is run alone, so only the bad ones fail
-and each failure names its element (ElementFailure). An overload or outage (`is_transient`)
-fails the whole batch: it is no element's fault, and the caller retries or backs off.
+content type allows); if that call fails, it splits by core.batch_split's rule (elements that
+disagree with the rest fail, the others are answered), and each failure names its element
+(ElementFailure). An overload or outage (`is_transient`) fails the whole batch: it is no
+element's fault, and the caller retries or backs off.
 
 The model is anything with LoadedBundle's methods: predict, classify, regress, invoke_many.
 """
@@ -19,8 +20,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from tfservo.batch.worker.elements import serialize_examples, split_outputs, stack_inputs
-from tfservo.batch.worker.failures import ElementFailure, is_transient
+from tfservo.batch.worker.failures import ElementFailure
 from tfservo.batch.worker.target import INVOKE, Target
+from tfservo.core.batch_split import Failed, NotTried, inputs_structure, is_transient, isolate
 from tfservo.core.errors import InvalidArgument
 
 __all__ = ["BatchModel", "Part", "request_body", "run_batch"]
@@ -58,23 +60,42 @@ class Part:
 
 
 def run_batch(model: BatchModel, target: Target, elements: list[object]) -> list[Part]:
-    """`elements` through `target` in one call; after a failure, each element alone."""
+    """`elements` through `target` in one call; after a failure, split by core.batch_split's rule:
+    elements whose inputs disagree with the rest fail, the rest run together again, and where
+    none disagree each runs alone. An overload or outage is raised for the whole batch."""
+    indexed = list(enumerate(elements))
     try:
         return [_call(model, target, elements, 0)]
     except Exception as exc:  # any failure: find the element(s) behind it
-        if is_transient(exc):
-            raise
-        if len(elements) == 1:
-            return [Part(0, elements, [ElementFailure(0, elements[0], exc)])]
-    parts = []
-    for i, element in enumerate(elements):
-        try:
-            parts.append(_call(model, target, [element], i))
-        except Exception as exc:  # reported per element
-            if is_transient(exc):
-                raise
-            parts.append(Part(i, [element], [ElementFailure(i, element, exc)]))
-    return parts
+        structure = None
+        if target.method == "predict":
+            signature = target.signature
+            assert signature is not None
+            structure = lambda item: inputs_structure(stack_inputs([item[1]], signature))
+        outcomes = isolate(indexed, exc, lambda group: _parts(model, target, group), structure=structure)
+    return [
+        Part(o.item[0], [o.item[1]], [ElementFailure(o.item[0], o.item[1], o.error)]) if isinstance(o, Failed) else o
+        for o in outcomes
+        if not isinstance(o, NotTried)
+    ]
+
+
+def _parts(model: BatchModel, target: Target, group: Sequence[tuple[int, object]]) -> list[Part]:
+    """One call for `group` (elements with their index in the batch), as a Part per element."""
+    part = _call(model, target, [element for _, element in group], group[0][0])
+    if len(group) == 1:
+        return [part]
+    return [_one(part, j, i) for j, (i, _) in enumerate(group)]
+
+
+def _one(part: Part, j: int, offset: int) -> Part:
+    """Element j of a Part, as a Part of its own at `offset`."""
+    def row(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: array[j : j + 1] for key, array in value.items()}
+        return None if value is None else value[j : j + 1]
+
+    return Part(offset, part.elements[j : j + 1], part.results[j : j + 1], row(part.inputs), row(part.outputs))
 
 
 def request_body(element: object) -> bytes:

@@ -17,10 +17,9 @@ import numpy as np
 
 from tfservo.core.errors import Code, ServingError
 
-__all__ = ["describe_element", "ElementErrors", "ElementFailure", "is_transient"]
+__all__ = ["describe_element", "ElementErrors", "ElementFailure"]
 
 _SHOWN = 200  # characters of an element quoted in a message
-_TRANSIENT = (Code.UNAVAILABLE, Code.RESOURCE_EXHAUSTED, Code.DEADLINE_EXCEEDED)
 
 
 @dataclass(frozen=True)
@@ -59,11 +58,6 @@ def _rebuild(cls: type, message: str, code: Code) -> ServingError:
     error.failures, error.batch_size = [], 0
     rebuilt: ServingError = error
     return rebuilt
-
-
-def is_transient(error: BaseException) -> bool:
-    """Overload or outage (retried with back-off, never split per element)."""
-    return isinstance(error, ServingError) and error.code in _TRANSIENT
 
 
 def describe_element(element: object) -> str:

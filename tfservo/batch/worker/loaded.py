@@ -27,14 +27,14 @@ from tfservo.batch.worker.target import (
     choose_method,
     merged_attributes,
 )
-from tfservo.core.custom_attributes import parse_custom_attributes
 from tfservo.core.errors import BundleError, NotFound, ServingError
-from tfservo.core.invocation import result_error
 from tfservo.core.logs import quiet_libraries
-from tfservo.core.service import ModelService, build_service
 from tfservo.core.settings import resolve_settings
 from tfservo.models.signatures import DEFAULT_SIGNATURE
 from tfservo.server.loopback import LoopbackServer, start_handler_endpoints
+from tfservo.service.custom_attributes import parse_custom_attributes
+from tfservo.service.factory import ModelService, build_service
+from tfservo.service.invocation import result_error
 
 __all__ = ["LoadedBundle", "Selection"]
 

@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 
 from tfservo.codecs.results import check_classify_signature, check_regress_signature
-from tfservo.core.custom_attributes import CustomAttributes
-from tfservo.core.dataplane import METHODS
 from tfservo.core.errors import InvalidArgument, ServingError
+from tfservo.models.calls import METHODS
 from tfservo.models.signatures import CLASSIFY_METHOD, REGRESS_METHOD, SignatureDef
+from tfservo.service.custom_attributes import CustomAttributes
 
 __all__ = [
     "INVOKE",

@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tfservo.core import deadlines, tracing
+from tfservo.core.batch_split import Failed, is_transient, isolate
+from tfservo.core.batching_options import BatchingOptions
 from tfservo.core.call_costs import CallCosts
 from tfservo.core.errors import InvalidArgument, ResourceExhausted, Unavailable
-from tfservo.models.batching.options import BatchingOptions
 from tfservo.models.signatures import Runner
 
 if TYPE_CHECKING:
@@ -644,8 +645,8 @@ class Batcher:
                     t.finish({k: v[offset : offset + t.size] for k, v in outputs.items()}, None)
                     offset += t.size
         except BaseException as exc:
-            if self._adaptive and len(tasks) > 1 and isinstance(exc, Exception):
-                self._run_each(tasks, batch.queue)  # one caller's bad rows fail only that caller
+            if self._adaptive and len(tasks) > 1 and isinstance(exc, Exception) and not is_transient(exc):
+                self._split(tasks, batch.queue, exc)  # one caller's bad rows fail only that caller
                 return
             for t in tasks:
                 t.finish(None, exc)
@@ -657,6 +658,17 @@ class Batcher:
                 if not t.finished:
                     t.finish(None, Unavailable(f"model {self._name}: batch was abandoned; retry"))
         self._report(size, padded, seconds, queued)
+
+    def _split(self, tasks: list[_Task], q: _Queue, error: Exception) -> None:
+        """A failed batch's callers, split by core.batch_split's rule (its queue holds one
+        structure of inputs, so each caller runs alone)."""
+        keys_arg = list(q.output_keys) if q.output_keys is not None else None
+        outcomes = isolate(tasks, error, lambda group: [self._runner(q.signature, group[0].inputs, keys_arg)])
+        for t, outcome in zip(tasks, outcomes):
+            if isinstance(outcome, Failed):
+                t.finish(None, outcome.error)
+            elif isinstance(outcome, dict):
+                t.finish(outcome, None)
 
     def _run_each(self, tasks: list[_Task], q: _Queue) -> None:
         """Run each task as a call of its own (adaptive mode's answer to a batch that failed or

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tfservo.core.dataplane import METHODS
 from tfservo.core.errors import InvalidArgument
+from tfservo.models.calls import METHODS
 
 __all__ = ["HEADER", "CustomAttributes", "parse_custom_attributes"]
 

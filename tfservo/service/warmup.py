@@ -16,11 +16,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from tfservo.core.api import TFServingAPI
-from tfservo.core.dataplane import ExamplesCall, PredictCall
 from tfservo.core.errors import Code, InvalidArgument, ServingError, Unimplemented
+from tfservo.models.calls import ExamplesCall, PredictCall
 from tfservo.models.servables import ServableVersion
 from tfservo.models.signatures import CLASSIFY_METHOD, REGRESS_METHOD
+from tfservo.service.api import TFServingAPI
 
 __all__ = ["MAX_RECORDS", "WARMUP_FILE", "DataLoss", "replay_warmup", "serialized_examples", "warmup_path"]
 

@@ -23,7 +23,8 @@ from tfservo.codecs.results import (
     regression_results,
 )
 from tfservo.core import tracing
-from tfservo.core.dataplane import (
+from tfservo.core.errors import InvalidArgument
+from tfservo.models.calls import (
     METHODS,
     Answer,
     Call,
@@ -33,7 +34,6 @@ from tfservo.core.dataplane import (
     Prediction,
     Regression,
 )
-from tfservo.core.errors import InvalidArgument
 from tfservo.models.model_status import model_status
 from tfservo.models.servables import ModelManager, ServableHandle, ServableVersion
 from tfservo.models.signatures import (

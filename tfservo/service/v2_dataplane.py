@@ -6,45 +6,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from tfservo import __version__
 from tfservo.codecs.v2 import V2_OF_TF, V2Error
-from tfservo.core.api import TFServingAPI
-from tfservo.core.dataplane import Answer, PredictCall, Prediction
 from tfservo.core.errors import AlreadyExists, FailedPrecondition, NotFound
+from tfservo.core.version import __version__
 from tfservo.models.bundle import is_model_name
+from tfservo.models.calls import Answer, InferRequest, InferResponse, PredictCall, Prediction
 from tfservo.models.servables import ServableHandle, State
 from tfservo.models.signatures import DEFAULT_SIGNATURE
+from tfservo.service.api import TFServingAPI
 
-__all__ = ["EXTENSIONS", "InferRequest", "InferResponse", "V2DataPlane"]
+__all__ = ["EXTENSIONS", "V2DataPlane"]
 
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 PLATFORM = "tensorflow_savedmodel"
-
-
-@dataclass
-class InferRequest:
-    """A decoded V2 inference request."""
-
-    model: str
-    version: int | None
-    inputs: dict[str, np.ndarray]
-    id: str | None = None
-    parameters: dict[str, object] = field(default_factory=dict)
-    outputs: list[str] | None = None  # names asked for; None: all
-    output_parameters: dict[str, dict[str, object]] = field(default_factory=dict)
-
-
-@dataclass
-class InferResponse:
-    model: str
-    version: int
-    id: str | None
-    outputs: dict[str, np.ndarray]
 
 
 class V2DataPlane:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from tfservo.batch.engines.local import TransformEngine, list_job_inputs
 from tfservo.batch.job import TransformJob
-from tfservo.batch.run import apply_env, load_service
+from tfservo.batch.loading import apply_env, load_service
 from tfservo.batch.sinks import OutputStore
 from tfservo.batch.sources import InputObject, NoInputObjects
 from tfservo.batch.state import TransformSummary, bundle_versions, check_settings, job_description

@@ -21,6 +21,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 
+from tfservo.core.archive_limits import ArchiveLimits
 from tfservo.core.errors import (
     BundleError,
     BundleNotFound,
@@ -30,9 +31,9 @@ from tfservo.core.errors import (
     ServingError,
 )
 from tfservo.core.memory import available_memory_bytes, tree_bytes
-from tfservo.models.bundle import ArchiveLimits, ModelSource, open_bundle
-from tfservo.models.multi_model import InsufficientMemory, MultiModelEndpoint
+from tfservo.models.bundle import ModelSource, open_bundle
 from tfservo.models.snapshot import copy_file_confined
+from tfservo.service.multi_model import InsufficientMemory, MultiModelEndpoint
 
 __all__ = ["TargetModels", "target_model_name"]
 

@@ -1,7 +1,7 @@
 """Prometheus metrics and per-request access logs for REST and gRPC.
 
-`Metrics` holds the metrics of one server: `asgi(app, service)` wraps the HTTP app (counting
-every request and answering `GET /metrics`), `scope` is the gRPC servicers' RequestScope,
+`Metrics` holds the metrics of one server: `http.metrics_edge.instrument` wraps the HTTP app
+with it (counting every request and answering `GET /metrics`), `scope` is the gRPC servicers' RequestScope,
 `model_event` goes to ServiceOptions.on_event and `batch_hook` to the batcher's on_batch.
 
 With several worker processes, set PROMETHEUS_MULTIPROC_DIR to an empty directory shared by
@@ -18,31 +18,28 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import anyio
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
-from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfservo.core.errors import Code, FailedPrecondition
-from tfservo.core.request_labels import RequestLabels, reset_current, set_current, tracking
+from tfservo.core.request_labels import RequestLabels, tracking
 from tfservo.core.request_labels import current as current_labels
 from tfservo.core.status import http_status
-from tfservo.http.routes import METHOD_KEY, ROUTE_KEY, metric_methods
 from tfservo.models.servables import ServableVersion, State
-from tfservo.server.metric_tally import Tally
-from tfservo.server.tfs_metrics import TFServingMetrics
+from tfservo.service.metric_tally import Tally
+from tfservo.service.tfs_metrics import TFServingMetrics
 
 if TYPE_CHECKING:
-    from tfservo.core.service import ModelService
+    pass
 
 __all__ = [
     "BATCH_BUCKETS",
     "LATENCY_BUCKETS",
     "METRICS_PATH",
     "MULTIPROC_ENV",
+    "access_level",
     "mark_worker_dead",
     "Metrics",
 ]
@@ -329,7 +326,7 @@ class Metrics:
         return gauge
 
     def record(self, protocol: str, labels: RequestLabels, seconds: float, transport: str, at: int | None) -> None:
-        """Count one answered request and log it at level `at` (`_access_level()`: info with
+        """Count one answered request and log it at level `at` (`access_level()`: info with
         --access-log, else debug; None: not logged), one line to logger tfservo.access."""
         key = (protocol, labels.model, labels.version, labels.method, labels.route, labels.status)
         children = self._answered.get(key)
@@ -371,13 +368,6 @@ class Metrics:
             return prometheus_client.generate_latest(registry)
         return prometheus_client.generate_latest(self.registry)
 
-    def asgi(self, app: ASGIApp, service: ModelService | None = None, routes: Sequence[Any] = ()) -> ASGIApp:
-        """`app` with every HTTP request counted and `GET /metrics` answered.
-
-        `routes` (the Starlette app's) name each request's route by its path template; `service`
-        names the model of invocations that never reach a model in-process (handlers).
-        """
-        return _HttpMetrics(app, self, service, routes)
 
 
 class _Replacements(Collector):
@@ -399,12 +389,11 @@ class _Replacements(Collector):
         yield family
 
 
-_METRIC_METHODS = metric_methods()
 _CODE_OF_HTTP = {http_status(code): code.name for code in reversed(Code)}
 _CODE_OF_HTTP.update({200: "OK", 500: "INTERNAL", 400: "INVALID_ARGUMENT"})
 
 
-def _access_level() -> int | None:
+def access_level() -> int | None:
     """The level request lines are logged at (info with --access-log, else debug), or None
     when they would not show."""
     at = logging.INFO if access_log.level == logging.INFO else logging.DEBUG
@@ -453,113 +442,4 @@ class _Tracked(tracking):
         if kind is not None:
             labels.status = labels.status or ("500" if self.transport == "http" else "UNKNOWN")
         self.metrics.tally.inc(self.gauge, -1)
-        self.metrics.record(self.protocol, labels, time.perf_counter() - self.started, self.transport, _access_level())
-
-
-class _HttpMetrics:
-    """ASGI middleware: request metrics and access logs for every HTTP request, plus /metrics."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics, service: ModelService | None, routes: Sequence[Any]) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.service = service
-        self.routes = list(routes)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        # Inline rather than through Metrics.request's context manager: this runs for every
-        # request, and each layer of calls cost a microsecond or two (docs/decisions.md).
-        path, verb = scope["path"], scope["method"]
-        labels = RequestLabels(verb=verb, path=path)
-        at = _access_level()
-        if at is not None:
-            for key, value in scope["headers"]:
-                if key == b"x-amzn-sagemaker-inference-id":
-                    labels.inference_id = value.decode("latin-1")
-
-        async def send_noting_status(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                labels.status = str(message["status"])
-            elif message["type"] == "http.response.body":
-                labels.bytes_out += len(message.get("body", b""))
-            await send(message)
-
-        metrics = self.metrics
-        protocol = "v2" if path.startswith("/v2") and (len(path) == 3 or path[3] == "/") else "http"
-        gauge = metrics.in_flight_child(protocol)
-        tally = metrics.tally
-        tally.inc(gauge)
-        token = set_current(labels)
-        started = time.perf_counter()
-        try:
-            exposition = self._exposition(path) if verb in ("GET", "HEAD") else None
-            if exposition is not None:
-                labels.route = path
-                await self._expose(scope, send_noting_status, exposition)
-            else:
-                await self.app(scope, receive, send_noting_status)
-        except BaseException:
-            labels.status = labels.status or "500"
-            raise
-        finally:
-            reset_current(token)
-            if not labels.route:
-                self._name(scope, labels)
-            tally.inc(gauge, -1)
-            metrics.record(protocol, labels, time.perf_counter() - started, "http", at)
-
-    def _exposition(self, path: str) -> Callable[[], bytes] | None:
-        """What GET `path` exposes, if it is a metrics path: tfservo's, or TF Serving's names."""
-        metrics = self.metrics
-        if path == METRICS_PATH:
-            return metrics.exposition
-        if metrics.tfs is not None and path == metrics.tfs_path:
-            return metrics.tfs.exposition
-        return None
-
-    async def _expose(self, scope: Scope, send: Send, exposition: Callable[[], bytes]) -> None:
-        body = await anyio.to_thread.run_sync(exposition)
-        headers = [(b"content-type", prometheus_client.CONTENT_TYPE_LATEST.encode()),
-                   (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
-
-    def _name(self, scope: Scope, labels: RequestLabels) -> None:
-        """Route name and method of a request that has been answered (from the route table);
-        the model if still unknown."""
-        route = scope.get(ROUTE_KEY) or self._template(scope)
-        labels.route = route or "unmatched"
-        method = scope.get(METHOD_KEY) or _METRIC_METHODS.get(labels.route)
-        if labels.route.startswith("/v1/models/"):  # TF Serving: the model is in the path
-            if method:
-                labels.method = method
-            self._known_model(labels, (scope.get("path_params") or {}).get("name"))
-            return
-        if route == "/invocations" or (route or "").endswith(("/invoke", "/invocations", "/infer")):
-            self._invocation_labels(scope, labels)
-
-    def _template(self, scope: Scope) -> str | None:
-        """The path template of the route that answered (a wrong method still names its route)."""
-        partial = None
-        for route in self.routes:
-            match, _ = route.matches(scope)
-            if match is Match.FULL:
-                name: str = route.name
-                return name
-            if match is Match.PARTIAL and partial is None:
-                partial = route.name
-        return partial
-
-    def _invocation_labels(self, scope: Scope, labels: RequestLabels) -> None:
-        """The invoker noted method and model; a request that failed before it gets the defaults."""
-        labels.method = labels.method or "predict"
-        if not labels.model and self.service is not None:
-            name = (scope.get("path_params") or {}).get("name")
-            self._known_model(labels, name or self.service.default_model())
-
-    def _known_model(self, labels: RequestLabels, name: str | None) -> None:
-        # Only served names become label values: clients cannot grow the label set.
-        if not labels.model and name and self.service is not None and self.service.manager.has_model(name):
-            labels.model = name
+        self.metrics.record(self.protocol, labels, time.perf_counter() - self.started, self.transport, access_level())

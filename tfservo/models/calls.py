@@ -9,7 +9,7 @@ JSON, CSV, JSON lines, per-record transform output, TensorProto).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,6 +21,8 @@ __all__ = [
     "Answer",
     "Call",
     "Classification",
+    "InferRequest",
+    "InferResponse",
     "ExamplesCall",
     "PredictCall",
     "Prediction",
@@ -111,3 +113,26 @@ def answer_rows_slice(answer: Answer, start: int, stop: int, total: int) -> Answ
     if isinstance(answer, Classification):
         return Classification(answer.model_name, answer.version, answer.signature_name, answer.results[start:stop])
     return Regression(answer.model_name, answer.version, answer.signature_name, answer.results[start:stop])
+
+
+@dataclass
+class InferRequest:
+    """A decoded V2 inference request."""
+
+    model: str
+    version: int | None
+    inputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: dict[str, object] = field(default_factory=dict)
+    outputs: list[str] | None = None  # names asked for; None: all
+    output_parameters: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+@dataclass
+class InferResponse:
+    """A V2 inference answer: output arrays of one model version."""
+
+    model: str
+    version: int
+    id: str | None
+    outputs: dict[str, np.ndarray]

@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from tfservo.core import tracing
-from tfservo.core.api import TFServingAPI
 from tfservo.core.errors import BundleError, ServingError
-from tfservo.core.invocation import Invoker
 from tfservo.core.settings import Settings
 from tfservo.handlers.bundle_code import (
     Handlers,
@@ -32,7 +30,9 @@ from tfservo.models.config_reloader import ModelConfigReloader
 from tfservo.models.lifecycle import ModelLifecycle
 from tfservo.models.model_config import VersionPolicy
 from tfservo.models.servables import ModelManager, RunnerFactory, ServableVersion
-from tfservo.models.warmup import replay_warmup
+from tfservo.service.api import TFServingAPI
+from tfservo.service.invocation import Invoker
+from tfservo.service.warmup import replay_warmup
 
 if TYPE_CHECKING:
     from tfservo.models.savedmodel import LoadedModel

@@ -20,13 +20,13 @@ from tfservo.codecs import content_types
 from tfservo.codecs.json_arrays import NumericTensor
 from tfservo.codecs.media_types import CONVERTIBLE_TYPES, JSON, lookup
 from tfservo.core import tracing
-from tfservo.core.api import TFServingAPI
-from tfservo.core.custom_attributes import CustomAttributes, parse_custom_attributes
-from tfservo.core.dataplane import Answer, Call, answer_rows_slice
 from tfservo.core.errors import InvalidArgument, ServingError, error_from_response
 from tfservo.core.request_labels import note_method, note_model
 from tfservo.core.status import http_status
 from tfservo.handlers.bundle_code import Context, Handlers, make_requests_response
+from tfservo.models.calls import Answer, Call, answer_rows_slice
+from tfservo.service.api import TFServingAPI
+from tfservo.service.custom_attributes import CustomAttributes, parse_custom_attributes
 
 if TYPE_CHECKING:
     import grpc

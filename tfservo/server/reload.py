@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from tfservo.core.service import ModelService
+from tfservo.service.factory import ModelService
 
 __all__ = ["CodeReloader"]
 

@@ -18,13 +18,13 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tfservo.core.dataplane import Answer, Call
 from tfservo.models.batching.batcher import LoopBatches
-from tfservo.server.call_placement import INLINE_BODY_BYTES, CallPlacement
+from tfservo.models.calls import Answer, Call
+from tfservo.service.call_placement import INLINE_BODY_BYTES, CallPlacement
 
 if TYPE_CHECKING:
-    from tfservo.core.api import TFServingAPI
     from tfservo.models.servables import ServableHandle
+    from tfservo.service.api import TFServingAPI
 
 __all__ = ["Prepared", "QueuedCalls"]
 

@@ -35,11 +35,11 @@ from tfservo.core.errors import (
 )
 from tfservo.core.memory import available_memory_bytes, tree_bytes
 from tfservo.core.scratch import make_scratch_dir
-from tfservo.core.service import ModelService
 from tfservo.core.settings import DEFAULT_MEMORY_FACTOR, DEFAULT_MODEL_ROOT
 from tfservo.models.bundle import CODE_DIR_NAME, ModelSource, discover_versions, is_model_name
 from tfservo.models.servables import State
 from tfservo.models.snapshot import copy_confined
+from tfservo.service.factory import ModelService
 
 __all__ = ["InsufficientMemory", "MultiModelEndpoint", "parse_load_request"]
 
