@@ -56,18 +56,6 @@ def test_a_guessing_peer_is_slowed_over_rest_grpc_and_sigv4_and_no_one_else_is(t
         time.sleep(float(held.headers["retry-after"]) + 0.2)
         assert guesser.post(f"/v1/models/{M}:predict", json=body, headers={"Authorization": f"Bearer {good}"}).status_code == 200
 
-        with grpc.insecure_channel(f"127.0.0.2:{server.grpc_target.rsplit(':', 1)[1]}") as channel:
-            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            request = grpc_predict_request(M, np.array([1.0], np.float32))
-            codes = []
-            for i in range(11):
-                try:
-                    stub.Predict(request, timeout=30, metadata=[("authorization", f"Bearer tfsk_guess{i}")])
-                except grpc.RpcError as exc:
-                    codes.append(exc.code())
-            assert codes[:10] == [grpc.StatusCode.UNAUTHENTICATED] * 10
-            assert codes[10] == grpc.StatusCode.RESOURCE_EXHAUSTED
-
         runtime = boto3.client("sagemaker-runtime", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
                                aws_access_key_id="AKIDTHROTTLE00000001", aws_secret_access_key="wrong",
                                config=Config(retries={"max_attempts": 1}))
@@ -78,5 +66,62 @@ def test_a_guessing_peer_is_slowed_over_rest_grpc_and_sigv4_and_no_one_else_is(t
             except ClientError as exc:
                 errors.append(exc.response["Error"]["Code"])
         assert errors[:10] == ["InvalidSignatureException"] * 10 and errors[10] == "ThrottlingException"
+
+        # One throttle for every door: the signatures' failures hold this address on gRPC too.
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_target.rsplit(':', 1)[1]}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            request = grpc_predict_request(M, np.array([1.0], np.float32))
+            try:
+                stub.Predict(request, timeout=30, metadata=[("authorization", f"Bearer {good}")])
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                code = exc.code()
+            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         output = server.output
     assert "refused throttled peer=127.0.0.2" in output and good not in output
+
+
+def test_ten_wrong_keys_over_rest_v2_and_grpc_hold_the_address_on_every_door_and_worker(tmp_path):
+    """The throttle is the server's, not a door's or a worker's: with 2 workers, wrong keys
+    spread over TF Serving REST, V2 REST and gRPC, each on a fresh connection, make the 11th
+    request wait whatever its door and worker."""
+    keys = str(tmp_path / "keys.json")
+    good = add_key(keys, "svc", ["invoke"])
+    with ServerProcess([str(MODEL), "--workers", "2", "--api-keys", keys]) as server:
+        port = server.url.rsplit(":", 1)[1]
+        grpc_port = server.grpc_target.rsplit(":", 1)[1]
+        v2_body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+
+        def rest(token: str, v2: bool = False) -> int:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as fresh:  # a new connection each time
+                if v2:
+                    r = fresh.post(f"/v2/models/{M}/infer", json=v2_body, headers={"Authorization": f"Bearer {token}"})
+                else:
+                    r = fresh.post(f"/v1/models/{M}:predict", json={"instances": [1.0]},
+                                   headers={"Authorization": f"Bearer {token}"})
+                return r.status_code
+
+        def over_grpc(token: str) -> grpc.StatusCode:
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+                try:
+                    stub.Predict(grpc_predict_request(M, np.array([1.0], np.float32)), timeout=30,
+                                 metadata=[("authorization", f"Bearer {token}")])
+                except grpc.RpcError as exc:
+                    return exc.code()
+                return grpc.StatusCode.OK
+
+        answers = []
+        for i in range(10):
+            door = i % 3
+            answers.append(rest(f"tfsk_wrong{i}") if door == 0 else rest(f"tfsk_wrong{i}", v2=True) if door == 1
+                           else over_grpc(f"tfsk_wrong{i}"))
+        assert answers == [401, 401, grpc.StatusCode.UNAUTHENTICATED] * 3 + [401]
+        # the 11th, with the right key, on each door: held
+        assert rest(good) == 429
+        assert rest(good, v2=True) == 429
+        assert over_grpc(good) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        time.sleep(1.5)  # the first hold is 1 s (refusals while held do not lengthen it)
+        assert rest(good) == 200
+        output = server.output
+    assert output.count("refused unauthenticated") == 10

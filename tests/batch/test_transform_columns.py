@@ -19,7 +19,7 @@ from tfservo.batch.engines.local import TransformEngine
 from tfservo.batch.job import TransformJob
 from tfservo.batch.joiner import DataProcessing
 from tfservo.batch.jsonpath import parse_jsonpath
-from tfservo.batch.records import RecordBatch, pack_batches
+from tfservo.batch.records import blank_test, line_chunk, pack_batches
 
 # Lines the per-record path treats each its own way; the columns must decline or agree.
 PLAIN = st.builds(lambda i, v: f"Q{i:04d},{v}", st.integers(0, 9999), st.sampled_from(["1", "2.5", "-0.125", "1e3", "007"]))
@@ -99,25 +99,29 @@ def test_insurance_lines_travel_as_columns_in_requests_packed_as_before(hp3, tmp
     assert first == [b"Q000000,3.125", b"Q000001," + orjson.dumps(1.25 / 2 + 3)]
 
 
-def test_plain_blocks_become_columns_and_others_records_in_order():
+def test_plain_blocks_become_columns_and_the_rest_after_an_odd_block_records_in_order():
+    """Plain blocks go as columns; from the first block that is not plain on, the object goes
+    per record, the request being gathered included, so every request holds what it would hold
+    without columns (its verdict, when it fails, depends on what it holds)."""
     processing = DataProcessing("csv", parse_jsonpath("$[1:]"), parse_jsonpath("$[0,-1]"), True)
-    blocks = [(1, b"a,1\nb,2\n"), (3, b"c,3\n\n"), (5, b"d,4\ne,5\n"), (7, b"f,6")]
+    blocks = [(1, b"a,1\nb,2\n"), (3, b"d,4\ne,5\nf,6\n"), (6, b"c,3\n\n"), (8, b"g,7")]
 
     def pack(chunks):
         return pack_batches(chunks, split_type="Line", batch_strategy="MultiRecord", max_bytes=6, name="x")
 
     batches = list(column_batches(blocks, processing, max_bytes=6, pack_rows=pack))
-    assert [(type(b).__name__, b.first, len(b)) for b in batches] == [
-        ("ColumnBatch", 1, 2), ("RecordBatch", 3, 2), ("ColumnBatch", 5, 2), ("RecordBatch", 7, 1),
+    assert [(type(b).__name__, b.first, len(b), b.body()) for b in batches] == [
+        ("ColumnBatch", 1, 3, b"1\n2\n4\n"), ("RecordBatch", 4, 4, b"5\n6\n3\n"), ("RecordBatch", 8, 1, b"7"),
     ]
-    assert batches[0].body() == b"1\n2\n" and batches[2].body() == b"4\n5\n"
-    assert isinstance(batches[0], ColumnBatch) and isinstance(batches[1], RecordBatch)
-    rows = batches[2].rows(processing)
-    assert (rows.first, rows.data, rows.payloads) == (5, [b"d,4", b"e,5"], [b"4", b"5"])
-    assert batches[2].record(1).data == b"e,5"
+    rows_only = list(pack((line_chunk(i, text), *processing.prepare_many(line_chunk(i, text).data, blank_test("Line")))
+                          for i, text in blocks))
+    assert [b.body() for b in batches] == [b.body() for b in rows_only]  # the same requests
+    rows = batches[0].rows(processing)
+    assert (rows.first, rows.data, rows.payloads) == (1, [b"a,1", b"b,2", b"d,4"], [b"1", b"2", b"4"])
+    assert batches[0].record(2).data == b"d,4"
     # what Ray, Spark and Beam carry between processes: plain tuples, the columns as Arrow IPC bytes
-    wired = ColumnBatch.unwire(batches[2].wire())
-    assert (wired.first, wired.payload, wired.nbytes, wired.body()) == (5, [1], batches[2].nbytes, b"4\n5\n")
+    wired = ColumnBatch.unwire(batches[0].wire())
+    assert (wired.first, wired.payload, wired.nbytes, wired.body()) == (1, [1], batches[0].nbytes, b"1\n2\n4\n")
     # packed across blocks, by the per-record rule: a request ends before the body passes 6 bytes
     across = list(column_batches([(1, b"a,1\nb,2\n"), (3, b"c,3\nd,4\n")], processing, max_bytes=6, pack_rows=pack))
     assert [(b.first, b.body(), b.nbytes) for b in across] == [(1, b"1\n2\n3\n", 12), (4, b"4\n", 4)]

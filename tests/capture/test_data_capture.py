@@ -220,3 +220,44 @@ def test_the_sagemaker_sdk_turns_capture_on_into_s3(bundle, s3_endpoint, s3_buck
     lines = [json.loads(line) for k in keys for line in s3.get_object(Bucket=s3_bucket, Key=k)["Body"].read().decode().splitlines()]
     assert sorted(line["captureData"]["endpointInput"]["data"] for line in lines) == ["1.0,2.0", "3.0"]
     assert {line["captureData"]["endpointOutput"]["data"] for line in lines} == {"4.0,5.0", "6.0"}
+
+
+def test_grpc_predict_and_v2_model_infer_are_captured_beside_their_http_twins(tmp_path) -> None:
+    """With every inference route captured, TF Serving's gRPC Predict and V2's ModelInfer land in
+    the same capture file as the REST requests: the request and answer messages, BASE64, typed
+    by their protobuf message; a gRPC error is not captured (as an HTTP error is not)."""
+    import grpc
+    import numpy as np
+    import tritonclient.grpc as triton
+    from conftest import SMC, grpc_predict_request
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    destination = tmp_path / "capture"
+    config = capture_config(tmp_path / "capture.json", str(destination))
+    model = SMC / "resources" / "models" / "half_plus_three"
+    with ServerProcess([str(model), "--data-capture-config", str(config), "--data-capture-routes", "all"]) as server:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.post("/v1/models/half_plus_three:predict", json={"instances": [1.0]}).status_code == 200
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            sent = grpc_predict_request("half_plus_three", np.array([2.0], np.float32))
+            answered = stub.Predict(sent, timeout=30)
+            with pytest.raises(grpc.RpcError):
+                stub.Predict(grpc_predict_request("no_such_model", np.array([2.0], np.float32)), timeout=30)
+        v2 = triton.InferenceServerClient(server.grpc_target)
+        x = triton.InferInput("x", [1], "FP32")
+        x.set_data_from_numpy(np.array([5.0], np.float32))
+        assert v2.infer("half_plus_three", [x]).as_numpy("y").tolist() == [5.5]
+        v2.close()
+        server.stop()
+    lines = published_lines(destination / "tfservo" / "AllTraffic")
+    by_type = {line["captureData"]["endpointInput"]["observedContentType"]: line for line in lines}
+    assert len(lines) == 3, sorted(by_type)
+    assert json.loads(by_type["application/json"]["captureData"]["endpointInput"]["data"]) == {"instances": [1.0]}
+    predict = by_type["application/x-protobuf; messageType=tensorflow.serving.PredictRequest"]["captureData"]
+    assert predict["endpointInput"]["encoding"] == "BASE64"
+    assert predict_pb2.PredictRequest.FromString(base64.b64decode(predict["endpointInput"]["data"])) == sent
+    assert predict["endpointOutput"]["observedContentType"].endswith("messageType=tensorflow.serving.PredictResponse")
+    assert predict_pb2.PredictResponse.FromString(base64.b64decode(predict["endpointOutput"]["data"])) == answered
+    infer = by_type["application/x-protobuf; messageType=inference.ModelInferRequest"]["captureData"]
+    assert infer["endpointOutput"]["observedContentType"].endswith("messageType=inference.ModelInferResponse")

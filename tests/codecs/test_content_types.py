@@ -9,8 +9,6 @@ import pytest
 
 from tfservo.codecs.content_types import (
     MediaType,
-    NotAcceptable,
-    UnsupportedMediaType,
     csv_records,
     from_tfs_response,
     negotiate,
@@ -21,7 +19,8 @@ from tfservo.codecs.content_types import (
     to_tfs_request,
 )
 from tfservo.codecs.json_arrays import NumericTensor
-from tfservo.core.errors import Code, InvalidArgument
+from tfservo.core.errors import Code, InvalidArgument, NotAcceptable, UnsupportedMediaType
+from tfservo.core.status import error_status
 from tfservo.service.custom_attributes import parse_custom_attributes
 
 JSON = "application/json"
@@ -86,7 +85,7 @@ def test_parse_content_type_missing_or_malformed_is_415():
     for header in (None, "", "   ", "json"):
         with pytest.raises(UnsupportedMediaType) as err:
             parse_content_type(header)
-        assert err.value.http_status == 415
+        assert error_status(err.value) == 415
         assert err.value.code == Code.INVALID_ARGUMENT
         assert "Unsupported Media Type" in err.value.message
 
@@ -226,7 +225,7 @@ def test_unknown_charset_is_415():
 def test_unsupported_type_is_415_and_mentions_handlers():
     with pytest.raises(UnsupportedMediaType) as err:
         to_tfs_request(b"abc", "application/x-image")
-    assert err.value.http_status == 415
+    assert error_status(err.value) == 415
     message = err.value.message
     assert message.startswith("Unsupported Media Type: application/x-image")
     assert "text/csv" in message and "inference.py" in message
@@ -349,7 +348,7 @@ def test_response_convert_errors_stay_json():
 def test_response_convert_not_acceptable_is_406():
     with pytest.raises(NotAcceptable) as err:
         from_tfs_response(PRETTY, ["image/png", "text/html"])
-    assert err.value.http_status == 406
+    assert error_status(err.value) == 406
     assert "image/png" in err.value.message and "output_handler" in err.value.message
 
 

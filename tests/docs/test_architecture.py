@@ -45,8 +45,12 @@ def test_the_tree_names_every_top_level_package() -> None:
     assert packages <= named, sorted(packages - named)
 
 
-def test_every_module_the_where_table_names_exists() -> None:
+def test_every_module_the_where_table_names_exists_one_a_row() -> None:
+    rows = _table_rows(_section("Where is X decided?"))
+    assert rows
+    for behaviour, owner in rows:
+        modules = set(re.findall(r"`((?:[a-z_]+/)+[a-z_]+\.py)`", owner))
+        assert len(modules) == 1, f"{behaviour}: {owner}"
     named = re.findall(r"`((?:[a-z_]+/)+[a-z_]+\.py)`", _section("Where is X decided?"))
-    assert named
     missing = [path for path in named if not (PACKAGE / path).exists() and not (REPO / path).exists()]
     assert not missing, missing

@@ -14,12 +14,12 @@ import pytest
 from conftest import SMC, write_code
 from server_process import ServerProcess, run_cli
 
-from tfservo.core.errors import NotFound
+from tfservo.core.errors import InsufficientMemory, NotFound
 from tfservo.core.memory import available_memory_bytes
 from tfservo.core.settings import ConfigError, Settings, resolve_settings
 from tfservo.service.factory import ModelService
 from tfservo.service.invocation import error_result
-from tfservo.service.multi_model import InsufficientMemory, MultiModelEndpoint
+from tfservo.service.multi_model import MultiModelEndpoint
 
 MME = SMC / "resources" / "mme"
 INSTANCES = {"instances": [1.0, 2.0, 5.0]}

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import orjson
 
-from tfservo.auth.throttle import FailureThrottle
 from tfservo.auth.watched import WatchedFile
 from tfservo.core.errors import Code, InvalidArgument, PermissionDenied, ServingError
 from tfservo.core.json_files import read_json_file
@@ -130,7 +129,6 @@ class KeyRing:
 
     def __init__(self, path: str) -> None:
         self.file = WatchedFile(path, read_keys, "api keys")
-        self.throttle = FailureThrottle()  # peers that keep presenting bad keys wait
 
     def authenticate(self, presented: str | None) -> ApiKey:
         """The key a request presented (`Authorization: Bearer …`), or Unauthenticated. Every

@@ -18,7 +18,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tfservo.auth.throttle import FailureThrottle
 from tfservo.auth.watched import WatchedFile
 from tfservo.core.errors import InvalidArgument, PermissionDenied
 
@@ -37,12 +36,12 @@ _AMZ_DATE = "%Y%m%dT%H%M%SZ"
 
 class SignatureRefused(PermissionDenied):
     """A runtime-API request whose signature does not pass: `error_type` is the AWS error code
-    botocore raises as ClientError (x-amzn-ErrorType), `http_status` AWS's status for it."""
+    botocore raises as ClientError (x-amzn-ErrorType), `aws_status` AWS's HTTP status for it."""
 
     def __init__(self, error_type: str, message: str, status: int = 403, key: str = "") -> None:
         super().__init__(message)
         self.error_type = error_type
-        self.http_status = status
+        self.aws_status = status
         self.key = key  # the access key id the request named, for the audit line ("" if none)
 
 
@@ -86,7 +85,6 @@ class SigV4Verifier:
     def __init__(self, path: str, clock: type[datetime.datetime] = datetime.datetime) -> None:
         self._clock = clock
         self.file = WatchedFile(path, read_credentials, "sigv4 credentials")
-        self.throttle = FailureThrottle()  # peers that keep failing to sign wait
         log.info("sigv4: the SageMaker runtime API takes only requests signed with the %d key(s) in %s",
                  len(self.file.current()), path)
 

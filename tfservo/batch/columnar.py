@@ -15,6 +15,7 @@ request whose answer is not plain numbers or fails, takes the per-record path
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -96,10 +97,17 @@ def column_batches(
     pack_rows: PackRows,
 ) -> Iterator[ColumnBatch | RecordBatch]:
     """An object's requests from its text blocks (`records.iter_text_blocks`): plain blocks as
-    columns, packed across blocks up to `max_bytes` of body; any other block's records through
-    `pack_rows` (the per-record packing), after the requests before it."""
+    columns, packed across blocks up to `max_bytes` of body. From the first block that is not
+    plain on, the rest of the object — the request being gathered included — goes through
+    `pack_rows` (the per-record packing): every request then holds the records it holds without
+    columns, and a failed request's verdict depends on what it holds (core.batch_split)."""
     pending: list[ColumnBatch] = []
     size = 0
+    blocks = iter(blocks)
+
+    def as_rows(chunk: RecordChunk) -> tuple[RecordChunk, list[bytes | None], dict[int, str]]:
+        payloads, errors = processing.prepare_many(chunk.data, blank_test("Line"))
+        return chunk, payloads, errors
 
     def flush() -> Iterator[ColumnBatch]:
         nonlocal pending, size
@@ -110,11 +118,11 @@ def column_batches(
     for index, text in blocks:
         read = _read_block(text, processing, max_bytes)
         if read is None:
-            yield from flush()
-            chunk = line_chunk(index, text)
-            payloads, errors = processing.prepare_many(chunk.data, blank_test("Line"))
-            yield from pack_rows([(chunk, payloads, errors)])
-            continue
+            gathered = [RecordChunk(b.first, _fields(b.table.columns).to_pylist(), nbytes=b.nbytes, endings={})
+                        for b in pending]
+            rest = (line_chunk(i, t) for i, t in itertools.chain([(index, text)], blocks))
+            yield from pack_rows(as_rows(chunk) for chunk in itertools.chain(gathered, rest))
+            return
         table, payload, sizes, lines = read
         rows, start = table.num_rows, 0
         while start < rows:

@@ -24,7 +24,7 @@ from tfservo.codecs import tfs_json as json_codec
 from tfservo.codecs.json_arrays import NumericTensor, csv_numbers
 from tfservo.codecs.media_types import CONVERTIBLE_TYPES, CSV, JSON, is_json_lines, lookup
 from tfservo.codecs.rows import answer_rows
-from tfservo.core.errors import Code, InvalidArgument, ServingError
+from tfservo.core.errors import InvalidArgument, NotAcceptable, UnsupportedMediaType
 from tfservo.models.calls import Answer
 
 __all__ = [
@@ -39,33 +39,17 @@ __all__ = [
     "merge_instances",
     "negotiate",
     "one_line_json",
-    "NotAcceptable",
     "numeric_csv",
     "parse_accept",
     "parse_content_type",
     "parse_media_types",
     "response_records",
     "to_tfs_request",
-    "UnsupportedMediaType",
 ]
 
 REQUEST_TYPES = CONVERTIBLE_TYPES  # what invocations without an inference.py decode (and answer)
 TFS_REQUEST_KEYS = ("instances", "inputs", "examples")
 TFS_RESPONSE_KEYS = ("predictions", "results", "outputs")
-
-
-class UnsupportedMediaType(ServingError):
-    """The request's Content-Type cannot be converted without an inference.py handler (HTTP 415)."""
-
-    code = Code.INVALID_ARGUMENT
-    http_status = 415
-
-
-class NotAcceptable(ServingError):
-    """Nothing the Accept header allows can be produced (HTTP 406)."""
-
-    code = Code.INVALID_ARGUMENT
-    http_status = 406
 
 
 # -- media types ------------------------------------------------------------------------------

@@ -19,16 +19,20 @@ __all__ = [
     "FailedPrecondition",
     "first_line",
     "HandlerError",
+    "InsufficientMemory",
     "Internal",
     "InvalidArgument",
     "ModelLoadError",
+    "NotAcceptable",
     "NotFound",
     "Overloaded",
+    "PayloadTooLarge",
     "PermissionDenied",
     "ResourceExhausted",
     "ServingError",
     "Unavailable",
     "Unimplemented",
+    "UnsupportedMediaType",
 ]
 
 
@@ -130,6 +134,22 @@ class BundleError(ServingError):
 class BundleNotFound(BundleError):
     """The bundle's path or URL does not exist (still a client's mistake, 400, where a bundle is
     given; callers that look a bundle up by name, like target models, answer 404)."""
+
+
+class PayloadTooLarge(InvalidArgument):
+    """A request body over the request-size limit (HTTP 413)."""
+
+
+class UnsupportedMediaType(InvalidArgument):
+    """The request's Content-Type cannot be converted without an inference.py handler (HTTP 415)."""
+
+
+class NotAcceptable(InvalidArgument):
+    """Nothing the Accept header allows can be produced (HTTP 406)."""
+
+
+class InsufficientMemory(ResourceExhausted):
+    """Loading a model would exhaust memory: the container's 507."""
 
 
 class HandlerError(ServingError):

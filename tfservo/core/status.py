@@ -1,10 +1,22 @@
-"""Canonical status code → HTTP status, exactly as TF Serving's REST server maps them."""
+"""An error's HTTP status: the canonical code's, exactly as TF Serving's REST server maps them,
+except for the kinds of error HTTP has a status of its own for (413, 415, 406, 507). The one
+place a status is decided; the edges write it (gRPC passes the canonical code through). The
+body of an HTTP error is TF Serving's, SageMaker's and V2's shape alike: `{"error": "..."}`."""
 
 from __future__ import annotations
 
-from tfservo.core.errors import Code
+import orjson
 
-__all__ = ["http_status"]
+from tfservo.core.errors import (
+    Code,
+    InsufficientMemory,
+    NotAcceptable,
+    PayloadTooLarge,
+    ServingError,
+    UnsupportedMediaType,
+)
+
+__all__ = ["error_body", "error_status", "http_status"]
 
 # From tensorflow_serving/model_servers/http_server.cc (ToHTTPStatusCode).
 _HTTP_STATUS: dict[Code, int] = {
@@ -34,3 +46,24 @@ def http_status(code: Code | int) -> int:
         return _HTTP_STATUS[Code(code)]
     except ValueError:
         return 500
+
+
+_BY_KIND: tuple[tuple[type[ServingError], int], ...] = (
+    (PayloadTooLarge, 413),
+    (UnsupportedMediaType, 415),
+    (NotAcceptable, 406),
+    (InsufficientMemory, 507),
+)
+
+
+def error_status(error: ServingError) -> int:
+    """The HTTP status an error is answered with."""
+    for kind, status in _BY_KIND:
+        if isinstance(error, kind):
+            return status
+    return http_status(error.code)
+
+
+def error_body(message: str) -> bytes:
+    """An HTTP error's body: `{"error": message}`."""
+    return orjson.dumps({"error": message})

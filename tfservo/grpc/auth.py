@@ -1,7 +1,8 @@
 """API keys on the gRPC services (--api-keys): metadata `authorization: Bearer KEY` with the
 scope each method needs; TF Serving's and V2's health and liveness methods stay open for probes.
-Refusals are UNAUTHENTICATED or PERMISSION_DENIED, with one audit line; a key limited to some
-models is checked against the model the request names."""
+Refusals are UNAUTHENTICATED, PERMISSION_DENIED or (a throttled peer) RESOURCE_EXHAUSTED; the
+decision and its audit line are auth.access's, the same as HTTP's. A key limited to some models
+is checked against the model the request names."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any
 
 import grpc
 
+from tfservo.auth.access import Access, Throttled
 from tfservo.auth.audit import caller
-from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated, bearer
-from tfservo.core.errors import ServingError
+from tfservo.auth.keys import NotAllowed, Unauthenticated, bearer
 from tfservo.grpc.health import HEALTH_METHODS
 from tfservo.grpc.methods import method_scopes, peer_address
 from tfservo.grpc.tfserving import MODEL_METHODS, MODEL_SERVICE, PREDICTION_METHODS, PREDICTION_SERVICE
@@ -46,9 +47,8 @@ class _Refused(Exception):
 class KeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-ignore]  # grpcio is untyped
     """Checks each call's key, in the call itself (where its peer is known), before its method runs."""
 
-    def __init__(self, ring: KeyRing, on_refused: Callable[[str], None] = lambda reason: None) -> None:
-        self.ring = ring
-        self.on_refused = on_refused
+    def __init__(self, access: Access) -> None:
+        self.access = access
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
         method = details.method
@@ -62,9 +62,16 @@ class KeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-i
 
         async def behavior(request: object, context: grpc.aio.ServicerContext) -> object:
             try:
-                key = self._check(token, needed, method, request, context)
-            except _Refused as refused:
-                await context.abort(refused.code, refused.message)
+                key = self.access.check_key(
+                    peer_address(context.peer()), token, needed, f"grpc {method}", lambda: _model_named(request) if needed == "invoke" else None
+                )
+            except Throttled as exc:
+                context.set_trailing_metadata((("retry-after", str(math.ceil(exc.retry_after or 1))),))
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message)
+            except Unauthenticated as exc:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
+            except NotAllowed as exc:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
             who = caller.set(key)
             try:
                 return await inner(request, context)
@@ -75,33 +82,8 @@ class KeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-i
             behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
 
-    def _check(self, token: str | None, needed: str, method: str, request: object, context: grpc.aio.ServicerContext) -> str:
-        """The key's name, or _Refused unless its key may (throttled peers first, then the key,
-        its scope and model)."""
-        peer = peer_address(context.peer())
-        wait = self.ring.throttle.held(peer)
-        if wait:
-            audit.warning("refused throttled peer=%s grpc %s: %.0f s to wait", peer, method, wait)
-            self.on_refused("throttled")
-            context.set_trailing_metadata((("retry-after", str(math.ceil(wait))),))
-            raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"too many failed authentications from {peer}: retry in {math.ceil(wait)} s")
-        try:
-            key = self.ring.authenticate(token)
-        except Unauthenticated as exc:
-            self.ring.throttle.failed(peer)
-            raise self._refuse(exc, grpc.StatusCode.UNAUTHENTICATED, method, needed, "-", peer) from None
-        self.ring.throttle.succeeded(peer)
-        spec = getattr(request, "model_spec", None)
-        model = (getattr(spec, "name", None) or getattr(request, "model_name", None) or None) if needed == "invoke" else None
-        try:
-            self.ring.authorize(key, needed, model)
-        except NotAllowed as exc:
-            raise self._refuse(exc, grpc.StatusCode.PERMISSION_DENIED, method, needed, key.name, peer) from None
-        return key.name
 
-    def _refuse(self, exc: ServingError, code: grpc.StatusCode, method: str, needed: str, key: str, peer: str) -> _Refused:
-        reason = "unauthenticated" if code == grpc.StatusCode.UNAUTHENTICATED else "forbidden"
-        audit.warning("refused %s peer=%s key=%s grpc %s scope=%s: %s", reason, peer, key, method, needed, exc.message)
-        self.on_refused(reason)
-        return _Refused(code, exc.message)
+def _model_named(request: object) -> str | None:
+    """The model a request names (TF Serving's model_spec, V2's model_name)."""
+    spec = getattr(request, "model_spec", None)
+    return getattr(spec, "name", None) or getattr(request, "model_name", None) or None

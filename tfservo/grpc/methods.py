@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 import grpc
 
 from tfservo.auth.audit import ManagementGate
+from tfservo.capture.taps import Taps
+from tfservo.capture.writer import CaptureEvent
 
 __all__ = ["Method", "SyncContext", "UndecodableRequest", "method_scopes", "peer_address", "service_handler", "threaded"]
 
@@ -22,12 +25,14 @@ __all__ = ["Method", "SyncContext", "UndecodableRequest", "method_scopes", "peer
 @dataclass(frozen=True)
 class Method:
     """One unary method. `scope`: what an API key needs to call it (auth.keys.SCOPES), None: open
-    (health probes); "manage" methods answer only while model management is on."""
+    (health probes); "manage" methods answer only while model management is on; `inference`
+    methods are captured and payload-logged as their HTTP twins are."""
 
     name: str
     request: object
     response: Any
     scope: str | None = "read"
+    inference: bool = False  # an inference method: its payloads reach the taps of "inference" routes
 
 
 class UndecodableRequest:
@@ -108,9 +113,11 @@ def method_scopes(service: str, methods: Sequence[Method]) -> dict[str, str | No
 
 def service_handler(
     service: str, servicer: object, methods: Sequence[Method], gate: ManagementGate | None = None,
+    taps: Taps | None = None,
 ) -> grpc.GenericRpcHandler:
     """The methods of `service` on `servicer` (an attribute per method name: a coroutine
-    function runs on the loop, a plain one in the loop's thread pool)."""
+    function runs on the loop, a plain one in the loop's thread pool); `taps`: where inference
+    methods' payloads go (Data Capture, the payload log)."""
     handlers = {}
     for method in methods:
         behavior = getattr(servicer, method.name)
@@ -118,10 +125,49 @@ def service_handler(
             if method.scope == "manage" and gate is not None:
                 behavior = _gated(behavior, gate, f"/{service}/{method.name}")
             behavior = threaded(behavior)
+        if method.inference and taps:
+            behavior = _captured(behavior, taps)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             behavior, request_deserializer=_tolerant(method.request), response_serializer=method.response.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(service, handlers)
+
+
+def _captured(
+    behavior: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], taps: Taps,
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """An inference method whose sampled calls reach the taps: the request and answer as their
+    serialized messages (Data Capture writes them BASE64), an error as its status and details."""
+
+    async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        taking = taps.taking("inference")
+        if not taking or isinstance(request, UndecodableRequest):
+            return await behavior(request, context)
+        arrived = time.time()
+        body, kind = request.SerializeToString(), _proto_type(request)
+        try:
+            response = await behavior(request, context)
+        except BaseException:
+            code, details = _status(context)
+            Taps.deliver(taking, CaptureEvent(body, kind, f"{code}: {details}".encode(), "text/plain", None, arrived), False)
+            raise
+        Taps.deliver(taking, CaptureEvent(body, kind, response.SerializeToString(), _proto_type(response), None, arrived), True)
+        return response
+
+    return run
+
+
+def _proto_type(message: Any) -> str:
+    """A message's content type in a capture: protobuf, naming its message type."""
+    return f"application/x-protobuf; messageType={message.DESCRIPTOR.full_name}"
+
+
+def _status(context: grpc.aio.ServicerContext) -> tuple[str, str]:
+    """The code and details a call ended with (after an abort)."""
+    code = context.code() if hasattr(context, "code") else None
+    details = context.details() if hasattr(context, "details") else None
+    name = code.name if isinstance(code, grpc.StatusCode) else "INTERNAL"
+    return name, details.decode() if isinstance(details, bytes) else str(details or "")
 
 
 def _gated(

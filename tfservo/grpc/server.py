@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import grpc
 
 from tfservo.auth.audit import ManagementGate
+from tfservo.capture.taps import Taps
 from tfservo.codecs.tensor_proto import MAX_FILL_BYTES
 from tfservo.core import tracing
 from tfservo.core.errors import Unavailable
@@ -51,7 +52,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 class GrpcServer:
     """TF Serving's gRPC services (and those added) on one port; `gate` decides and records its
-    management method (None: open, unrecorded). `batched`: the service batches calls, so small
+    management method (None: open, unrecorded); `taps` take its inference methods' payloads. `batched`: the service batches calls, so small
     predicts are queued from the loop; `max_queued`: --max-queued-per-model."""
 
     def __init__(
@@ -73,6 +74,7 @@ class GrpcServer:
         options: Sequence[tuple[str, int | str]] = (),
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         gate: ManagementGate | None = None,
+        taps: Taps | None = None,
     ) -> None:
         self._loop = _new_loop()
         self._threads = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc")
@@ -98,7 +100,7 @@ class GrpcServer:
                 ],
             ))
             prediction = PredictionServicer(api, self.placement, self.queue, scope, max(MAX_FILL_BYTES, max_message_bytes))
-            self.add_service(service_handler(PREDICTION_SERVICE, prediction, PREDICTION_METHODS))
+            self.add_service(service_handler(PREDICTION_SERVICE, prediction, PREDICTION_METHODS, taps=taps))
             self.add_service(service_handler(MODEL_SERVICE, ModelServicer(api, scope, reload_config), MODEL_METHODS, gate))
             from grpc_health.v1 import health_pb2_grpc
 

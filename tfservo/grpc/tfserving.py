@@ -61,10 +61,12 @@ MODEL_SERVICE = "tensorflow.serving.ModelService"
 SIGNATURE_DEF_FIELD = "signature_def"
 
 PREDICTION_METHODS = (
-    Method("Predict", predict_pb2.PredictRequest, predict_pb2.PredictResponse, "invoke"),
-    Method("Classify", classification_pb2.ClassificationRequest, classification_pb2.ClassificationResponse, "invoke"),
-    Method("Regress", regression_pb2.RegressionRequest, regression_pb2.RegressionResponse, "invoke"),
-    Method("MultiInference", inference_pb2.MultiInferenceRequest, inference_pb2.MultiInferenceResponse, "invoke"),
+    Method("Predict", predict_pb2.PredictRequest, predict_pb2.PredictResponse, "invoke", inference=True),
+    Method("Classify", classification_pb2.ClassificationRequest, classification_pb2.ClassificationResponse, "invoke",
+           inference=True),
+    Method("Regress", regression_pb2.RegressionRequest, regression_pb2.RegressionResponse, "invoke", inference=True),
+    Method("MultiInference", inference_pb2.MultiInferenceRequest, inference_pb2.MultiInferenceResponse, "invoke",
+           inference=True),
     Method("GetModelMetadata", get_model_metadata_pb2.GetModelMetadataRequest,
            get_model_metadata_pb2.GetModelMetadataResponse),
 )

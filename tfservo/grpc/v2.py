@@ -11,6 +11,7 @@ import grpc
 import numpy as np
 
 from tfservo.auth.audit import ManagementGate
+from tfservo.capture.taps import Taps
 from tfservo.codecs.v2 import DTYPE_OF_V2, V2Error, decode_inputs, encode_outputs
 from tfservo.core.request_labels import RequestScope, plain_scope
 from tfservo.grpc.methods import Method, SyncContext, service_handler
@@ -164,7 +165,7 @@ V2_METHODS = (
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], None) for name in ("ServerLive", "ServerReady")),
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"])
       for name in ("ModelReady", "ServerMetadata", "ModelMetadata", "RepositoryIndex")),
-    Method("ModelInfer", messages["ModelInferRequest"], messages["ModelInferResponse"], "invoke"),
+    Method("ModelInfer", messages["ModelInferRequest"], messages["ModelInferResponse"], "invoke", inference=True),
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], "manage")
       for name in ("RepositoryModelLoad", "RepositoryModelUnload")),
 )
@@ -172,8 +173,8 @@ V2_METHODS = (
 
 def v2_handler(
     plane: V2DataPlane, placement: CallPlacement, queue: QueuedCalls, scope: RequestScope = plain_scope,
-    gate: ManagementGate | None = None,
+    gate: ManagementGate | None = None, taps: Taps | None = None,
 ) -> grpc.GenericRpcHandler:
     """The V2 service as a generic handler for GrpcServer (its predicts placed and queued as the
-    server's own: `GrpcServer.placement`, `GrpcServer.queue`)."""
-    return service_handler(SERVICE, V2Servicer(plane, placement, queue, scope), V2_METHODS, gate)
+    server's own: `GrpcServer.placement`, `GrpcServer.queue`; ModelInfer captured by `taps`)."""
+    return service_handler(SERVICE, V2Servicer(plane, placement, queue, scope), V2_METHODS, gate, taps)

@@ -9,7 +9,7 @@ TF Serving's status codes, never an HTML page.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -20,8 +20,6 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
-from tfservo.auth.audit import ManagementGate
-from tfservo.auth.sigv4 import SigV4Verifier
 from tfservo.core import tracing
 from tfservo.core.errors import ServingError
 from tfservo.http.async_routes import AsyncRoutes
@@ -29,7 +27,7 @@ from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.docs_page import DocsPage
 from tfservo.http.hot_routes import HotRoutes
 from tfservo.http.management_edge import gated
-from tfservo.http.responses import error_response, internal_error, json_response
+from tfservo.http.responses import error_json, error_response, internal_error, json_response
 from tfservo.http.routes import HotDispatch, RouteSpec, starlette_routes, tfs_path_parts
 from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
@@ -39,9 +37,8 @@ from tfservo.service.factory import ModelService
 
 if TYPE_CHECKING:
     from tfservo.async_inference.intake import AsyncIntake
-    from tfservo.http.capture_tap import HttpCapture, Tap
-    from tfservo.service.multi_model import MultiModelEndpoint
-    from tfservo.service.target_models import TargetModels
+    from tfservo.http.capture_tap import HttpCapture
+    from tfservo.service.runtime import Runtime
 
 __all__ = ["build_app", "ServingApp"]
 
@@ -87,8 +84,6 @@ class ServingApp:
             close()
         self.hot.calls.close()
         self.hot.invocations.close()
-        if self.capture is not None:
-            self.capture.close()
 
 
 async def _in_thread(fn: Any) -> Any:
@@ -113,9 +108,7 @@ class Pages:
         if not missing:
             return Response(b"", status_code=200)
         names = ", ".join(missing)
-        return json_response(
-            {"error": f"no AVAILABLE version of model(s) {names}; GET /v1/models/NAME shows why"}, 503
-        )
+        return error_json(f"no AVAILABLE version of model(s) {names}; GET /v1/models/NAME shows why", 503)
 
     async def tfs_status(self, request: Request) -> Response:
         """GET /v1/models/{name}[/versions/{v}|/labels/{l}]: the states of its versions."""
@@ -137,22 +130,17 @@ class Pages:
         """Whatever else comes to /v1/models/...: TF Serving's 404s and 405s, saying what to send."""
         parts = tfs_path_parts(request.url.path)
         if parts is None:
-            return json_response({"error": f"Malformed request: {request.method} {request.url.path}"}, 404)
+            return error_json(f"Malformed request: {request.method} {request.url.path}", 404)
         method = parts.get("method")
         try:
             parse_version(parts.get("version"))
         except ServingError as exc:
             return error_response(exc)
         if request.method == "GET" and method:
-            return json_response({"error": f"Use POST for :{method}"}, 405)
+            return error_json(f"Use POST for :{method}", 405)
         if method and method not in METHODS:
-            return json_response(
-                {"error": f"Malformed request: unknown method :{method}; use :predict, :classify or :regress"}, 404
-            )
-        return json_response(
-            {"error": "Use GET /v1/models/{name}[/metadata] or POST /v1/models/{name}:{predict|classify|regress}"},
-            405,
-        )
+            return error_json(f"Malformed request: unknown method :{method}; use :predict, :classify or :regress", 404)
+        return error_json("Use GET /v1/models/{name}[/metadata] or POST /v1/models/{name}:{predict|classify|regress}", 405)
 
     async def execution_parameters(self, request: Request) -> Response:
         return json_response(self._execution_parameters)
@@ -185,34 +173,21 @@ class Pages:
 
         return json_response(await _in_thread(document))
 
-def build_app(
-    service: ModelService,
-    *,
-    multi_model: MultiModelEndpoint | None = None,
-    targets: TargetModels | None = None,
-    on_timeout: Callable[[str, str | None, float], None] | None = None,
-    taps: Sequence[Tap] = (),
-    gate: ManagementGate | None = None,
-    async_intake: AsyncIntake | None = None,
-) -> ServingApp:
-    """The ASGI app serving `service`, with the limits, time limits and runtime-API identity of
-    its settings (the same for `serve` and for the loopback server in-process callers get);
-    `gate` decides and records its management routes (default: from the settings, no metric);
+def build_app(runtime: Runtime, *, async_intake: AsyncIntake | None = None) -> ServingApp:
+    """The ASGI app of `runtime`'s service, with the limits, time limits and runtime-API identity
+    of its settings (the same for `serve` and for the loopback server in-process callers get),
+    and the runtime's management gate, access check, capture taps and V2 data plane;
     `async_intake` queues InvokeEndpointAsync calls (--async-inference-config).
 
     Without batching, quick and small model calls run on the event loop (call_placement); with
     it, small predicts (every door's) are queued from the loop and answered from the batch thread.
     """
     from tfservo.http.decode_budget import default_decoding_bytes
-    from tfservo.service.v2_dataplane import V2DataPlane
 
-    settings = service.settings
+    service, settings, v2 = runtime.service, runtime.settings, runtime.v2
+    multi_model, targets = runtime.multi_model, runtime.targets
     max_decoding_bytes = settings.max_decoding_bytes or default_decoding_bytes(settings.workers)
-
     batched = service.batches
-    # The one V2 data plane of this server: its REST routes and (run.py, loopback.py) its gRPC
-    # service; with --multi-model its repository extension loads from the multi-model root.
-    v2 = V2DataPlane(service.api, service.unavailable_models, repository=multi_model)
     hot = HotRoutes(
         service,
         v2=v2,
@@ -229,8 +204,8 @@ def build_app(
         variant=settings.variant_name,
         request_timeout=settings.request_timeout,
         invocation_timeout=settings.invocation_timeout,
-        on_timeout=on_timeout,
-        sigv4=SigV4Verifier(settings.sigv4_credentials) if settings.sigv4_credentials else None,
+        on_timeout=runtime.metrics.timeout,
+        access=runtime.access if runtime.access.sigv4 is not None else None,
         async_intake=async_intake,
     )
 
@@ -241,7 +216,7 @@ def build_app(
             msg = f"Method {request.method} is not allowed on {request.url.path}"
         else:
             msg = exc.detail
-        return json_response({"error": msg}, exc.status_code)
+        return error_json(msg, exc.status_code)
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -260,7 +235,7 @@ def build_app(
 
         groups["multi_model"] = MultiModelRoutes(multi_model)
     mm = multi_model is not None
-    gate = gate or ManagementGate(settings)
+    gate = runtime.gate
 
     def guard(spec: RouteSpec, endpoint: Any) -> Any:
         return gated(endpoint, gate, spec.name) if spec.scope == "manage" else endpoint
@@ -271,8 +246,8 @@ def build_app(
     )
     starlette.router.redirect_slashes = False  # a redirect built from the client's Host header helps no one
     capture = None
-    if taps:
+    if runtime.taps:
         from tfservo.http.capture_tap import HttpCapture
 
-        capture = HttpCapture(taps)
+        capture = HttpCapture(runtime.taps)
     return ServingApp(hot, HotDispatch(groups, multi_model=mm), starlette, capture)

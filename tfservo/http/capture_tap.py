@@ -1,6 +1,7 @@
 """Payloads at the HTTP edge: every hot route the route table marks capturable passes through
 here, so /invocations, the runtime API, /models/{name}/invoke (and TF Serving's and V2's
-inference routes) reach Data Capture and the payload logger in one place, handlers or not.
+inference routes) reach Data Capture and the payload logger in one place, handlers or not. Which
+requests a sink takes is capture.taps' decision, the same for gRPC's inference methods.
 
 A request some sink takes has its answer kept as it is sent, and its body as the hot route read
 it (left in the scope), and both are handed to those sinks after the answer is sent; they format
@@ -11,57 +12,32 @@ no model output); the payload logger, as KServe's, every request of every infere
 from __future__ import annotations
 
 import functools
-import random
 import time
-from collections.abc import Awaitable, Collection, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Awaitable, Collection
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tfservo.capture.taps import Tap, Taps
 from tfservo.capture.writer import CaptureEvent
 from tfservo.http.routes import BODY_KEY, CAPTURE_KEY
 
-__all__ = ["HttpCapture", "Sink", "Tap"]
+__all__ = ["HttpCapture"]
 
 _INFERENCE_ID = b"x-amzn-sagemaker-inference-id"
-
-
-class Sink(Protocol):
-    """Where tapped payloads go: Data Capture's writer, the payload logger."""
-
-    def submit(self, event: CaptureEvent) -> None: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Tap:
-    """One sink, the route kinds it takes, the share of them (percent) and whether errors too."""
-
-    sink: Sink
-    kinds: frozenset[str]
-    percentage: float = 100.0
-    errors_too: bool = False
 
 
 class HttpCapture:
     """Gives the requests each tap takes to its sink."""
 
-    def __init__(self, taps: Sequence[Tap]) -> None:
-        self.taps = tuple(taps)
+    def __init__(self, taps: Taps) -> None:
+        self.taps = taps
 
     def wrap(self, scope: Scope, handler: ASGIApp) -> ASGIApp:
         """`handler`, tapped when some sink takes this request."""
-        kind = scope.get(CAPTURE_KEY)
-        taking = [t for t in self.taps if kind in t.kinds and (t.percentage >= 100 or random.random() * 100 < t.percentage)]
+        taking = self.taps.taking(scope.get(CAPTURE_KEY))
         if not taking:
             return handler
         return functools.partial(self._tapped, taking, handler)
-
-    def close(self) -> None:
-        for tap in self.taps:
-            tap.sink.close()
 
     async def _tapped(self, taps: list[Tap], handler: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = time.time()
@@ -89,9 +65,7 @@ class HttpCapture:
             inference_id=_header(headers, _INFERENCE_ID),
             time=arrived,
         )
-        for tap in taps:
-            if tap.errors_too or 200 <= status < 300:
-                tap.sink.submit(event)
+        Taps.deliver(taps, event, 200 <= status < 300)
 
 
 def _header(headers: Collection[tuple[bytes, bytes]], name: bytes) -> str | None:

@@ -12,7 +12,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from tfservo.core.extras import MissingExtra, require
-from tfservo.http.responses import json_response
+from tfservo.http.responses import error_json
 
 __all__ = ["DocsPage"]
 
@@ -66,7 +66,7 @@ class DocsPage:
 
     async def _missing(self, request: Request) -> Response:
         """The lean install has no Swagger UI: say so, and where the API description is."""
-        return json_response({"error": f"{self.missing}; GET /openapi.json describes the API without it"}, 404)
+        return error_json(f"{self.missing}; GET /openapi.json describes the API without it", 404)
 
     async def _missing_assets(self, scope: Scope, receive: Receive, send: Send) -> None:
         await (await self._missing(Request(scope)))(scope, receive, send)

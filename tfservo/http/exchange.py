@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import orjson
+from tfservo.core.status import error_body
 
 if TYPE_CHECKING:
     from tfservo.http.protocol import ServingProtocol
@@ -181,7 +181,7 @@ class Exchange:
         self.started = True
         self.expect_100 = False
         lines = [status_line(status)]
-        lines += [name + b": " + value + b"\r\n" for name, value in self.protocol.server_state.default_headers]
+        lines += [name + b": " + value + b"\r\n" for name, value in self.protocol.default_headers]
         length: int | None = None
         close = False
         for name, value in headers:
@@ -207,7 +207,7 @@ class Exchange:
         self.head = b"".join(lines)
 
     async def _internal_error(self) -> None:
-        body = orjson.dumps({"error": "Internal Server Error"})
+        body = error_body("Internal Server Error")
         await self.send({"type": "http.response.start", "status": 500, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"connection", b"close"),

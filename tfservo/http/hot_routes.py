@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from tfservo.async_inference.intake import AsyncCall, AsyncIntake
 from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
-from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, ServingError
+from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, PayloadTooLarge, ServingError
 from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.protocol import lone_request
 from tfservo.http.routes import BODY_KEY, ROUTE_KEY
@@ -44,7 +44,7 @@ from tfservo.service.invocation import InvocationResult, error_result
 from tfservo.service.queued_calls import Prepared, QueuedCalls
 
 if TYPE_CHECKING:
-    from tfservo.auth.sigv4 import SigV4Verifier
+    from tfservo.auth.access import Access
     from tfservo.service.target_models import TargetModels
     from tfservo.service.v2_dataplane import V2DataPlane
 
@@ -52,7 +52,6 @@ __all__ = [
     "CUSTOM_ATTRIBUTES",
     "ClientDisconnected",
     "HotRoutes",
-    "PayloadTooLarge",
     "read_body",
     "request_header",
     "send_response",
@@ -60,7 +59,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("tfservo.http")
-audit_log = logging.getLogger("tfservo.audit")
 
 T = TypeVar("T")
 
@@ -78,10 +76,6 @@ _ASYNC_HEADERS = {
     "output_extension": b"x-amzn-sagemaker-s3outputpathextension",
     "filename": b"x-amzn-sagemaker-filename",
 }
-
-
-class PayloadTooLarge(ServingError):
-    http_status = 413
 
 
 class ClientDisconnected(Exception):
@@ -158,31 +152,17 @@ def request_header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def verify_signature(verifier: SigV4Verifier, scope: Scope, body: bytes) -> None:
-    """The request's SigV4 signature checked against the verifier's keys (SignatureRefused if it
-    fails, after one audit line naming the peer, the key id and why; never the signature)."""
-    from tfservo.auth.sigv4 import SignatureRefused
-
+def verify_signature(access: Access, scope: Scope, body: bytes) -> None:
+    """The request's SigV4 signature checked by the server's access check (Throttled or
+    SignatureRefused when it fails, after its audit line; never the signature)."""
     peer = (scope.get("client") or ("-", 0))[0]
-    wait = verifier.throttle.held(peer)
-    if wait:
-        audit_log.warning("refused throttled peer=%s path=%s: %.0f s to wait", peer, scope["path"], wait)
-        refused = SignatureRefused("ThrottlingException", f"too many failed signatures from {peer}: retry in "
-                                   f"{math.ceil(wait)} s", 429)
-        refused.retry_after = wait
-        raise refused
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
     raw_path = scope.get("raw_path") or scope["path"].encode()
-    try:
-        key = verifier.verify(scope["method"], raw_path.decode("latin-1"), scope.get("query_string", b"").decode("latin-1"),
-                              headers, body)
-    except SignatureRefused as exc:
-        verifier.throttle.failed(peer)
-        audit_log.warning("refused sigv4 peer=%s key=%s path=%s error=%s: %s", peer, exc.key or "-",
-                          scope["path"], exc.error_type, exc.message)
-        raise
-    verifier.throttle.succeeded(peer)
-    audit_log.debug("sigv4 key=%s (%s) path=%s", key.access_key, key.name, scope["path"])
+    query = scope.get("query_string", b"").decode("latin-1")
+    access.check_signature(
+        peer, f"path={scope['path']}",
+        lambda verifier: verifier.verify(scope["method"], raw_path.decode("latin-1"), query, headers, body),
+    )
 
 
 class HotRoutes:
@@ -205,7 +185,7 @@ class HotRoutes:
         request_timeout: float = 0.0,
         invocation_timeout: float = 0.0,
         on_timeout: Callable[[str, str | None, float], None] | None = None,
-        sigv4: SigV4Verifier | None = None,
+        access: Access | None = None,
         async_intake: AsyncIntake | None = None,
     ) -> None:
         self.service = service
@@ -223,7 +203,7 @@ class HotRoutes:
         self.invocation_timeout = invocation_timeout  # invocations, handlers included (0: none)
         self.on_timeout = on_timeout  # (route, model, limit): the metrics' count and log line
         self.v2 = v2  # the Open Inference Protocol's data plane (build_app makes the one the server has)
-        self.sigv4 = sigv4  # --sigv4-credentials: the runtime API takes only requests signed with its keys
+        self.access = access  # --sigv4-credentials: the runtime API takes only requests signed with its keys
         self.async_intake = async_intake  # --async-inference-config: InvokeEndpointAsync's queue
         self.queue = QueuedCalls(service.api, batched=batched)  # small batched predicts, queued from the loop
 
@@ -328,8 +308,8 @@ class HotRoutes:
         variant = ((b"x-amzn-invoked-production-variant", self.variant.encode()),)
 
         def checked(body: bytes) -> RuntimeRequest:
-            if self.sigv4 is not None:  # AWS authenticates before it looks at anything else
-                verify_signature(self.sigv4, scope, body)
+            if self.access is not None:  # AWS authenticates before it looks at anything else
+                verify_signature(self.access, scope, body)
             request = check_request(
                 endpoint,
                 served_endpoint=self.endpoint_name,
@@ -346,7 +326,7 @@ class HotRoutes:
                 )
             return request
 
-        if self.sigv4 is None:  # unsigned: the request is checked before its body is read
+        if self.access is None:  # unsigned: the request is checked before its body is read
             try:
                 early: RuntimeRequest | None = checked(b"")
             except ServingError as exc:
@@ -376,8 +356,8 @@ class HotRoutes:
 
         async def answer(body: bytes) -> None:
             try:
-                if self.sigv4 is not None:
-                    verify_signature(self.sigv4, scope, body)
+                if self.access is not None:
+                    verify_signature(self.access, scope, body)
                 check_request(
                     endpoint, served_endpoint=self.endpoint_name, variant=self.variant, target_variant=None,
                     target_model=None, inference_id=request_header(scope, b"x-amzn-sagemaker-inference-id"),

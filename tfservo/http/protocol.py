@@ -49,11 +49,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import httptools
-import orjson
 
 from tfservo.codecs.media_types import JSON
+from tfservo.core.status import error_body
 from tfservo.http.exchange import Exchange, status_line
 from tfservo.http.idle_poll import IdlePoll
+from tfservo.http.uvicorn_seam import protocol_hooks
 
 __all__ = ["ServingProtocol", "default_max_connections", "lone_request", "protocol_class"]
 
@@ -104,16 +105,16 @@ class ServingProtocol(asyncio.Protocol):
     def __init__(
         self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        if not config.loaded:
-            config.load()
-        self.app = config.loaded_app
+        hooks = protocol_hooks(config, server_state)
+        self.app = hooks.app
         self.loop = _loop or asyncio.get_event_loop()
-        self.server_state = server_state  # uvicorn's: its shutdown closes `connections`, awaits `tasks`
-        self.connections: set[Any] = server_state.connections
-        self.tasks: set[asyncio.Task[None]] = server_state.tasks
+        self.connections = hooks.connections  # uvicorn's shutdown closes these and awaits `tasks`
+        self.tasks = hooks.tasks
+        self.default_headers = hooks.default_headers
+        self._count_answered = hooks.answered
         self.app_state = app_state
-        self.root_path: str = config.root_path
-        self.keep_alive_timeout: float = config.timeout_keep_alive
+        self.root_path = hooks.root_path
+        self.keep_alive_timeout = hooks.keep_alive_timeout
         self.parser = httptools.HttpRequestParser(self)
         try:  # answer the first of pipelined requests even when the client closed after sending them
             self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
@@ -310,7 +311,7 @@ class ServingProtocol(asyncio.Protocol):
 
     def answered(self, exchange: Exchange) -> None:
         """`exchange`'s answer has been written: start the next pipelined request, or wait for one."""
-        self.server_state.total_requests += 1
+        self._count_answered()
         if self.transport.is_closing():
             return
         self.resume_reading()
@@ -402,10 +403,10 @@ class ServingProtocol(asyncio.Protocol):
         """A complete JSON error answer, then the connection closes."""
         if self.transport.is_closing():
             return
-        body = orjson.dumps({"error": message})
+        body = error_body(message)
         head = [
             status_line(status),
-            *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
+            *(name + b": " + value + b"\r\n" for name, value in self.default_headers),
             b"content-type: " + JSON.encode() + b"\r\n",
             b"content-length: " + str(len(body)).encode() + b"\r\n",
             b"connection: close\r\n\r\n",

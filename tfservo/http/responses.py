@@ -7,13 +7,19 @@ from starlette.responses import Response
 
 from tfservo.codecs.media_types import JSON
 from tfservo.core.errors import ServingError
+from tfservo.core.status import error_body
 from tfservo.service.invocation import error_result
 
-__all__ = ["error_response", "internal_error", "json_response"]
+__all__ = ["error_json", "error_response", "internal_error", "json_response"]
 
 
 def json_response(doc: object, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type=JSON)
+
+
+def error_json(message: str, status: int) -> Response:
+    """An error the route itself words (a malformed path, a wrong method), in the protocol's shape."""
+    return Response(error_body(message), status_code=status, media_type=JSON)
 
 
 def error_response(exc: ServingError) -> Response:
@@ -24,4 +30,4 @@ def error_response(exc: ServingError) -> Response:
 
 def internal_error(exc: BaseException) -> Response:
     """A bug of ours, answered as JSON 500 rather than a crash or an HTML page."""
-    return json_response({"error": f"Internal error: {type(exc).__name__}: {exc}"}, 500)
+    return error_json(f"Internal error: {type(exc).__name__}: {exc}", 500)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from tfservo.auth.access import Throttled
 from tfservo.auth.sigv4 import SignatureRefused
 from tfservo.core.errors import InvalidArgument, NotFound, ServingError
 from tfservo.service.invocation import InvocationResult, error_result
@@ -117,7 +118,9 @@ def model_error(result: InvocationResult, endpoint_name: str) -> RuntimeError_:
 def runtime_error(exc: ServingError) -> RuntimeError_:
     """A failure before the model answered, as the runtime API's own error."""
     if isinstance(exc, SignatureRefused):  # AWS's own codes: botocore raises them as ClientError
-        return RuntimeError_(exc.http_status, exc.error_type, orjson.dumps({"message": exc.message}), exc.retry_after)
+        return RuntimeError_(exc.aws_status, exc.error_type, orjson.dumps({"message": exc.message}), exc.retry_after)
+    if isinstance(exc, Throttled):  # too many failed signatures from this peer
+        return RuntimeError_(429, "ThrottlingException", orjson.dumps({"message": exc.message}), exc.retry_after)
     status = error_result(exc).status
     if isinstance(exc, (InvalidArgument, NotFound)) or 400 <= status < 500:
         return RuntimeError_(400, "ValidationError", orjson.dumps({"message": exc.message}))

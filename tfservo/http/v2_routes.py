@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tfservo.core.errors import ServingError
-from tfservo.http.responses import error_response, json_response
+from tfservo.http.responses import error_json, error_response, json_response
 from tfservo.models.calls import parse_version
 from tfservo.service.v2_dataplane import V2DataPlane
 
@@ -65,7 +65,7 @@ class V2Routes:
             ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
             return json_response(await _in_thread(lambda: self.plane.repository_index(ready_only)))
         except orjson.JSONDecodeError:
-            return json_response({"error": 'the body must be JSON: {"ready": true|false} or nothing'}, 400)
+            return error_json('the body must be JSON: {"ready": true|false} or nothing', 400)
         except ServingError as exc:
             return error_response(exc)
 

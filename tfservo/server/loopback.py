@@ -35,12 +35,14 @@ class LoopbackServer:
         from tfservo.http.app import build_app
         from tfservo.server.listener import bind_socket
         from tfservo.server.run import uvicorn_config
+        from tfservo.service.runtime import runtime_of
 
         self.service = service
         self._sock = bind_socket("127.0.0.1", 0)
         self.port = self._sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._app = build_app(service)  # the serving settings: body limit, decode budget and time limits
+        self._runtime = runtime_of(service)
+        self._app = build_app(self._runtime)  # the serving settings: body limit, decode budget and time limits
         self._server = uvicorn.Server(uvicorn_config(self._app, service.settings, "warning"))
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name="tfservo-loopback"
@@ -60,7 +62,7 @@ class LoopbackServer:
         management = "on" if settings.management_open()[0] else "off"
         loopback = settings.replace(host="127.0.0.1", grpc_port=0, grpc_socket_path=None, api_keys=None,
                                     management=management)
-        self._grpc = start_grpc(self.service, loopback, log_level=logging.DEBUG, v2=self._app.hot.v2)
+        self._grpc = start_grpc(self._runtime, settings=loopback, log_level=logging.DEBUG)
         return self
 
     def stop(self) -> None:
@@ -70,6 +72,7 @@ class LoopbackServer:
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._app.close()  # its thread pools
+        self._runtime.close()
         self.service.rest_base, self.service.grpc_port = self._previous
 
 

@@ -8,15 +8,12 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.types import ASGIApp
 
-from tfservo.auth.audit import ManagementGate
 from tfservo.auth.doors import log_access
-from tfservo.core import tracing
 from tfservo.core.errors import ServingError
 from tfservo.core.memory import resident_bytes
 from tfservo.core.settings import Settings
@@ -29,8 +26,8 @@ from tfservo.service.metrics import Metrics
 
 if TYPE_CHECKING:
     from tfservo.http.app import ServingApp
-    from tfservo.http.capture_tap import Tap
     from tfservo.service.factory import ModelService
+    from tfservo.service.runtime import Runtime
 
 __all__ = ["READY_LINE", "serve", "serve_process", "start_worker", "uvicorn_config"]
 
@@ -47,110 +44,46 @@ _GRACE_SECONDS = 30.0  # how long a stop waits for requests in flight
 
 
 def start_worker(
-    settings: Settings, port: int, metrics: Metrics | None = None, drain: Drain | None = None
-) -> tuple[ModelService, ASGIApp, ServingApp]:
-    """Everything one serving process needs: the loaded service, its ASGI app (with /metrics) and
-    the serving app inside it (its call placements)."""
+    settings: Settings, port: int, metrics: Metrics | None = None, drain: Drain | None = None,
+    throttle_table: str | None = None,
+) -> tuple[Runtime, ASGIApp, ServingApp]:
+    """Everything one serving process needs: its runtime (built once, every door's), its ASGI app
+    (with /metrics and the key check) and the serving app inside it (its call placements)."""
     from tfservo.http.app import build_app
     from tfservo.http.metrics_edge import instrument
-    from tfservo.service.factory import build_service
+    from tfservo.service.runtime import build_runtime
 
-    metrics = metrics or Metrics()
-    if settings.monitoring_config_file:
-        from tfservo.core.tfs_configs import read_monitoring_config
-
-        monitoring = read_monitoring_config(settings.monitoring_config_file)
-        if monitoring.enable:
-            metrics.serve_tf_serving_names(monitoring.path)
-    service = build_service(
-        settings, on_event=metrics.model_event, on_batch=metrics.batch_hook, on_run=metrics.run_hook
-    )
-    tracing.on_dropped(metrics.span_dropped)
+    runtime = build_runtime(settings, port, metrics=metrics, throttle_table=throttle_table)
+    service, metrics = runtime.service, runtime.metrics
     # TensorFlow leaves ~270k objects on the heap; a full GC pass over them held the GIL for
     # 100-300 ms, a p99 stall for every request in flight. Frozen objects are never scanned.
     gc.freeze()
-    local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    service.rest_base = f"http://{local_host}:{port}"
     if settings.api_keys and service.invoker.has_handlers():
         from tfservo.server.loopback import LoopbackServer
 
         # Handlers call context.rest_uri / context.channel without a key, as in the container:
         # they get a server of their own on 127.0.0.1 (this worker's, not the keyed port).
         LoopbackServer(service).start()
-    multi_model = targets = None
-    if settings.multi_model:
-        from tfservo.service.multi_model import MultiModelEndpoint
-        from tfservo.service.target_models import TargetModels
-
-        multi_model = MultiModelEndpoint(service, settings.model_root, memory_factor=settings.memory_factor)
-        targets = TargetModels(
-            multi_model,
-            memory_budget_bytes=int(settings.mme_memory_mb * 2**20) if settings.mme_memory_mb > 0 else None,
-            archive_limits=settings.archive_limits,
-        )
     asynchronous = None
     if settings.async_inference_config:
         from tfservo.async_inference.endpoint import AsyncEndpoint
 
         asynchronous = AsyncEndpoint(service, settings, on_event=metrics.async_event,
                                      on_backlog=metrics.async_backlog_counts).start()
-    app = build_app(service, multi_model=multi_model, targets=targets, on_timeout=metrics.timeout,
-                    taps=payload_taps(settings, service, port, metrics.capture_event),
-                    gate=ManagementGate(settings, metrics.management_action),
-                    async_intake=asynchronous.intake if asynchronous is not None else None)
+    app = build_app(runtime, async_intake=asynchronous.intake if asynchronous is not None else None)
     if asynchronous is not None:
         app.closers.append(asynchronous.close)
+    app.closers.append(runtime.close)
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app
     served = instrument(outer, metrics, service, routes)
-    if settings.api_keys:
-        from tfservo.auth.keys import KeyRing
+    if runtime.access.ring is not None:
         from tfservo.http.auth_edge import KeyCheck
         from tfservo.http.routes import RouteScopes
 
-        served = KeyCheck(served, KeyRing(settings.api_keys), RouteScopes(multi_model=settings.multi_model),
-                          service.default_model, metrics.auth_refused)
-    return service, served, app
-
-
-def payload_taps(
-    settings: Settings, service: ModelService, port: int, on_event: Callable[[str, int], None],
-) -> list[Tap]:
-    """What this worker sends its requests' payloads to: Data Capture, the payload logger."""
-    from tfservo.http.capture_tap import Tap
-
-    taps = []
-    if settings.data_capture_config:
-        from tfservo.capture import CaptureWriter, read_capture_config
-
-        config = read_capture_config(settings.data_capture_config)
-        if config.enabled:  # EnableCapture false: no writer process at all
-            writer = CaptureWriter(
-                config,
-                endpoint=settings.endpoint_name or "tfservo",
-                variant=settings.variant_name,
-                spool=settings.data_capture_buffer,
-                file_seconds=settings.data_capture_file_seconds,
-                max_disk_percent=settings.data_capture_max_disk_percent,
-                on_event=on_event,
-            )
-            kinds = {"invocation", "inference"} if settings.data_capture_routes == "all" else {"invocation"}
-            taps.append(Tap(writer, frozenset(kinds), config.sampling_percentage))
-    if settings.payload_log_url:
-        from tfservo.capture.payload_log import PayloadLogger
-
-        logger = PayloadLogger(
-            settings.payload_log_url,
-            mode=settings.payload_log_mode,
-            source=f"http://{settings.host}:{port}/",
-            service=settings.endpoint_name or service.default_model() or "tfservo",
-            namespace=settings.payload_log_namespace,
-            endpoint=settings.variant_name,
-            on_event=on_event,
-        )
-        taps.append(Tap(logger, frozenset({"invocation", "inference"}), errors_too=True))
-    return taps
+        served = KeyCheck(served, runtime.access, RouteScopes(multi_model=settings.multi_model), service.default_model)
+    return runtime, served, app
 
 
 def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, **kw: Any) -> uvicorn.Config:
@@ -215,7 +148,8 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
 
     port = sock.getsockname()[1]
     metrics, drain = Metrics(), Drain()
-    service, app, serving_app = start_worker(settings, port, metrics, drain)
+    runtime, app, serving_app = start_worker(settings, port, metrics, drain, link.throttle_table if link is not None else None)
+    service = runtime.service
     memory_limit = worker_memory_limit(settings) if link is not None else 0
     if memory_limit and (rss := resident_bytes()) > memory_limit:
         service.close()
@@ -223,8 +157,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
             f"a worker holds {rss / 2**20:.0f} MB once its models are loaded, more than its memory limit of "
             f"{memory_limit / 2**20:.0f} MB; raise --max-worker-memory-mb (TFSERVO_MAX_WORKER_MEMORY_MB)"
         )
-    grpc_server = start_grpc(service, settings, metrics, reuse_port=link is not None, draining=lambda: drain.draining,
-                             v2=serving_app.hot.v2)
+    grpc_server = start_grpc(runtime, reuse_port=link is not None, draining=lambda: drain.draining)
     config_poll = None
     if settings.model_config_file and settings.model_config_poll_seconds > 0:
         from tfservo.models.config_reloader import ConfigFilePoller

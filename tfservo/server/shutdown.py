@@ -22,20 +22,19 @@ connections still send with `Connection: close`, and stops once they have closed
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
-import orjson
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
+from tfservo.core.status import error_body
+from tfservo.http.uvicorn_seam import SeamServer
 from tfservo.server.listener import refuse_new_connections, wait_accepted
 
 __all__ = ["Drain", "GracefulServer"]
@@ -120,7 +119,7 @@ async def _refuse(path: str, send: Send) -> None:
         message = "shutting down"
     else:
         message = "tfservo is shutting down (SIGTERM) and takes no new requests; send it to another instance"
-    body = orjson.dumps({"error": message})
+    body = error_body(message)
     await send({
         "type": "http.response.start",
         "status": 503,
@@ -129,7 +128,7 @@ async def _refuse(path: str, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class GracefulServer(uvicorn.Server):
+class GracefulServer(SeamServer):
     """uvicorn's server with the two-phase stop; `on_stop` stops the other listeners (gRPC)."""
 
     def __init__(
@@ -141,11 +140,10 @@ class GracefulServer(uvicorn.Server):
         on_started: Callable[[], None] | None = None,
         tls_handshake_timeout: float = 60.0,
     ) -> None:
-        super().__init__(config)
+        super().__init__(config, tls_handshake_timeout)
         self.drain = drain
-        self.tls_handshake_timeout = tls_handshake_timeout
         self.on_stop = on_stop
-        self.on_started = on_started
+        self._on_started = on_started
         self.grace_seconds = grace_seconds
         # True while other workers go on serving on the shared socket (this one is replaced):
         # then new connections must keep coming, to them, and only this copy closes.
@@ -153,36 +151,23 @@ class GracefulServer(uvicorn.Server):
         self._stopping: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        loop = self._loop = asyncio.get_running_loop()
-        if self.config.ssl is not None:
-            # uvicorn has no setting for the TLS handshake's time limit (asyncio's default is 60 s),
-            # and a connection counts against --max-connections only once its handshake is done:
-            # its create_server calls get one, for this startup only.
-            loop.create_server = functools.partial(  # type: ignore[method-assign]
-                loop.create_server, ssl_handshake_timeout=self.tls_handshake_timeout
-            )
-        try:
-            await super().startup(sockets)
-        finally:
-            loop.__dict__.pop("create_server", None)
-        if self.started and self.on_started is not None:
-            self.on_started()  # accepting, and SIGTERM/SIGINT now drain: ready in earnest
+    def on_started(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self._on_started is not None:
+            self._on_started()  # accepting, and SIGTERM/SIGINT now drain: ready in earnest
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        socks = list(sockets or ())
-        if not self.alone_stops() and all([refuse_new_connections(sock) for sock in socks]):
-            await wait_accepted(socks, _LINGER_SECONDS)
+    async def before_shutdown(self, sockets: list[socket.socket]) -> None:
+        if not self.alone_stops() and all([refuse_new_connections(sock) for sock in sockets]):
+            await wait_accepted(sockets, _LINGER_SECONDS)
         # uvloop listens on its own copy of the socket: both close.
-        self._close_listeners()
-        for sock in socks:
+        self.close_listeners()
+        for sock in sockets:
             sock.close()
         deadline = time.monotonic() + _LINGER_SECONDS
-        while self.server_state.connections and time.monotonic() < deadline:
+        while self.open_connections() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        await super().shutdown(sockets)
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+    def on_signal(self, sig: int) -> bool:
         if self._stopping is None:
             # First signal: stop gracefully and exit normally (uvicorn alone re-raises the
             # signal after its shutdown, so the process would die by SIGTERM, not exit 0).
@@ -190,10 +175,11 @@ class GracefulServer(uvicorn.Server):
             self.drain.draining = True
             self._stopping = threading.Thread(target=self._stop, name="tfservo-stop", daemon=True)
             self._stopping.start()
-        elif sig == signal.SIGINT:
-            super().handle_exit(sig, frame)  # a second SIGINT forces the exit
-        # A repeated SIGTERM changes nothing: with --workers a Ctrl-C reaches a worker both from
-        # the terminal and from the supervisor, and systemd signals every process of the unit.
+            return True
+        # A second SIGINT forces the exit. A repeated SIGTERM changes nothing: with --workers a
+        # Ctrl-C reaches a worker both from the terminal and from the supervisor, and systemd
+        # signals every process of the unit.
+        return sig != signal.SIGINT
 
     def stop_accepting(self) -> None:
         """Take no new connections (others on the shared socket will); answers from now on close
@@ -204,28 +190,24 @@ class GracefulServer(uvicorn.Server):
         if _running_loop() is self._loop:
             # Called as an answer starts: close now, before the client (told Connection: close)
             # can reconnect and be accepted here once more.
-            self._close_listeners()
+            self.close_listeners()
         else:
-            self._loop.call_soon_threadsafe(self._close_listeners)
+            self._loop.call_soon_threadsafe(self.close_listeners)
 
     def retire(self) -> None:
         """Stop once the open connections are done, refusing nothing: a replacement serves. Thread-safe."""
         self.stop_accepting()
         if self._stopping is None:
             log.info("replacement ready: this worker stops once its %d open connection(s) are done",
-                     len(self.server_state.connections))
+                     self.open_connections())
             self._stopping = threading.Thread(target=self._retire, name="tfservo-retire", daemon=True)
             self._stopping.start()
-
-    def _close_listeners(self) -> None:
-        for server in self.servers:
-            server.close()
 
     def _retire(self) -> None:
         # An idle kept-alive connection closes after --keep-alive-timeout; a busy one after its
         # answer (Connection: close). Closing them now would race a client's next request.
         deadline = time.monotonic() + self.grace_seconds
-        while self.server_state.connections and time.monotonic() < deadline:
+        while self.open_connections() and time.monotonic() < deadline:
             time.sleep(0.05)
         self._stop()
 
@@ -236,4 +218,4 @@ class GracefulServer(uvicorn.Server):
         try:
             self.on_stop()
         finally:
-            self.should_exit = True
+            self.request_exit()

@@ -38,6 +38,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from tfservo.auth.doors import log_access
+from tfservo.auth.throttle import create_throttle_table
 from tfservo.core.errors import ServingError
 from tfservo.core.scratch import remove_scratch_dirs
 from tfservo.core.settings import Settings
@@ -62,8 +63,11 @@ WorkerTarget = Callable[[Settings, socket.socket, "WorkerLink"], None]
 class WorkerLink:
     """A worker's end of its pipe to the supervisor."""
 
-    def __init__(self, conn: Connection, replacements: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, conn: Connection, replacements: dict[str, int] | None = None, throttle_table: str | None = None,
+    ) -> None:
         self._conn = conn
+        self.throttle_table = throttle_table  # the failed-authentication table every worker shares
         self._go = threading.Event()
         self.is_ready = False
         self.recycled = False  # the supervisor is replacing this worker
@@ -132,13 +136,14 @@ def _leave(code: int) -> None:
 
 def _worker_main(
     target: WorkerTarget, settings: Settings, sock: socket.socket, conn: Connection, replacements: dict[str, int],
+    throttle_table: str | None,
 ) -> None:
     """Entry point of a spawned worker: serve, or report why it could not start."""
     from tfservo.core.logs import quiet_tensorflow, setup_logging
 
     quiet_tensorflow()
     setup_logging(settings.log_level, settings.log_format, settings.access_log)
-    link = WorkerLink(conn, replacements)
+    link = WorkerLink(conn, replacements, throttle_table)
     try:
         target(settings, sock, link)
         # Everything is closed and flushed now. A thread still stuck in a handler or a model call
@@ -193,12 +198,18 @@ class Supervisor:
         self.error: str | None = None  # why a worker failed to start
         self.failures: list[str] = []  # serving workers that did not exit 0
         self.replacements: dict[str, int] = {}  # workers replaced so far, by reason
+        self.state_dir = ""  # what several workers share (the throttle's table), made by run()
 
     def run(self) -> None:
         """Start the workers and supervise them; raises ServingError if one failed to start."""
         own_metrics_dir = None
         if self.settings.workers > 1 and not os.environ.get(MULTIPROC_ENV):
             own_metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="tfservo-metrics-")
+        # Per-server promises held across the workers: failed authentications count once per
+        # server (one worker keeps its own table, and its TMPDIR clean).
+        if self.settings.workers > 1:
+            self.state_dir = tempfile.mkdtemp(prefix="tfservo-server-")
+            create_throttle_table(os.path.join(self.state_dir, "throttle"))
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         host, port = self.socks[0].getsockname()[:2]
         log.info("starting %d worker%s on %s:%d", self.settings.workers, "s" if self.settings.workers > 1 else "",
@@ -219,6 +230,8 @@ class Supervisor:
                 signal.signal(sig, handler)
             if own_metrics_dir:
                 shutil.rmtree(own_metrics_dir, ignore_errors=True)
+            if self.state_dir:
+                shutil.rmtree(self.state_dir, ignore_errors=True)
         if self.error:
             raise ServingError(self.error)
         if self.failures:
@@ -245,7 +258,9 @@ class Supervisor:
         parent_conn, child_conn = _SPAWN.Pipe()
         sock = self.socks[slot % len(self.socks)]
         process = _SPAWN.Process(
-            target=_worker_main, args=(self.target, self.settings, sock, child_conn, self.replacements),
+            target=_worker_main,
+            args=(self.target, self.settings, sock, child_conn, self.replacements,
+                  os.path.join(self.state_dir, "throttle") if self.state_dir else None),
             name="tfservo-worker",
         )
         process.start()

@@ -10,12 +10,13 @@ contain `=`, and the three values are validated so a bad one is a 400 that names
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tfservo.core.errors import InvalidArgument
 from tfservo.models.calls import METHODS
 
-__all__ = ["HEADER", "CustomAttributes", "parse_custom_attributes"]
+__all__ = ["HEADER", "CustomAttributes", "parse_custom_attributes", "requested_model"]
 
 HEADER = "X-Amzn-SageMaker-Custom-Attributes"
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -78,3 +79,11 @@ def parse_custom_attributes(header: str | None) -> CustomAttributes:
             f"{', '.join(METHODS)}; e.g. tfs-method=predict"
         )
     return CustomAttributes(name, version, method, header, extras)
+
+
+def requested_model(explicit: str | None, attrs: CustomAttributes, default: Callable[[], str | None]) -> str | None:
+    """The model a call is for, decided here for every door and mode: the one it names outright
+    (a URL, /models/{name}/invoke, model_name=), else tfs-model-name in its custom attributes,
+    else the server's default model (`default`: ModelService.default_model; a remote caller, who
+    cannot know it, passes `lambda: None`)."""
+    return explicit or attrs.model_name or default()

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
-import orjson
 import requests
 
 from tfservo.codecs import content_types
@@ -22,11 +21,11 @@ from tfservo.codecs.media_types import CONVERTIBLE_TYPES, JSON, lookup
 from tfservo.core import tracing
 from tfservo.core.errors import InvalidArgument, ServingError, error_from_response
 from tfservo.core.request_labels import note_method, note_model
-from tfservo.core.status import http_status
+from tfservo.core.status import error_body, error_status
 from tfservo.handlers.bundle_code import Context, Handlers, make_requests_response
 from tfservo.models.calls import Answer, Call, answer_rows_slice
 from tfservo.service.api import TFServingAPI
-from tfservo.service.custom_attributes import CustomAttributes, parse_custom_attributes
+from tfservo.service.custom_attributes import CustomAttributes, parse_custom_attributes, requested_model
 
 if TYPE_CHECKING:
     import grpc
@@ -91,8 +90,8 @@ class InvocationResult:
 
 def error_result(exc: ServingError) -> InvocationResult:
     """A ServingError as the protocol's error shape: {"error": "..."} with the mapped status."""
-    status = getattr(exc, "http_status", None) or http_status(exc.code)
-    return InvocationResult(status, orjson.dumps({"error": exc.message}), JSON, error=exc)
+    status = error_status(exc)
+    return InvocationResult(status, error_body(exc.message), JSON, error=exc)
 
 
 def result_error(result: InvocationResult, what: str) -> ServingError:
@@ -185,7 +184,7 @@ class Invoker:
         per body. A body that fails alone fails alone."""
         try:
             attrs = parse_custom_attributes(custom_attributes)
-            name = model_name or attrs.model_name or self._default_model()
+            name = requested_model(model_name, attrs, self._default_model)
             media = content_types.parse_content_type(content_type)
             mergeable = (
                 len(bodies) > 1
@@ -252,7 +251,7 @@ class Invoker:
     def _target(self, custom_attributes: str | None, model_name: str | None) -> tuple[CustomAttributes, str, int | None, str]:
         """The custom attributes, and the model, version and method the invocation asks for."""
         attrs = parse_custom_attributes(custom_attributes)
-        name = model_name or attrs.model_name or self._default_model()
+        name = requested_model(model_name, attrs, self._default_model)
         if not name:
             raise InvalidArgument(
                 "Invocation request does not contain model name: set tfs-model-name in "

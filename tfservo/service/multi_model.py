@@ -27,11 +27,11 @@ import orjson
 from tfservo.core.errors import (
     AlreadyExists,
     BundleError,
+    InsufficientMemory,
     InvalidArgument,
     ModelLoadError,
     NotFound,
     PermissionDenied,
-    ResourceExhausted,
 )
 from tfservo.core.memory import available_memory_bytes, tree_bytes
 from tfservo.core.scratch import make_scratch_dir
@@ -41,18 +41,12 @@ from tfservo.models.servables import State
 from tfservo.models.snapshot import copy_confined
 from tfservo.service.factory import ModelService
 
-__all__ = ["InsufficientMemory", "MultiModelEndpoint", "parse_load_request"]
+__all__ = ["MultiModelEndpoint", "parse_load_request"]
 
 log = logging.getLogger("tfservo.multi_model")
 
 _MAX_PATH, _MAX_NAME = 4096, 255  # what Linux allows a path and one of its names
 
-
-
-class InsufficientMemory(ResourceExhausted):
-    """Loading would exhaust memory: the container's 507."""
-
-    http_status = 507
 
 
 class MultiModelEndpoint:

@@ -25,6 +25,7 @@ from tfservo.core.archive_limits import ArchiveLimits
 from tfservo.core.errors import (
     BundleError,
     BundleNotFound,
+    InsufficientMemory,
     InvalidArgument,
     NotFound,
     PermissionDenied,
@@ -33,7 +34,7 @@ from tfservo.core.errors import (
 from tfservo.core.memory import available_memory_bytes, tree_bytes
 from tfservo.models.bundle import ModelSource, open_bundle
 from tfservo.models.snapshot import copy_file_confined
-from tfservo.service.multi_model import InsufficientMemory, MultiModelEndpoint
+from tfservo.service.multi_model import MultiModelEndpoint
 
 __all__ = ["TargetModels", "target_model_name"]
 

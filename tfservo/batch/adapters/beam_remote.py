@@ -42,7 +42,7 @@ from tfservo.core.errors import Code, InvalidArgument, ServingError, Unavailable
 from tfservo.core.retry import Backoff
 from tfservo.models.signatures import DEFAULT_SIGNATURE, SignatureDef, signature_from_proto
 from tfservo.service.custom_attributes import HEADER as CUSTOM_ATTRIBUTES_HEADER
-from tfservo.service.custom_attributes import parse_custom_attributes
+from tfservo.service.custom_attributes import parse_custom_attributes, requested_model
 
 log = logging.getLogger("tfservo.batch.adapters.beam_remote")
 
@@ -109,10 +109,8 @@ class RemoteBundleModelHandler(ServingModelHandler):
     ) -> None:
         super().__init__(**options)
         self._endpoint, self._protocol = _parse_endpoint(endpoint, protocol)
-        named = (
-            self._selection.model_name
-            or parse_custom_attributes(self._selection.custom_attributes).model_name
-        )
+        named = requested_model(self._selection.model_name, parse_custom_attributes(self._selection.custom_attributes),
+                                lambda: None)  # the endpoint's default is not known from here
         if self._selection.content_type is None and not named:
             raise ValueError(
                 f"model_name= is required for {endpoint}: TF Serving's API has no way to list "
@@ -167,7 +165,7 @@ class _Endpoint(LoadedTarget):
 
     def _resolve(self) -> Target:
         s = self.selection
-        name = s.model_name or self._attrs.model_name
+        name = requested_model(s.model_name, self._attrs, lambda: None)
         version = s.version if s.version is not None else self._attrs.version_number
         if s.content_type is not None:
             return Target(self.endpoint, INVOKE, name, version)

@@ -32,7 +32,7 @@ from tfservo.core.logs import quiet_libraries
 from tfservo.core.settings import resolve_settings
 from tfservo.models.signatures import DEFAULT_SIGNATURE
 from tfservo.server.loopback import LoopbackServer, start_handler_endpoints
-from tfservo.service.custom_attributes import parse_custom_attributes
+from tfservo.service.custom_attributes import parse_custom_attributes, requested_model
 from tfservo.service.factory import ModelService, build_service
 from tfservo.service.invocation import result_error
 
@@ -157,7 +157,7 @@ def _shutdown(service: ModelService, loopback: LoopbackServer | None) -> None:
 def _select(service: ModelService, bundle: str, selection: Selection) -> Target:
     """Resolve model, version, signature and method as the server would, or fail saying why."""
     attrs = parse_custom_attributes(selection.custom_attributes)
-    name = selection.model_name or attrs.model_name or service.default_model()
+    name = requested_model(selection.model_name, attrs, service.default_model)
     models = service.manager.model_names()
     if not name:
         raise BundleError(f"No models in {bundle}; nothing to run inference with")

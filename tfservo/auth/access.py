@@ -1,0 +1,116 @@
+"""Who may call what, decided once for every door: the throttle, then the key (an API key or a
+SigV4 signature), then its scope and model — with one audit line and one metric per refusal.
+
+HTTP's key check, gRPC's interceptor and the runtime API's signature check all ask `Access`;
+each only turns a `Refused` into its protocol's answer (401/403/429, UNAUTHENTICATED /
+PERMISSION_DENIED / RESOURCE_EXHAUSTED, AWS's exception names). There is one throttle per
+server: every door's failures count in it, and with the supervisor's table every worker's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated
+from tfservo.auth.throttle import FailureThrottle
+from tfservo.core.errors import Code, ResourceExhausted, ServingError
+
+if TYPE_CHECKING:
+    from tfservo.auth.sigv4 import Credentials, SigV4Verifier
+
+__all__ = ["Access", "Throttled"]
+
+audit = logging.getLogger("tfservo.audit")
+
+
+class Throttled(ResourceExhausted):
+    """A peer that failed too often, refused before its key is looked at; `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Access:
+    """The server's key ring and signature keys (either may be None) and its one throttle."""
+
+    def __init__(
+        self,
+        throttle: FailureThrottle,
+        ring: KeyRing | None = None,
+        sigv4: SigV4Verifier | None = None,
+        on_refused: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self.throttle = throttle
+        self.ring = ring
+        self.sigv4 = sigv4
+        self.on_refused = on_refused  # ("unauthenticated" | "forbidden" | "throttled"): the metric
+
+    def check_key(
+        self, peer: str, token: str | None, needed: str, what: str, model: Callable[[], str | None] = lambda: None,
+    ) -> str:
+        """The name of the API key `token` if it may do `what` (a request line, or "grpc METHOD")
+        with scope `needed`; `model()` names the model the request is for (None: none), asked only
+        for a key limited to some models.
+        Raises Throttled, Unauthenticated or NotAllowed, each after its audit line."""
+        assert self.ring is not None, "check_key needs --api-keys"
+        self._not_held(peer, what)
+        try:
+            key = self.ring.authenticate(token)
+        except Unauthenticated as exc:
+            self.throttle.failed(peer)
+            self._refused("unauthenticated", peer, "-", what, exc, needed)
+            raise
+        self.throttle.succeeded(peer)
+        named = model() if key.models is not None else None
+        try:
+            self.ring.authorize(key, needed, named)
+        except NotAllowed as exc:
+            self._refused("forbidden", peer, key.name, what, exc, needed, named)
+            raise
+        return key.name
+
+    def check_signature(self, peer: str, what: str, verify: Callable[[SigV4Verifier], Credentials]) -> Credentials:
+        """The SigV4 key `verify` accepts, or Throttled / its SignatureRefused after an audit line."""
+        from tfservo.auth.sigv4 import SignatureRefused
+
+        assert self.sigv4 is not None, "check_signature needs --sigv4-credentials"
+        self._not_held(peer, what)
+        try:
+            key = verify(self.sigv4)
+        except SignatureRefused as exc:
+            self.throttle.failed(peer)
+            audit.warning("refused sigv4 peer=%s key=%s %s error=%s: %s", peer, exc.key or "-", what,
+                          exc.error_type, exc.message)
+            self.on_refused("unauthenticated")
+            raise
+        self.throttle.succeeded(peer)
+        audit.debug("sigv4 key=%s (%s) %s", key.access_key, key.name, what)
+        return key
+
+    def close(self) -> None:
+        self.throttle.close()
+
+    def _not_held(self, peer: str, what: str) -> None:
+        wait = self.throttle.held(peer)
+        if wait:
+            audit.warning("refused throttled peer=%s %s: %.0f s to wait", peer, what, wait)
+            self.on_refused("throttled")
+            raise Throttled(f"too many failed authentications from {peer}: retry in {math.ceil(wait)} s", wait)
+
+    def _refused(
+        self, reason: str, peer: str, key: str, what: str, exc: ServingError, needed: str, model: str | None = None,
+    ) -> None:
+        audit.warning("refused %s peer=%s key=%s %s scope=%s model=%s: %s", reason, peer, key, what, needed,
+                      model or "-", exc.message)
+        self.on_refused(reason)
+
+
+def refusal_reason(error: ServingError) -> str:
+    """The metric's and the doors' name for a refusal's kind."""
+    if isinstance(error, Throttled):
+        return "throttled"
+    return "unauthenticated" if error.code == Code.UNAUTHENTICATED else "forbidden"

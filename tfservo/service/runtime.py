@@ -1,0 +1,151 @@
+"""One runtime per serving process, built once and handed to every door.
+
+`build_runtime` assembles what every door of a server shares — the service (models,
+handlers, invoker), the metrics, the management gate, the access check with the server's one
+throttle, Data Capture and the payload log, V2's data plane, multi-model and Target-Model
+loading — so HTTP, gRPC and the loopback endpoints handlers call never build their own.
+A door parses its protocol, asks the runtime, and writes its protocol's answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tfservo.auth.access import Access
+from tfservo.auth.audit import ManagementGate
+from tfservo.auth.throttle import FailureThrottle
+from tfservo.capture.taps import KINDS, Tap, Taps
+from tfservo.core import tracing
+from tfservo.core.settings import Settings
+from tfservo.service.factory import ModelService, build_service
+from tfservo.service.metrics import Metrics
+from tfservo.service.v2_dataplane import V2DataPlane
+
+if TYPE_CHECKING:
+    from tfservo.service.multi_model import MultiModelEndpoint
+    from tfservo.service.target_models import TargetModels
+
+__all__ = ["Runtime", "build_runtime", "runtime_of"]
+
+
+@dataclass
+class Runtime:
+    """What every door of one serving process shares (see the module's docstring)."""
+
+    service: ModelService
+    metrics: Metrics
+    gate: ManagementGate
+    access: Access
+    taps: Taps
+    v2: V2DataPlane
+    multi_model: MultiModelEndpoint | None = None
+    targets: TargetModels | None = None
+
+    @property
+    def settings(self) -> Settings:
+        return self.service.settings
+
+    def close(self) -> None:
+        """The capture sinks' last lines, the access tables; the service is its owner's to close."""
+        self.taps.close()
+        self.access.close()
+
+
+def build_runtime(
+    settings: Settings, port: int, *, metrics: Metrics | None = None, throttle_table: str | None = None,
+) -> Runtime:
+    """The runtime of a serving process on `port`: its service built through the one factory;
+    `throttle_table`: the supervisor's shared table (failed authentications counted once per
+    server across its workers), None for a server of one process."""
+    metrics = metrics or Metrics()
+    if settings.monitoring_config_file:
+        from tfservo.core.tfs_configs import read_monitoring_config
+
+        monitoring = read_monitoring_config(settings.monitoring_config_file)
+        if monitoring.enable:
+            metrics.serve_tf_serving_names(monitoring.path)
+    service = build_service(settings, on_event=metrics.model_event, on_batch=metrics.batch_hook, on_run=metrics.run_hook)
+    tracing.on_dropped(metrics.span_dropped)
+    local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    service.rest_base = f"http://{local_host}:{port}"
+    multi_model = targets = None
+    if settings.multi_model:
+        from tfservo.service.multi_model import MultiModelEndpoint
+        from tfservo.service.target_models import TargetModels
+
+        multi_model = MultiModelEndpoint(service, settings.model_root, memory_factor=settings.memory_factor)
+        targets = TargetModels(
+            multi_model,
+            memory_budget_bytes=int(settings.mme_memory_mb * 2**20) if settings.mme_memory_mb > 0 else None,
+            archive_limits=settings.archive_limits,
+        )
+    return Runtime(
+        service,
+        metrics,
+        ManagementGate(settings, metrics.management_action),
+        _access(settings, metrics, throttle_table),
+        _taps(settings, service, port, metrics),
+        V2DataPlane(service.api, service.unavailable_models, repository=multi_model),
+        multi_model,
+        targets,
+    )
+
+
+def runtime_of(service: ModelService) -> Runtime:
+    """A runtime around a service already built, for the loopback endpoints handlers call: the
+    server's own management choice, no keys, no capture, metrics of its own (not the server's)."""
+    metrics = Metrics(multiprocess_dir="")
+    return Runtime(
+        service, metrics, ManagementGate(service.settings), Access(FailureThrottle()), Taps(),
+        V2DataPlane(service.api, service.unavailable_models),
+    )
+
+
+def _access(settings: Settings, metrics: Metrics, throttle_table: str | None) -> Access:
+    """The key ring (--api-keys) and signature keys (--sigv4-credentials), with one throttle."""
+    ring = sigv4 = None
+    if settings.api_keys:
+        from tfservo.auth.keys import KeyRing
+
+        ring = KeyRing(settings.api_keys)
+    if settings.sigv4_credentials:
+        from tfservo.auth.sigv4 import SigV4Verifier
+
+        sigv4 = SigV4Verifier(settings.sigv4_credentials)
+    return Access(FailureThrottle(path=throttle_table), ring, sigv4, metrics.auth_refused)
+
+
+def _taps(settings: Settings, service: ModelService, port: int, metrics: Metrics) -> Taps:
+    """Where this process sends its requests' payloads: Data Capture, the payload logger."""
+    taps = []
+    if settings.data_capture_config:
+        from tfservo.capture import CaptureWriter, read_capture_config
+
+        config = read_capture_config(settings.data_capture_config)
+        if config.enabled:  # EnableCapture false: no writer process at all
+            writer = CaptureWriter(
+                config,
+                endpoint=settings.endpoint_name or "tfservo",
+                variant=settings.variant_name,
+                spool=settings.data_capture_buffer,
+                file_seconds=settings.data_capture_file_seconds,
+                max_disk_percent=settings.data_capture_max_disk_percent,
+                on_event=metrics.capture_event,
+            )
+            kinds = set(KINDS) if settings.data_capture_routes == "all" else {"invocation"}
+            taps.append(Tap(writer, frozenset(kinds), config.sampling_percentage))
+    if settings.payload_log_url:
+        from tfservo.capture.payload_log import PayloadLogger
+
+        logger = PayloadLogger(
+            settings.payload_log_url,
+            mode=settings.payload_log_mode,
+            source=f"http://{settings.host}:{port}/",
+            service=settings.endpoint_name or service.default_model() or "tfservo",
+            namespace=settings.payload_log_namespace,
+            endpoint=settings.variant_name,
+            on_event=metrics.capture_event,
+        )
+        taps.append(Tap(logger, frozenset(KINDS), errors_too=True))
+    return Taps(taps)
