@@ -62,8 +62,11 @@ def model_only(source: Path, model: Path, rows: int, seconds: float) -> float:
 import random, time
 try:
     from tfservo.batch.loading import load_service
-except ImportError:  # a baseline from before the packages by role
-    from tfservo.transform.run import load_service
+except ImportError:  # a baseline from before issue 59's kernel split, or before the packages by role
+    try:
+        from tfservo.batch.run import load_service
+    except ImportError:
+        from tfservo.transform.run import load_service
 service = load_service({str(model)!r})
 rng = random.Random(1)
 body = "".join(f"{{rng.uniform(0, 1000):.3f}}\\n" for _ in range({rows})).encode()

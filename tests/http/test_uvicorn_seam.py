@@ -81,6 +81,9 @@ def test_a_real_uvicorn_server_keeps_the_contract() -> None:
         assert (answer.status_code, answer.text) == (200, "hello")
         assert "date" in answer.headers  # uvicorn's default headers, through the hooks
         assert server.open_connections() == 1  # the kept-alive connection, in uvicorn's set
+        deadline = time.monotonic() + 5  # counted just after the answer is written
+        while server.server_state.total_requests == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert server.server_state.total_requests == 1  # counted through the hooks
     server.request_exit()
     thread.join(10)

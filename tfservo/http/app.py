@@ -185,27 +185,16 @@ def build_app(runtime: Runtime, *, async_intake: AsyncIntake | None = None) -> S
     from tfservo.http.decode_budget import default_decoding_bytes
 
     service, settings, v2 = runtime.service, runtime.settings, runtime.v2
-    multi_model, targets = runtime.multi_model, runtime.targets
+    multi_model = runtime.multi_model
     max_decoding_bytes = settings.max_decoding_bytes or default_decoding_bytes(settings.workers)
     batched = service.batches
     hot = HotRoutes(
-        service,
-        v2=v2,
-        max_request_bytes=settings.max_request_bytes,
+        runtime,
         calls=CallPlacement(_THREADS, "tfservo-call", inline=not batched, max_queued=settings.max_queued_per_model),
         invocations=CallPlacement(
             _THREADS, "tfservo-invoke", inline=not batched, max_queued=settings.max_queued_per_model
         ),
-        is_loaded=multi_model.is_loaded if multi_model is not None else None,
-        batched=batched,
         budget=DecodeBudget(max_decoding_bytes),
-        targets=targets,
-        endpoint_name=settings.endpoint_name,
-        variant=settings.variant_name,
-        request_timeout=settings.request_timeout,
-        invocation_timeout=settings.invocation_timeout,
-        on_timeout=runtime.metrics.timeout,
-        access=runtime.access if runtime.access.sigv4 is not None else None,
         async_intake=async_intake,
     )
 

@@ -29,7 +29,6 @@ from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.protocol import lone_request
 from tfservo.http.routes import BODY_KEY, ROUTE_KEY
 from tfservo.http.runtime_api import (
-    DEFAULT_VARIANT,
     RuntimeError_,
     RuntimeRequest,
     RuntimeValidationError,
@@ -39,14 +38,12 @@ from tfservo.http.runtime_api import (
 )
 from tfservo.models.calls import Answer, parse_version
 from tfservo.service.call_placement import CallPlacement
-from tfservo.service.factory import ModelService
 from tfservo.service.invocation import InvocationResult, error_result
 from tfservo.service.queued_calls import Prepared, QueuedCalls
 
 if TYPE_CHECKING:
     from tfservo.auth.access import Access
-    from tfservo.service.target_models import TargetModels
-    from tfservo.service.v2_dataplane import V2DataPlane
+    from tfservo.service.runtime import Runtime
 
 __all__ = [
     "CUSTOM_ATTRIBUTES",
@@ -169,43 +166,30 @@ class HotRoutes:
     """The inference routes of one service, each a plain ASGI callable."""
 
     def __init__(
-        self,
-        service: ModelService,
-        *,
-        v2: V2DataPlane,
-        max_request_bytes: int,
-        calls: CallPlacement,
-        invocations: CallPlacement,
-        is_loaded: Callable[[str], bool] | None = None,
-        batched: bool = False,
-        budget: DecodeBudget | None = None,
-        targets: TargetModels | None = None,
-        endpoint_name: str | None = None,
-        variant: str = DEFAULT_VARIANT,
-        request_timeout: float = 0.0,
-        invocation_timeout: float = 0.0,
-        on_timeout: Callable[[str, str | None, float], None] | None = None,
-        access: Access | None = None,
+        self, runtime: Runtime, *, calls: CallPlacement, invocations: CallPlacement, budget: DecodeBudget,
         async_intake: AsyncIntake | None = None,
     ) -> None:
+        service, settings = runtime.service, runtime.settings
         self.service = service
-        self.budget = budget or DecodeBudget(2**62)
-        self.batched = batched  # the service batches calls: small predicts are queued from the loop
-        self.max_request_bytes = max_request_bytes
+        self.budget = budget
+        self.batched = service.batches  # the service batches calls: small predicts are queued from the loop
+        self.max_request_bytes = settings.max_request_bytes
         self.calls = calls  # TF Serving REST calls
         # Invocations get threads of their own: their handlers may call back into the REST API.
         self.invocations = invocations
-        self.is_loaded = is_loaded  # multi-model mode: /models/{name}/invoke needs a loaded model
-        self.targets = targets  # multi-model mode: X-Amzn-SageMaker-Target-Model loads on first use
-        self.endpoint_name = endpoint_name  # None: the runtime API answers for any endpoint name
-        self.variant = variant
-        self.request_timeout = request_timeout  # TF Serving REST calls (0: none)
-        self.invocation_timeout = invocation_timeout  # invocations, handlers included (0: none)
-        self.on_timeout = on_timeout  # (route, model, limit): the metrics' count and log line
-        self.v2 = v2  # the Open Inference Protocol's data plane (build_app makes the one the server has)
-        self.access = access  # --sigv4-credentials: the runtime API takes only requests signed with its keys
+        multi_model = runtime.multi_model  # multi-model mode: /models/{name}/invoke needs a loaded model
+        self.is_loaded: Callable[[str], bool] | None = multi_model.is_loaded if multi_model is not None else None
+        self.targets = runtime.targets  # multi-model mode: X-Amzn-SageMaker-Target-Model loads on first use
+        self.endpoint_name = settings.endpoint_name  # None: the runtime API answers for any endpoint name
+        self.variant = settings.variant_name
+        self.request_timeout = settings.request_timeout  # TF Serving REST calls (0: none)
+        self.invocation_timeout = settings.invocation_timeout  # invocations, handlers included (0: none)
+        self.on_timeout = runtime.metrics.timeout  # (route, model, limit): the metrics' count and log line
+        self.v2 = runtime.v2  # the Open Inference Protocol's data plane, the server's one
+        # --sigv4-credentials: the runtime API takes only requests signed with its keys
+        self.access: Access | None = runtime.access if runtime.access.sigv4 is not None else None
         self.async_intake = async_intake  # --async-inference-config: InvokeEndpointAsync's queue
-        self.queue = QueuedCalls(service.api, batched=batched)  # small batched predicts, queued from the loop
+        self.queue = QueuedCalls(service.api, batched=self.batched)  # small batched predicts, queued from the loop
 
     async def tfs_method(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /v1/models/{name}[/versions/{v}|/labels/{l}]:{predict|classify|regress}."""
