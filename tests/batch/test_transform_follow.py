@@ -40,8 +40,14 @@ def test_follow_takes_new_objects_as_they_land_once_each_across_kill_and_restart
     try:
         write(inputs / "early.csv", "1.0\n2.0\n")
         wait_for(lambda: (out / "early.csv.out").exists(), what="the first object's answer")
-        for i in range(BURST):  # a burst, killed while it is being worked through
-            write(inputs / "burst" / f"{i:02d}.csv", "".join(f"{i}.{k}\n" for k in range(3000)))
+        # a burst, killed while it is being worked through: written aside, then moved in at once
+        # (written in place one by one, a quick follower kept pace and was done before the kill)
+        staging = tmp_path / "staging"
+        for i in range(BURST):
+            write(staging / f"{i:02d}.csv", "".join(f"{i}.{k}\n" for k in range(3000)))
+        (inputs / "burst").mkdir()
+        for i in range(BURST):
+            os.replace(staging / f"{i:02d}.csv", inputs / "burst" / f"{i:02d}.csv")
         wait_for(lambda: any((out / "burst").glob("*.out")) if (out / "burst").exists() else False,
                  what="the burst to start")
         first.send_signal(signal.SIGKILL)
