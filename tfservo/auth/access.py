@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated
 from tfservo.auth.throttle import FailureThrottle
-from tfservo.core.errors import Code, ResourceExhausted, ServingError
+from tfservo.core.errors import ResourceExhausted, ServingError
 
 if TYPE_CHECKING:
     from tfservo.auth.sigv4 import Credentials, SigV4Verifier
@@ -107,10 +107,3 @@ class Access:
         audit.warning("refused %s peer=%s key=%s %s scope=%s model=%s: %s", reason, peer, key, what, needed,
                       model or "-", exc.message)
         self.on_refused(reason)
-
-
-def refusal_reason(error: ServingError) -> str:
-    """The metric's and the doors' name for a refusal's kind."""
-    if isinstance(error, Throttled):
-        return "throttled"
-    return "unauthenticated" if error.code == Code.UNAUTHENTICATED else "forbidden"
