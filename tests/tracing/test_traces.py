@@ -355,3 +355,44 @@ def test_new_traces_are_sampled_at_the_samplers_ratio() -> None:
     decodes = [s for s in spans if s["name"] == "decode"]
     assert 60 <= len(servers) <= 140, len(servers)  # 100 expected; 4.7 standard deviations either side
     assert sorted(d["parent_id"] for d in decodes) == sorted(s["context"]["span_id"] for s in servers)
+
+
+def test_every_inference_door_makes_the_same_spans(receiver) -> None:
+    """TF Serving REST, V2 REST, TF Serving gRPC and V2 gRPC: each request continues its caller's
+    trace with one server span and the same phases under it (decode, the model's batch, encode),
+    made where every door's call is queued (service.queued_calls)."""
+    import tritonclient.grpc as triton
+
+    received, endpoint = receiver
+    model = TFS / "saved_model_half_plus_two_cpu"
+    name = "saved_model_half_plus_two_cpu"
+    traces = {door: f"d00{i + 1:029x}" for i, door in enumerate(("tfs rest", "v2 rest", "tfs grpc", "v2 grpc"))}  # no other test's ids
+
+    def parent(door: str) -> str:
+        return f"00-{traces[door]}-{CALLER}-01"
+
+    with ServerProcess([str(model)], env=otel_env(endpoint)) as server:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            assert http.post(f"/v1/models/{name}:predict", json={"instances": [1.0]},
+                             headers={"traceparent": parent("tfs rest")}).status_code == 200
+            assert http.post(f"/v2/models/{name}/infer", headers={"traceparent": parent("v2 rest")}, json={
+                "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}).status_code == 200
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+                grpc_predict_request(name, np.array([1.0], np.float32)), metadata=[("traceparent", parent("tfs grpc"))],
+                timeout=30)
+        client = triton.InferenceServerClient(server.grpc_target)
+        x = triton.InferInput("x", [1], "FP32")
+        x.set_data_from_numpy(np.array([1.0], np.float32))
+        client.infer(name, [x], headers={"traceparent": parent("v2 grpc")})
+        client.close()
+        spans = received.wait_for(lambda spans: all(
+            {"decode", "model", "encode"} <= {s.name for s in in_trace(spans, t)} for t in traces.values()))
+    phases = {}
+    for door, trace_id in traces.items():
+        trace = in_trace(spans, trace_id)
+        (entry,) = [s for s in trace if s.kind == SERVER]
+        assert entry.parent_id == CALLER, door
+        # batch.queue / batch.run come only when the call waited for a batch (a lone one runs at once)
+        phases[door] = sorted(s.name for s in trace if s.kind != SERVER and not s.name.startswith("batch."))
+    assert all(names == ["decode", "encode", "model"] for names in phases.values()), phases

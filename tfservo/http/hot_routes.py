@@ -204,7 +204,7 @@ class HotRoutes:
         api = self.service.api
 
         def prepare(body: bytes) -> Prepared[bytes]:
-            return (*api.decode(method, name, version, label, body), api.encode_rest)
+            return (*api.prepare(method, name, version, label, body), api.write_rest)
 
         async def call(body: bytes) -> bytes:
             if method == "predict":  # classify/regress: their tf.Examples are built in a thread, never on the loop
@@ -385,7 +385,7 @@ class HotRoutes:
         def prepare() -> Prepared[InvocationResult]:
             prepared = invoker.prepare(body, content_type, accept, attributes, name)
             assert prepared is not None, "queued only when the bundle has no handlers"
-            return prepared.handle, prepared.call, lambda answer: prepared.result(answer).encoded()
+            return prepared.handle, prepared.call, prepared.written
 
         async def queued() -> InvocationResult:
             try:

@@ -113,6 +113,12 @@ class PreparedInvocation(NamedTuple):
         """The model's answer as this invocation's result (written when its body is asked for)."""
         return InvocationResult(200, None, self.answer_type, answer, one_line=self.one_line)
 
+    def written(self, answer: Answer) -> InvocationResult:
+        """The result with its body written now, without a span of its own (for a door whose
+        queued call is the "encode" span: service.queued_calls); ServingError if it cannot be."""
+        body = content_types.encode_answer(answer, self.answer_type, one_line=self.one_line)
+        return InvocationResult(200, body, self.answer_type, answer, one_line=self.one_line)
+
 
 class Invoker:
     """Selects the model, runs the handler or the content conversion, calls TF Serving's API."""
@@ -241,8 +247,8 @@ class Invoker:
         model_name: str | None = None,
     ) -> PreparedInvocation | None:
         """The invocation decoded and its version held, for a caller that runs the call itself
-        (the HTTP door queues it for its batch without a thread); None when a handler runs it:
-        use `call`. Client mistakes raise ServingError."""
+        (the HTTP door queues it for its batch without a thread, in its "decode" span); None when
+        a handler runs it: use `call`. Client mistakes raise ServingError."""
         _, name, version, method = self._target(custom_attributes, model_name)
         if self.handlers_for(name) is not None:
             return None
@@ -265,11 +271,10 @@ class Invoker:
     def _prepare(
         self, body: bytes, content_type: str | None, accept: str | None, name: str, version: int | None, method: str
     ) -> PreparedInvocation:
-        with tracing.span("decode", {"tfservo.content_type": content_type or "", "tfservo.method": method}, leaf=True):
-            tfs_request = content_types.to_tfs_request(body, content_type or "")
-            accept_types = content_types.parse_accept(accept)
-            answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
-            handle, call = self.api.prepare(method, name, version, None, tfs_request)
+        tfs_request = content_types.to_tfs_request(body, content_type or "")
+        accept_types = content_types.parse_accept(accept)
+        answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
+        handle, call = self.api.prepare(method, name, version, None, tfs_request)
         return PreparedInvocation(handle, call, answer_type, content_types.one_line_json(accept_types))
 
     def _invoke(
@@ -286,7 +291,8 @@ class Invoker:
             if self.api.manager.has_model(name):  # the handler reaches it over HTTP, if at all
                 note_model(name)
             return self._with_handlers(handlers, body, content_type, accept, attrs, name, version, method)
-        prepared = self._prepare(body, content_type, accept, name, version, method)
+        with tracing.span("decode", {"tfservo.content_type": content_type or "", "tfservo.method": method}, leaf=True):
+            prepared = self._prepare(body, content_type, accept, name, version, method)
         return prepared.result(self.api.run_held(prepared.handle, prepared.call))
 
     def _with_handlers(

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tfservo.core import tracing
 from tfservo.models.batching.batcher import LoopBatches
 from tfservo.models.calls import Answer, Call
 from tfservo.service.call_placement import INLINE_BODY_BYTES, CallPlacement
@@ -99,7 +100,7 @@ class QueuedCalls:
         of the loop's turn (adaptive batching). `lone` (with `gather`): the door holds no other
         request, so a quick model's idle batcher runs the call at once, with no turn of the
         loop to gather."""
-        prepared = prepare()
+        prepared = _decoded(prepare)
         handle, call, finish = prepared
         loop = asyncio.get_running_loop()
         mailbox = self._mailbox
@@ -113,7 +114,7 @@ class QueuedCalls:
                 handle.release()
                 raise
             if now is not None:
-                return finish(now)
+                return _encoded(finish, now)
         loop_thread = threading.get_ident()
         answer: asyncio.Future[T] = loop.create_future()
 
@@ -122,7 +123,7 @@ class QueuedCalls:
             if error is None:
                 assert result is not None
                 try:
-                    out = finish(result)
+                    out = _encoded(finish, result)
                 except Exception as exc:  # an answer that cannot be written
                     error = exc
             if threading.get_ident() == loop_thread:
@@ -151,11 +152,11 @@ class QueuedCalls:
         if self.queueable(size):
             return await self.queued(placement, kind, group, prepare, lone=lone)
         if size <= INLINE_BODY_BYTES:
-            prepared = prepare()
+            prepared = _decoded(prepare)
             return await self._placed(
                 placement, _by_signature(kind, prepared[1]), size, prepared, may_inline=not self.batched, group=group,
             )
-        return await placement.run(kind, size, lambda: self.run_prepared(prepare()), may_inline=False, group=group)
+        return await placement.run(kind, size, lambda: self.run_prepared(_decoded(prepare)), may_inline=False, group=group)
 
     async def _placed(
         self, placement: CallPlacement, timed: Hashable, size: int, prepared: Prepared[T], *, may_inline: bool,
@@ -181,4 +182,16 @@ class QueuedCalls:
         """A decoded request run in this thread, waiting for its batch if any; its version is
         released after."""
         handle, call, finish = prepared
-        return finish(self.api.run_held(handle, call))
+        return _encoded(finish, self.api.run_held(handle, call))
+
+
+def _decoded(prepare: Callable[[], Prepared[T]]) -> Prepared[T]:
+    """A door's request decoded, as the request's "decode" span: the same span on every door."""
+    with tracing.span("decode", leaf=True):
+        return prepare()
+
+
+def _encoded(finish: Callable[[Answer], T], answer: Answer) -> T:
+    """An answer written in the door's protocol, as the request's "encode" span."""
+    with tracing.span("encode", leaf=True):
+        return finish(answer)
