@@ -6,6 +6,7 @@ one audit line each that names the same reason, key, scope and model (auth/acces
 from __future__ import annotations
 
 import re
+import time
 
 import grpc
 import httpx
@@ -102,7 +103,9 @@ def test_every_door_refuses_alike_with_one_audit_line_each(keyed, case) -> None:
         "another model only": f"API key 'limited' may not call model '{M}'",
     }[case]
     assert expected in message
-    lines = AUDIT.findall(server.output)[before:]
+    deadline = time.monotonic() + 10  # the server's log reaches us a moment after its answer
+    while len(lines := AUDIT.findall(server.output)[before:]) < len(DOORS) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(lines) == len(DOORS), lines  # one each
     assert len({(reason, key, scope, model, why) for reason, key, scope, model, why in lines}) == 1, lines
     reason, key, scope, model, why = lines[0]

@@ -29,6 +29,8 @@ audit = logging.getLogger("tfservo.audit")
 class Throttled(ResourceExhausted):
     """A peer that failed too often, refused before its key is looked at; `retry_after` seconds."""
 
+    retry_after: float
+
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after

@@ -66,7 +66,7 @@ class KeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-i
                     peer_address(context.peer()), token, needed, f"grpc {method}", lambda: _model_named(request) if needed == "invoke" else None
                 )
             except Throttled as exc:
-                context.set_trailing_metadata((("retry-after", str(math.ceil(exc.retry_after or 1))),))
+                context.set_trailing_metadata((("retry-after", str(math.ceil(exc.retry_after))),))
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message)
             except Unauthenticated as exc:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)

@@ -52,7 +52,7 @@ class KeyCheck:
             )
         except (Throttled, Unauthenticated, NotAllowed) as exc:  # 429, 401, 403
             if isinstance(exc, Throttled):
-                extra: tuple[tuple[bytes, bytes], ...] = (retry_after_header(exc.retry_after or 1),)
+                extra: tuple[tuple[bytes, bytes], ...] = (retry_after_header(exc.retry_after),)
             else:
                 extra = ((b"www-authenticate", b'Bearer realm="tfservo"'),) if isinstance(exc, Unauthenticated) else ()
             await send_response(send, error_status(exc), error_body(exc.message), JSON, extra)
