@@ -178,9 +178,9 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     def started() -> None:
         if link is None:  # a supervisor says it once for all its workers
             log_access(settings)
-        _log_ready(settings, port, service)
-        if link is not None:
+        if link is not None:  # told first: whoever reads the serving line may kill this worker at once
             link.ready()
+        _log_ready(settings, port, service)
 
     server = GracefulServer(
         uvicorn_config(app, settings),
