@@ -27,8 +27,9 @@ from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.docs_page import DocsPage
 from tfservo.http.hot_routes import HotRoutes
 from tfservo.http.management_edge import gated
+from tfservo.http.multi_model_routes import MultiModelRoutes
 from tfservo.http.responses import error_json, error_response, internal_error, json_response
-from tfservo.http.routes import HotDispatch, RouteSpec, starlette_routes, tfs_path_parts
+from tfservo.http.routes import Endpoints, HotDispatch, RouteSpec, starlette_routes, tfs_path_parts
 from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
 from tfservo.models.calls import METHODS, parse_version
@@ -211,26 +212,22 @@ def build_app(runtime: Runtime, *, async_intake: AsyncIntake | None = None) -> S
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return internal_error(exc)
 
-    groups: dict[str, object] = {
-        "hot": hot,
-        "pages": Pages(service, settings.execution_parameters, multi_model is not None,
-                       management=settings.management_open()[0]),
-        "v2": V2Routes(v2),
-        "docs": DocsPage(),
-        "async": AsyncRoutes(async_intake.queue if async_intake is not None else None),
-    }
-    if multi_model is not None:
-        from tfservo.http.multi_model_routes import MultiModelRoutes
-
-        groups["multi_model"] = MultiModelRoutes(multi_model)
     mm = multi_model is not None
+    endpoints = Endpoints(
+        hot=hot,
+        pages=Pages(service, settings.execution_parameters, mm, management=settings.management_open()[0]),
+        v2=V2Routes(v2),
+        docs=DocsPage(),
+        async_=AsyncRoutes(async_intake.queue if async_intake is not None else None),
+        multi_model=MultiModelRoutes(multi_model) if multi_model is not None else None,
+    )
     gate = runtime.gate
 
     def guard(spec: RouteSpec, endpoint: Any) -> Any:
         return gated(endpoint, gate, spec.name) if spec.scope == "manage" else endpoint
 
     starlette = Starlette(
-        routes=starlette_routes(groups, multi_model=mm, guard=guard),
+        routes=starlette_routes(endpoints, multi_model=mm, guard=guard),
         exception_handlers={HTTPException: not_found, Exception: server_error},  # type: ignore[dict-item]
     )
     starlette.router.redirect_slashes = False  # a redirect built from the client's Host header helps no one
@@ -239,4 +236,4 @@ def build_app(runtime: Runtime, *, async_intake: AsyncIntake | None = None) -> S
         from tfservo.http.capture_tap import HttpCapture
 
         capture = HttpCapture(runtime.taps)
-    return ServingApp(hot, HotDispatch(groups, multi_model=mm), starlette, capture)
+    return ServingApp(hot, HotDispatch(endpoints, multi_model=mm), starlette, capture)

@@ -9,7 +9,7 @@ from importlib.resources import files
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tfservo.core.extras import MissingExtra, require
 from tfservo.http.responses import error_json
@@ -53,7 +53,7 @@ class DocsPage:
             require("GET /docs", "ui", "swagger_ui")
         except MissingExtra as exc:
             self.missing: MissingExtra | None = exc
-            self.assets: object = self._missing_assets
+            self.assets: ASGIApp = self._missing_assets
             return
         self.missing = None
         # The package's static folder (its only part used here; a new version is checked by the test).

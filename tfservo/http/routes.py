@@ -6,22 +6,31 @@ everything else is derived from the table: the fast dispatch of inference POSTs 
 the Starlette routes (`starlette_routes`), the route names of metrics and access logs, and
 /openapi.json (openapi.py).
 
-Endpoints are named "group.attribute": build_app hands `starlette_routes` one object per group
-(`hot`: the inference routes, `pages`: the server's GETs, `v2`: V2's GETs and repository,
-`multi_model`: SageMaker's /models, `docs`: the Swagger UI page).
+Each route's endpoint is a function of `Endpoints`, the objects build_app makes (`hot`: the
+inference routes, `pages`: the server's GETs, `v2`: V2's GETs and repository, `models`:
+SageMaker's /models, `docs`: the Swagger UI page, `async_`: async status), so mypy checks that
+every route names a method that exists.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.routing import BaseRoute, Mount, Route, compile_path
 from starlette.types import Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from tfservo.http.app import Pages
+    from tfservo.http.async_routes import AsyncRoutes
+    from tfservo.http.docs_page import DocsPage
+    from tfservo.http.hot_routes import HotRoutes
+    from tfservo.http.multi_model_routes import MultiModelRoutes
+    from tfservo.http.v2_routes import V2Routes
 
 __all__ = [
     "BODY_KEY",
@@ -30,6 +39,7 @@ __all__ = [
     "ROUTES",
     "ROUTE_KEY",
     "Doc",
+    "Endpoints",
     "HotDispatch",
     "RouteScopes",
     "RouteSpec",
@@ -88,14 +98,36 @@ class Doc:
 
 
 @dataclass(frozen=True)
+class Endpoints:
+    """The objects whose methods answer the table's routes; `multi_model` only with --multi-model."""
+
+    hot: HotRoutes
+    pages: Pages
+    v2: V2Routes
+    docs: DocsPage
+    async_: AsyncRoutes
+    multi_model: MultiModelRoutes | None = None
+
+    @property
+    def models(self) -> MultiModelRoutes:
+        """SageMaker's /models routes (asked for only where the table serves them: --multi-model)."""
+        if self.multi_model is None:
+            raise LookupError("the /models routes are served only with --multi-model")
+        return self.multi_model
+
+
+Endpoint = Callable[[Endpoints], Callable[..., Any]]
+
+
+@dataclass(frozen=True)
 class RouteSpec:
     """One HTTP route. `slash`: also answered with a trailing slash. `multi_model`: only served
-    with --multi-model. An empty `endpoint` is answered outside the app (/metrics, by the
+    with --multi-model. A route without `endpoint` is answered outside the app (/metrics, by the
     metrics middleware) and only documented."""
 
     methods: tuple[str, ...]
     path: str
-    endpoint: str
+    endpoint: Endpoint | None
     hot: bool = False
     metric_method: str | None = None
     slash: bool = False
@@ -120,64 +152,64 @@ _TFS_PREFIXES = ("/v1/models/{name:segment}", "/v1/models/{name:segment}/version
 
 ROUTES: tuple[RouteSpec, ...] = (
     # SageMaker
-    RouteSpec(("GET",), "/ping", "pages.ping", scope=None, doc=Doc(
+    RouteSpec(("GET",), "/ping", lambda e: e.pages.ping, scope=None, doc=Doc(
         "SageMaker health check: 200 when every model is available", _SM, errors=(503,), ok="empty")),
-    RouteSpec(("POST",), "/invocations", "hot.invoke", hot=True, capture="invocation", scope="invoke", doc=Doc(
+    RouteSpec(("POST",), "/invocations", lambda e: e.hot.invoke, hot=True, capture="invocation", scope="invoke", doc=Doc(
         "SageMaker invocation: the default model (or tfs-model-name) through the bundle's handlers or "
         "content conversions", _SM, errors=(400, 404, 415, 500), body="invocations")),
-    RouteSpec(("POST",), "/endpoints/{EndpointName:maybe_empty}/invocations", "hot.runtime_invoke", hot=True,
+    RouteSpec(("POST",), "/endpoints/{EndpointName:maybe_empty}/invocations", lambda e: e.hot.runtime_invoke, hot=True,
               slash=True, capture="invocation", scope=None, doc=Doc("SageMaker runtime API (boto3, the AWS CLI, the SDK)", _SM, errors=(), body="runtime")),
-    RouteSpec(("POST",), "/endpoints/{EndpointName:maybe_empty}/async-invocations", "hot.runtime_invoke_async",
+    RouteSpec(("POST",), "/endpoints/{EndpointName:maybe_empty}/async-invocations", lambda e: e.hot.runtime_invoke_async,
               hot=True, slash=True, scope=None, doc=Doc(
         "SageMaker runtime API: InvokeEndpointAsync (with --async-inference-config)", _SM, errors=(), body="runtime_async")),
-    RouteSpec(("GET",), "/async-invocations/{InferenceId}", "async.status", doc=Doc(
+    RouteSpec(("GET",), "/async-invocations/{InferenceId}", lambda e: e.async_.status, doc=Doc(
         "Where one asynchronous request stands (tfservo's, for local debugging)", _SM, errors=(404,))),
-    RouteSpec(("GET",), "/execution-parameters", "pages.execution_parameters",
+    RouteSpec(("GET",), "/execution-parameters", lambda e: e.pages.execution_parameters,
               doc=Doc("Batch transform's execution parameters", _SM, errors=())),
-    RouteSpec(("GET",), "/metrics", "", scope="metrics", doc=Doc("Prometheus metrics", _OPS, errors=(), ok="text")),
+    RouteSpec(("GET",), "/metrics", None, scope="metrics", doc=Doc("Prometheus metrics", _OPS, errors=(), ok="text")),
     # TF Serving REST
-    RouteSpec(("GET",), "/v1/models", "pages.list_models", doc=Doc("Every model with its versions and states", _TFS, errors=())),
-    *(RouteSpec(("POST",), f"{prefix}:{{method:tfs_method}}", "hot.tfs_method", hot=True, slash=True, capture="inference",
+    RouteSpec(("GET",), "/v1/models", lambda e: e.pages.list_models, doc=Doc("Every model with its versions and states", _TFS, errors=())),
+    *(RouteSpec(("POST",), f"{prefix}:{{method:tfs_method}}", lambda e: e.hot.tfs_method, hot=True, slash=True, capture="inference",
                 scope="invoke",
                 doc=Doc("{method} with {name}", per_model=True, needs="methods", body="tfs") if i == 0 else None)
       for i, prefix in enumerate(_TFS_PREFIXES)),
-    *(RouteSpec(("GET",), prefix, "pages.tfs_status", metric_method="status", slash=True,
+    *(RouteSpec(("GET",), prefix, lambda e: e.pages.tfs_status, metric_method="status", slash=True,
                 doc=Doc("Status of {name}'s versions", per_model=True) if i == 0 else None)
       for i, prefix in enumerate(_TFS_PREFIXES)),
-    *(RouteSpec(("GET",), f"{prefix}/metadata", "pages.tfs_metadata", metric_method="metadata", slash=True,
+    *(RouteSpec(("GET",), f"{prefix}/metadata", lambda e: e.pages.tfs_metadata, metric_method="metadata", slash=True,
                 doc=Doc("Signatures of {name}", per_model=True) if i == 0 else None)
       for i, prefix in enumerate(_TFS_PREFIXES)),
     # Anything else under /v1/models: TF Serving's answers to malformed requests (404/405).
-    RouteSpec(("GET", "POST"), "/v1/models/{rest:path}", "pages.tfs_malformed"),
+    RouteSpec(("GET", "POST"), "/v1/models/{rest:path}", lambda e: e.pages.tfs_malformed),
     # Operations
-    RouteSpec(("GET",), "/openapi.json", "pages.openapi", doc=Doc("This document", _OPS, errors=())),
-    RouteSpec(("GET",), "/docs", "docs.page", doc=Doc(
+    RouteSpec(("GET",), "/openapi.json", lambda e: e.pages.openapi, doc=Doc("This document", _OPS, errors=())),
+    RouteSpec(("GET",), "/docs", lambda e: e.docs.page, doc=Doc(
         "This document as a page (Swagger UI) to read it and send requests", _OPS, errors=(), ok="html")),
-    RouteSpec(("GET",), "/docs/assets", "docs.assets", mount=True),
+    RouteSpec(("GET",), "/docs/assets", lambda e: e.docs.assets, mount=True),
     # Open Inference Protocol (V2)
-    RouteSpec(("POST",), "/v2/repository/index", "v2.repository_index"),
-    RouteSpec(("POST",), "/v2/repository/models/{name}/load", "v2.repository_load", scope="manage"),
-    RouteSpec(("POST",), "/v2/repository/models/{name}/unload", "v2.repository_unload", scope="manage"),
-    RouteSpec(("GET",), "/v2", "v2.server_metadata", doc=Doc("V2 server metadata", _V2, errors=())),
-    RouteSpec(("GET",), "/v2/health/live", "v2.live", scope=None, doc=Doc("V2 liveness", _V2, errors=())),
-    RouteSpec(("GET",), "/v2/health/ready", "v2.ready", scope=None, doc=Doc("V2 readiness", _V2, errors=(503,))),
-    RouteSpec(("GET",), "/v2/models/{name}", "v2.model_metadata", doc=Doc("V2 metadata of {name}", per_model=True)),
-    RouteSpec(("GET",), "/v2/models/{name}/versions/{version}", "v2.model_metadata"),
-    RouteSpec(("GET",), "/v2/models/{name}/ready", "v2.model_ready", doc=Doc("Whether {name} is ready", per_model=True)),
-    RouteSpec(("GET",), "/v2/models/{name}/versions/{version}/ready", "v2.model_ready"),
-    RouteSpec(("POST",), "/v2/models/{name}/infer", "hot.v2_infer", hot=True, metric_method="predict",
+    RouteSpec(("POST",), "/v2/repository/index", lambda e: e.v2.repository_index),
+    RouteSpec(("POST",), "/v2/repository/models/{name}/load", lambda e: e.v2.repository_load, scope="manage"),
+    RouteSpec(("POST",), "/v2/repository/models/{name}/unload", lambda e: e.v2.repository_unload, scope="manage"),
+    RouteSpec(("GET",), "/v2", lambda e: e.v2.server_metadata, doc=Doc("V2 server metadata", _V2, errors=())),
+    RouteSpec(("GET",), "/v2/health/live", lambda e: e.v2.live, scope=None, doc=Doc("V2 liveness", _V2, errors=())),
+    RouteSpec(("GET",), "/v2/health/ready", lambda e: e.v2.ready, scope=None, doc=Doc("V2 readiness", _V2, errors=(503,))),
+    RouteSpec(("GET",), "/v2/models/{name}", lambda e: e.v2.model_metadata, doc=Doc("V2 metadata of {name}", per_model=True)),
+    RouteSpec(("GET",), "/v2/models/{name}/versions/{version}", lambda e: e.v2.model_metadata),
+    RouteSpec(("GET",), "/v2/models/{name}/ready", lambda e: e.v2.model_ready, doc=Doc("Whether {name} is ready", per_model=True)),
+    RouteSpec(("GET",), "/v2/models/{name}/versions/{version}/ready", lambda e: e.v2.model_ready),
+    RouteSpec(("POST",), "/v2/models/{name}/infer", lambda e: e.hot.v2_infer, hot=True, metric_method="predict",
               capture="inference", scope="invoke", doc=Doc(
         "V2 inference with {name}", per_model=True, needs="signature", body="v2")),
-    RouteSpec(("POST",), "/v2/models/{name}/versions/{version}/infer", "hot.v2_infer", hot=True,
+    RouteSpec(("POST",), "/v2/models/{name}/versions/{version}/infer", lambda e: e.hot.v2_infer, hot=True,
               metric_method="predict", label="/v2/models/{name}/infer", capture="inference", scope="invoke"),
     # SageMaker multi-model (--multi-model)
-    RouteSpec(("POST",), "/models", "multi_model.load", multi_model=True, scope="manage", doc=Doc(
+    RouteSpec(("POST",), "/models", lambda e: e.models.load, multi_model=True, scope="manage", doc=Doc(
         "Load a model dir under the model root", _MM, errors=(400, 403, 404, 409, 507), body="load")),
-    RouteSpec(("GET",), "/models", "multi_model.list_models", multi_model=True,
+    RouteSpec(("GET",), "/models", lambda e: e.models.list_models, multi_model=True,
               doc=Doc("Loaded models", _MM, errors=())),
-    RouteSpec(("GET",), "/models/{name}", "multi_model.describe", multi_model=True),
-    RouteSpec(("DELETE",), "/models/{name}", "multi_model.unload", multi_model=True, scope="manage"),
-    RouteSpec(("POST",), "/models/{name}/invoke", "hot.invoke", hot=True, slash=True, multi_model=True,
+    RouteSpec(("GET",), "/models/{name}", lambda e: e.models.describe, multi_model=True),
+    RouteSpec(("DELETE",), "/models/{name}", lambda e: e.models.unload, multi_model=True, scope="manage"),
+    RouteSpec(("POST",), "/models/{name}/invoke", lambda e: e.hot.invoke, hot=True, slash=True, multi_model=True,
               capture="invocation", scope="invoke"),
 )
 
@@ -201,12 +233,12 @@ def tfs_path_parts(path: str) -> dict[str, str] | None:
 
 
 def _served(spec: RouteSpec, multi_model: bool) -> bool:
-    return bool(spec.endpoint) and (multi_model or not spec.multi_model)
+    return spec.endpoint is not None and (multi_model or not spec.multi_model)
 
 
-def _resolve(endpoint: str, groups: Mapping[str, Any]) -> Any:
-    group, attribute = endpoint.split(".")
-    return getattr(groups[group], attribute)
+def _resolve(spec: RouteSpec, endpoints: Endpoints) -> Any:
+    assert spec.endpoint is not None  # _served
+    return spec.endpoint(endpoints)
 
 
 class _HotEndpoint:
@@ -221,7 +253,7 @@ class _HotEndpoint:
 
 
 def starlette_routes(
-    groups: Mapping[str, Any], *, multi_model: bool, guard: Callable[[RouteSpec, Any], Any] = lambda spec, endpoint: endpoint,
+    endpoints: Endpoints, *, multi_model: bool, guard: Callable[[RouteSpec, Any], Any] = lambda spec, endpoint: endpoint,
 ) -> list[BaseRoute]:
     """The table's routes for Starlette, in order (hot ones too, see _HotEndpoint); `guard`
     gives each endpoint as it is served (the management gate wraps the "manage" ones)."""
@@ -229,7 +261,7 @@ def starlette_routes(
     for spec in ROUTES:
         if not _served(spec, multi_model):
             continue
-        endpoint = guard(spec, _resolve(spec.endpoint, groups))
+        endpoint = guard(spec, _resolve(spec, endpoints))
         if spec.mount:
             routes.append(Mount(spec.path, app=endpoint, name=spec.name))
             continue
@@ -245,13 +277,13 @@ class HotDispatch:
     routing were ~20 % of a small request's CPU): exact paths by dict, templates by prefix and
     one compiled pattern each."""
 
-    def __init__(self, groups: Mapping[str, object], *, multi_model: bool) -> None:
+    def __init__(self, endpoints: Endpoints, *, multi_model: bool) -> None:
         self._exact: dict[str, tuple[RouteSpec, AsgiHandler]] = {}
         self._patterns: list[tuple[str, re.Pattern[str], RouteSpec, AsgiHandler]] = []
         for spec in ROUTES:
             if not (spec.hot and _served(spec, multi_model)):
                 continue
-            handler = _resolve(spec.endpoint, groups)
+            handler = _resolve(spec, endpoints)
             if "{" not in spec.path and not spec.slash:
                 self._exact[spec.path] = (spec, handler)
                 continue
