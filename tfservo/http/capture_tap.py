@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfservo.capture.taps import Tap, Taps
 from tfservo.capture.writer import CaptureEvent
-from tfservo.http.routes import BODY_KEY, CAPTURE_KEY
+from tfservo.http.request_context import context_of
 
 __all__ = ["HttpCapture"]
 
@@ -34,7 +34,7 @@ class HttpCapture:
 
     def wrap(self, scope: Scope, handler: ASGIApp) -> ASGIApp:
         """`handler`, tapped when some sink takes this request."""
-        taking = self.taps.taking(scope.get(CAPTURE_KEY))
+        taking = self.taps.taking(context_of(scope).capture)
         if not taking:
             return handler
         return functools.partial(self._tapped, taking, handler)
@@ -58,7 +58,7 @@ class HttpCapture:
             return  # no answer went out
         headers = scope.get("headers", ())
         event = CaptureEvent(
-            request_body=scope.get(BODY_KEY, b""),
+            request_body=context_of(scope).body or b"",
             request_type=_header(headers, b"content-type"),
             response_body=answer[0] if len(answer) == 1 else b"".join(answer),
             response_type=_header(start[0].get("headers", ()), b"content-type"),

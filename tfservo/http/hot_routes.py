@@ -26,8 +26,7 @@ from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
 from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, PayloadTooLarge, ServingError
 from tfservo.http.decode_budget import DecodeBudget
-from tfservo.http.protocol import lone_request
-from tfservo.http.routes import BODY_KEY, ROUTE_KEY
+from tfservo.http.request_context import context_of, lone_request
 from tfservo.http.runtime_api import (
     RuntimeError_,
     RuntimeRequest,
@@ -404,7 +403,7 @@ class HotRoutes:
             return self.invocations.run(kind, len(body), whole, may_inline=may_inline, group=group)
 
         return await self._limited(
-            self.invocation_timeout, scope.get(ROUTE_KEY, "/invocations"), name, call,
+            self.invocation_timeout, context_of(scope).route or "/invocations", name, call,
             "--invocation-timeout / SAGEMAKER_GUNICORN_TIMEOUT_SECONDS",
         )
 
@@ -479,7 +478,7 @@ class HotRoutes:
                 return
             except ClientDisconnected:
                 return
-            scope[BODY_KEY] = body  # what data capture and the payload logger record
+            context_of(scope).body = body  # what data capture and the payload logger record
             if len(body) > held:  # a chunked body: held as read
                 if not self.budget.hold(len(body) - held):
                     await self._busy(send, runtime)

@@ -14,7 +14,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfservo.core.request_labels import RequestLabels, reset_current, set_current
-from tfservo.http.routes import METHOD_KEY, ROUTE_KEY, metric_methods
+from tfservo.http.request_context import context_of
+from tfservo.http.routes import metric_methods
 from tfservo.service.metrics import METRICS_PATH, Metrics, access_level
 
 if TYPE_CHECKING:
@@ -107,9 +108,10 @@ class _HttpMetrics:
     def _name(self, scope: Scope, labels: RequestLabels) -> None:
         """Route name and method of a request that has been answered (from the route table);
         the model if still unknown."""
-        route = scope.get(ROUTE_KEY) or self._template(scope)
+        context = context_of(scope)
+        route = context.route or self._template(scope)
         labels.route = route or "unmatched"
-        method = scope.get(METHOD_KEY) or _METRIC_METHODS.get(labels.route)
+        method = context.method or _METRIC_METHODS.get(labels.route)
         if labels.route.startswith("/v1/models/"):  # TF Serving: the model is in the path
             if method:
                 labels.method = method

@@ -29,7 +29,7 @@ uvicorn's shutdown hooks (`connections`, `tasks`, `shutdown()`).
   silent clients cannot use up the process's file descriptors and lock active ones out;
 - each request's scope carries how many requests this server holds (its open connections less
   the idle ones), so that a door can tell a lone request, which nothing can join in a batch,
-  from one among others (`lone_request(scope)`);
+  from one among others (`request_context.lone_request(scope)`);
 - a response's status line and headers leave with its first body bytes, in one write
   (`exchange.Exchange`);
 - after each answer, while the worker holds at most two connections, its loop polls their
@@ -45,7 +45,6 @@ import asyncio
 import resource
 import urllib.parse
 from collections import deque
-from collections.abc import Mapping
 from typing import Any
 
 import httptools
@@ -54,24 +53,15 @@ from tfservo.codecs.media_types import JSON
 from tfservo.core.status import error_body
 from tfservo.http.exchange import Exchange, status_line
 from tfservo.http.idle_poll import IdlePoll
+from tfservo.http.request_context import new_context
 from tfservo.http.uvicorn_seam import protocol_hooks
 
-__all__ = ["ServingProtocol", "default_max_connections", "lone_request", "protocol_class"]
+__all__ = ["ServingProtocol", "default_max_connections", "protocol_class"]
 
-# The scope key of a callable answering how many requests the server holds now (this one included).
-_REQUESTS_IN_PROGRESS = "tfservo.requests_in_progress"
 _HEADERS, _BODY = "headers", "body"  # what a part-read request still waits for
 # A worker polls after an answer only while it holds this many connections or fewer: with more,
 # their requests keep its loop busy, and a poll would take CPU from other work (docs/decisions.md).
 _POLL_CONNECTIONS = 2
-
-
-def lone_request(scope: Mapping[str, Any]) -> bool:
-    """Whether the server holds no request but this one (asked when the request runs: none of
-    the loop's turn is left to join its batch); False where the server does not say (an app
-    called in-process)."""
-    in_progress = scope.get(_REQUESTS_IN_PROGRESS)
-    return in_progress is not None and in_progress() <= 1
 
 
 def default_max_connections() -> int:
@@ -274,9 +264,9 @@ class ServingProtocol(asyncio.Protocol):
             "path": root + path if root else path,
             "raw_path": root.encode("ascii") + raw_path if root else raw_path,
             "query_string": url.query or b"",
-            # Read by the app when it runs, after the loop has taken in every request of its turn.
-            _REQUESTS_IN_PROGRESS: self.requests_in_progress,
         }
+        # Read by the app when it runs, after the loop has taken in every request of its turn.
+        new_context(scope, self.requests_in_progress)
         keep_alive = http_version != "1.0" and parser.should_keep_alive()
         exchange = Exchange(self, scope, keep_alive=keep_alive, expect_100=self._expect_100)
         previous, self.exchange = self.exchange, exchange

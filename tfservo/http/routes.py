@@ -24,6 +24,8 @@ from starlette.convertors import Convertor, register_url_convertor
 from starlette.routing import BaseRoute, Mount, Route, compile_path
 from starlette.types import Receive, Scope, Send
 
+from tfservo.http.request_context import context_of
+
 if TYPE_CHECKING:
     from tfservo.http.app import Pages
     from tfservo.http.async_routes import AsyncRoutes
@@ -33,11 +35,7 @@ if TYPE_CHECKING:
     from tfservo.http.v2_routes import V2Routes
 
 __all__ = [
-    "BODY_KEY",
-    "CAPTURE_KEY",
-    "METHOD_KEY",
     "ROUTES",
-    "ROUTE_KEY",
     "Doc",
     "Endpoints",
     "HotDispatch",
@@ -47,10 +45,6 @@ __all__ = [
     "tfs_path_parts",
 ]
 
-CAPTURE_KEY = "tfservo.capture"  # scope key: the route's data-capture kind, if it has one
-BODY_KEY = "tfservo.body"  # scope key: a hot route's request body, once read whole (for data capture)
-ROUTE_KEY = "tfservo.route"  # scope key: the name of the route that answered (metrics, access logs)
-METHOD_KEY = "tfservo.method"  # scope key: the `method` label of that route, where it has one
 
 AsgiHandler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
@@ -294,13 +288,13 @@ class HotDispatch:
 
     def route(self, scope: Scope) -> AsgiHandler | None:
         """The handler for a POST to this path (path parameters, route name and method noted in
-        the scope), or None: Starlette answers it."""
+        its context), or None: Starlette answers it."""
         path = scope["path"]
         hit = self._exact.get(path)
         if hit is not None:
             spec, handler = hit
-            scope[ROUTE_KEY] = spec.name
-            scope[CAPTURE_KEY] = spec.capture
+            context = context_of(scope)
+            context.route, context.capture = spec.name, spec.capture
             return handler
         for prefix, pattern, spec, handler in self._patterns:
             if path.startswith(prefix):
@@ -309,10 +303,9 @@ class HotDispatch:
                     params = match.groupdict()
                     scope["path_params"] = params
                     method: str | None = params.get("method") or spec.metric_method
-                    scope[ROUTE_KEY] = spec.name.replace("{method}", str(method)) if "method" in params else spec.name
-                    scope[CAPTURE_KEY] = spec.capture
-                    if method is not None:
-                        scope[METHOD_KEY] = method
+                    context = context_of(scope)
+                    context.route = spec.name.replace("{method}", str(method)) if "method" in params else spec.name
+                    context.capture, context.method = spec.capture, method
                     return handler
         return None
 

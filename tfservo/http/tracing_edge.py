@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tfservo.core import tracing
-from tfservo.http.routes import ROUTE_KEY
+from tfservo.http.request_context import context_of
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
@@ -56,7 +56,7 @@ async def traced(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> No
         try:
             await app(scope, receive, send_noting_status)
         finally:
-            route = scope.get(ROUTE_KEY) or _starlette_route(scope)
+            route = context_of(scope).route or _starlette_route(scope)
             if route:
                 span.set_attribute("http.route", route)
                 span.update_name(f"{method} {route}")

@@ -1,0 +1,53 @@
+"""What the layers of one HTTP request tell each other: one typed record in the ASGI scope.
+
+The hot dispatch names the route (metrics, access logs, traces) and its data-capture kind, the
+hot route keeps the body it read (data capture, payload logs), and the protocol says how many
+requests the server holds (whether a call may join a batch). One scope key holds all of it, so
+a reader finds every field here, typed, instead of loose keys in the scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RequestContext", "context_of", "lone_request", "new_context"]
+
+_KEY = "tfservo"
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """One request's notes. `route`: the name of the route that answered; `method`: its metrics
+    `method` label, where it has one; `capture`: its data-capture kind ("invocation",
+    "inference"); `body`: a hot route's body once read whole; `in_progress`: how many requests
+    the server holds now (None when an app is called in-process)."""
+
+    route: str | None = None
+    method: str | None = None
+    capture: str | None = None
+    body: bytes | None = None
+    in_progress: Callable[[], int] | None = None
+
+
+def context_of(scope: MutableMapping[str, Any]) -> RequestContext:
+    """This request's context, made on first use (the protocol makes it with the request)."""
+    context = scope.get(_KEY)
+    if context is None:
+        context = scope[_KEY] = RequestContext()
+    assert isinstance(context, RequestContext)
+    return context
+
+
+def lone_request(scope: MutableMapping[str, Any]) -> bool:
+    """Whether the server holds no request but this one (asked when the request runs: none of
+    the loop's turn is left to join its batch); False where the server does not say (an app
+    called in-process)."""
+    in_progress = context_of(scope).in_progress
+    return in_progress is not None and in_progress() <= 1
+
+
+def new_context(scope: MutableMapping[str, Any], in_progress: Callable[[], int]) -> None:
+    """The protocol's part: the context, with the server's count of requests in progress."""
+    scope[_KEY] = RequestContext(in_progress=in_progress)
