@@ -123,3 +123,29 @@ def test_the_graph_sees_imports_in_functions_and_under_type_checking(tmp_path: P
     assert graph["tfservo.core"] == {"tfservo.http", "tfservo.grpc"}
     assert graph["tfservo.http"] == {"tfservo.core"}
     assert cycles(graph) == [["tfservo.core", "tfservo.grpc", "tfservo.http"]]
+
+
+_ENVIRON = {"environ", "getenv", "putenv", "unsetenv", "environb"}
+
+
+def _environment_uses(path: Path) -> list[int]:
+    """Lines of `path` that read or write the process environment through `os`."""
+    tree = ast.parse(path.read_text(), str(path))
+    lines = [node.lineno for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and node.attr in _ENVIRON
+             and isinstance(node.value, ast.Name) and node.value.id == "os"]
+    lines += [node.lineno for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module == "os"
+              and any(alias.name in _ENVIRON for alias in node.names)]
+    return sorted(lines)
+
+
+def test_only_the_environment_module_touches_the_process_environment() -> None:
+    """Settings and the few other variables are read, and child processes' variables
+    exported, in core/environment.py only: one place to find what tfservo reads from the
+    environment and what it changes there."""
+    owner = ROOT / "core" / "environment.py"
+    found = {str(path.relative_to(ROOT)): lines for path in sorted(ROOT.rglob("*.py"))
+             if path != owner and (lines := _environment_uses(path))}
+    assert found == {}
+    assert _environment_uses(owner)  # the check reads what it should

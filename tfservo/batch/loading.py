@@ -3,9 +3,8 @@ Environment, then the bundle through the one service factory with the settings `
 
 from __future__ import annotations
 
-import os
-
 from tfservo.batch.job import JobError
+from tfservo.core import environment as process_env
 from tfservo.core.settings import ConfigError, environment, resolve_settings
 from tfservo.service.factory import ModelService, build_service
 
@@ -21,16 +20,9 @@ def apply_env(env: dict[str, str]) -> None:
     The job's keys replace an earlier job's: a worker process reused by a later job (Spark
     reuses its Python workers) first gets back what the earlier --env changed. tfservo's own
     settings never come from here: load_service resolves them from the job's env."""
-    for key, before in list(_APPLIED.items()):
-        if key not in env:
-            if before is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = before
-            del _APPLIED[key]
-    for key, value in env.items():
-        _APPLIED.setdefault(key, os.environ.get(key))
-        os.environ[key] = value
+    process_env.export({key: _APPLIED.pop(key) for key in list(_APPLIED) if key not in env})
+    for key, before in process_env.export(env).items():
+        _APPLIED.setdefault(key, before)
 
 
 def load_service(model: str, env: dict[str, str] | None = None, *, cores: int | None = None) -> ModelService:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, TextIO
 
 import orjson
 
+from tfservo.core import environment
+
 __all__ = [
     "JsonFormatter", "library_logs_wanted", "quiet_libraries", "quiet_native_env", "quiet_tensorflow", "quiet_tensorflow_env", "setup_logging",
 ]
@@ -36,7 +38,7 @@ _QUIET_NATIVE = (("TF_CPP_MIN_LOG_LEVEL", "2"), ("GRPC_VERBOSITY", "ERROR"))
 
 def library_logs_wanted(env: Mapping[str, str] | None = None) -> bool:
     """TFSERVO_TF_LOGS=1: the user wants TensorFlow's, Beam's and Spark's own lines."""
-    return (os.environ if env is None else env).get("TFSERVO_TF_LOGS") == "1"
+    return (environment.current() if env is None else env).get("TFSERVO_TF_LOGS") == "1"
 
 
 def quiet_native_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -50,8 +52,7 @@ def quiet_native_env(env: Mapping[str, str]) -> dict[str, str]:
 def quiet_tensorflow_env() -> bool:
     """Set those variables in this process, before TensorFlow loads; True when tfservo chose
     TF's log level (so TF's Python loggers are quieted too), False when the user did."""
-    added = quiet_native_env(os.environ)
-    os.environ.update(added)
+    added = environment.export_missing(quiet_native_env(environment.current()))
     return "TF_CPP_MIN_LOG_LEVEL" in added
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tfservo.core import environment as process_env
 from tfservo.core import tracing
 from tfservo.core.archive_limits import ArchiveLimits
 from tfservo.core.batching_options import (
@@ -555,7 +556,7 @@ def resolve_settings(
     unknown = sorted(set(flags) - set(_BY_NAME))
     if unknown:
         raise TypeError(f"resolve_settings() got unknown settings {', '.join(unknown)}")
-    env = os.environ if env is None else env
+    env = process_env.current() if env is None else env
     value = {option.name: _resolve(option.name, flags, env) for option in _OPTIONS if option.name not in _COMBINED}
     if value["multi_model"] and paths:
         raise ConfigError(
@@ -621,12 +622,12 @@ _COMBINED = {option.name for option in INPUTS}
 def environment(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment with a job's `--env` over it: what settings resolve from
     (handing it on is how a worker gets a job's settings without the environment written)."""
-    return {**os.environ, **(overrides or {})}
+    return {**process_env.current(), **(overrides or {})}
 
 
 def log_level_from_env(env: Mapping[str, str] | None = None) -> str:
     """The declared log level as the environment gives it (for logging set up before the rest)."""
-    return str(_resolve("log_level", {}, os.environ if env is None else env))
+    return str(_resolve("log_level", {}, process_env.current() if env is None else env))
 
 
 def _check_tls(cert: str | None, key: str | None, ca: str | None) -> None:

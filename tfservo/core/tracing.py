@@ -14,7 +14,6 @@ what it read to its export process (core.trace_export).
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -23,6 +22,7 @@ from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeAlias
 
+from tfservo.core import environment
 from tfservo.core.trace_export import ChildExport, exporter_class, phase_wire
 
 if TYPE_CHECKING:  # the SDK is the [otel] extra: imported only once tracing is on
@@ -105,7 +105,7 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         if _CONFIGURED:
             return _TRACER is not None
         _CONFIGURED = True
-        env = os.environ if environ is None else environ
+        env = environment.current() if environ is None else environ
         exporters = wanted(env)
         if not exporters:
             return False

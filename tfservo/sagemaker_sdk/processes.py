@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 
+from tfservo.core import environment
 from tfservo.core.logs import quiet_native_env
 from tfservo.core.settings import ConfigError, log_level_from_env
 from tfservo.server.run import READY_LINE
@@ -184,4 +184,4 @@ class TransformRun:
 
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment with `extra` over it, TensorFlow's start-up noise off."""
-    return {**os.environ, **quiet_native_env(os.environ), **extra}
+    return environment.for_child(extra, quiet_native_env(environment.current()))

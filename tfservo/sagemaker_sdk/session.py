@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import sys
 import threading
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from tfservo.core import environment
 from tfservo.core.extras import require
 
 require("tfservo.sagemaker_sdk", "sagemaker", "sagemaker")
@@ -75,11 +75,11 @@ class Session(LocalSession):
         **kwargs: Any,
     ) -> None:
         self._moto: Any = None
-        self.endpoint_url = endpoint_url or os.environ.get("TFSERVO_ENDPOINT_URL") or None
+        self.endpoint_url = endpoint_url or environment.variable("TFSERVO_ENDPOINT_URL") or None
         boto_session = boto_session or boto3.Session()
         if boto_session.region_name is None:
             boto_session = _with_region(boto_session, _DEFAULT_REGION)
-        s3_endpoint_url = s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        s3_endpoint_url = s3_endpoint_url or environment.variable("AWS_ENDPOINT_URL_S3") or environment.variable("AWS_ENDPOINT_URL")
         if local_s3 is None:
             local_s3 = s3_endpoint_url is None and boto_session.get_credentials() is None
         self._restore_env: dict[str, str | None] = {}
@@ -88,8 +88,7 @@ class Session(LocalSession):
             boto_session = boto3.Session(region_name=boto_session.region_name, **_LOCAL_KEYS)
             # Some SDK paths (repacking an entry_point) make S3 clients from the boto session
             # without the session's s3_endpoint_url; botocore's variable reaches those too.
-            self._restore_env = {"AWS_ENDPOINT_URL_S3": os.environ.get("AWS_ENDPOINT_URL_S3")}
-            os.environ["AWS_ENDPOINT_URL_S3"] = s3_endpoint_url
+            self._restore_env = environment.export({"AWS_ENDPOINT_URL_S3": s3_endpoint_url})
         self._child_env = _child_aws_env(boto_session, s3_endpoint_url)
         super().__init__(
             boto_session=boto_session,
@@ -163,11 +162,7 @@ class Session(LocalSession):
         if self._moto is not None:
             self._moto.stop()
             self._moto = None
-        for name, value in self._restore_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        environment.export(self._restore_env)
         self._restore_env = {}
 
 

@@ -39,6 +39,7 @@ from types import FrameType
 
 from tfservo.auth.doors import log_access
 from tfservo.auth.throttle import create_throttle_table
+from tfservo.core import environment
 from tfservo.core.errors import ServingError
 from tfservo.core.scratch import remove_scratch_dirs
 from tfservo.core.settings import Settings
@@ -203,8 +204,9 @@ class Supervisor:
     def run(self) -> None:
         """Start the workers and supervise them; raises ServingError if one failed to start."""
         own_metrics_dir = None
-        if self.settings.workers > 1 and not os.environ.get(MULTIPROC_ENV):
-            own_metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="tfservo-metrics-")
+        if self.settings.workers > 1 and not environment.variable(MULTIPROC_ENV):
+            own_metrics_dir = tempfile.mkdtemp(prefix="tfservo-metrics-")
+            environment.export({MULTIPROC_ENV: own_metrics_dir})  # for the workers' prometheus_client
         # Per-server promises held across the workers: failed authentications count once per
         # server (one worker keeps its own table, and its TMPDIR clean).
         if self.settings.workers > 1:

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from tfservo.core import environment
 from tfservo.core.errors import Code, FailedPrecondition
 from tfservo.core.request_labels import RequestLabels, tracking
 from tfservo.core.request_labels import current as current_labels
@@ -60,7 +61,7 @@ class Metrics:
     """The Prometheus metrics of one server (of all its workers, in multiprocess mode)."""
 
     def __init__(self, multiprocess_dir: str | None = None) -> None:
-        self.multiprocess_dir = multiprocess_dir if multiprocess_dir is not None else os.environ.get(MULTIPROC_ENV)
+        self.multiprocess_dir = multiprocess_dir if multiprocess_dir is not None else environment.variable(MULTIPROC_ENV)
         if self.multiprocess_dir:
             if not os.path.isdir(self.multiprocess_dir):
                 raise FailedPrecondition(
@@ -416,7 +417,7 @@ def _multiprocess_values() -> bool:
 
 def mark_worker_dead(pid: int, multiprocess_dir: str | None = None) -> None:
     """For a parent of worker processes: drop a dead worker's live gauges (multiprocess mode)."""
-    path = multiprocess_dir or os.environ.get(MULTIPROC_ENV)
+    path = multiprocess_dir or environment.variable(MULTIPROC_ENV)
     if path:
         multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call, unused-ignore]
 

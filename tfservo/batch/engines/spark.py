@@ -43,6 +43,7 @@ from tfservo.batch.job import JobError, TransformJob
 from tfservo.batch.records import Wire
 from tfservo.batch.sources import InputObject
 from tfservo.batch.state import ObjectOutcome, TransformSummary
+from tfservo.core import environment
 from tfservo.core.extras import require
 from tfservo.core.logs import library_logs_wanted
 
@@ -80,7 +81,7 @@ def _session(settings: SparkSettings) -> Iterator[object]:
         # cluster's executors keep their own configuration: the file is on this machine only)
         defaults["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_QUIET_LOG4J}"
     # Python workers run this interpreter (tfservo installed); PySpark reads only the variable.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    environment.export_missing({"PYSPARK_PYTHON": sys.executable})
     builder = SparkSession.builder.appName("tfservo transform").master(master)
     for key, value in {**defaults, **settings.conf}.items():
         builder = builder.config(key, value)
