@@ -149,3 +149,36 @@ def test_keys_rotate_without_a_restart_and_never_reach_the_log(server):
     assert "refused sigv4" in output and f"key={KEY}" in output  # the audit line names the key id
     for secret in (SECRET, new_secret, "Signature="):
         assert secret not in output
+
+
+def signed_headers(url: str, body: bytes, payload_hash: str) -> dict[str, str]:
+    """Headers botocore's own signer makes for `body` with `x-amz-content-sha256: payload_hash`
+    among the signed headers (as a proxy log would show them)."""
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    request = AWSRequest(method="POST", url=url, data=body,
+                         headers={"Content-Type": "application/json", "x-amz-content-sha256": payload_hash})
+    # the key no other test rotates
+    botocore.auth.SigV4Auth(Credentials(SDK_KEY, SDK_SECRET), "sagemaker", "eu-west-1").add_auth(request)
+    return dict(request.headers.items())
+
+
+def test_a_signed_payload_hash_binds_the_body_and_unsigned_payloads_are_refused(server):
+    """A signature over `x-amz-content-sha256` cannot carry another body, and a request signed
+    with UNSIGNED-PAYLOAD (or a streaming payload) is refused whatever its body."""
+    import hashlib
+
+    url = server[0].url + "/endpoints/ep/invocations"
+    honest = signed_headers(url, BODY, hashlib.sha256(BODY).hexdigest())
+    answer = httpx.post(url, content=BODY, headers=honest)
+    assert answer.status_code == 200 and answer.json() == {"predictions": [3.5, 4.0]}
+    swapped = httpx.post(url, content=b'{"instances": [100.0]}', headers=honest)
+    assert swapped.status_code == 400, swapped.text
+    assert swapped.headers["x-amzn-ErrorType"] == "InvalidSignatureException"
+    assert "does not match what was computed" in swapped.json()["message"]
+    for declared in ("UNSIGNED-PAYLOAD", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"):
+        unsigned = httpx.post(url, content=b'{"instances": [100.0]}', headers=signed_headers(url, BODY, declared))
+        assert unsigned.status_code == 400, (declared, unsigned.text)
+        assert unsigned.headers["x-amzn-ErrorType"] == "InvalidSignatureException"
+        assert "needs the body signed" in unsigned.json()["message"]

@@ -6,12 +6,17 @@ The keys come from a file in the AWS shared-credentials format (one `[profile]` 
 request and signature are botocore's own (`SigV4Auth`, the signer those clients use), fed the
 request as it arrived: the raw path, the headers the client signed, the body it sent; this
 module is the one place tfservo leans on botocore's signer.
+
+The payload's hash is always the hash of the body as received: a signed `x-amz-content-sha256`
+must equal it, and `UNSIGNED-PAYLOAD` or `STREAMING-*` are refused (botocore signs the body of
+every sagemaker-runtime call), so a signature seen once cannot carry another body.
 """
 
 from __future__ import annotations
 
 import configparser
 import datetime
+import hashlib
 import hmac
 import logging
 import re
@@ -135,6 +140,7 @@ class SigV4Verifier:
         if "host" not in signed or any(name not in fields for name in signed):
             raise SignatureRefused("InvalidSignatureException",
                                    "SignedHeaders must include host and name only headers the request has", key=access_key)
+        _check_payload(fields, body, access_key)
         expected = _signature(key, region, method, raw_path, query, {n: fields[n] for n in signed}, body, stamp)
         if not hmac.compare_digest(expected, match["signature"]):
             raise SignatureRefused(
@@ -159,6 +165,25 @@ class SigV4Verifier:
                 f"Signature not yet current: {stamp} is still later than {(now + _SKEW).strftime(_AMZ_DATE)} "
                 f"({now.strftime(_AMZ_DATE)} + 5 min.)", key=access_key,
             )
+
+
+def _check_payload(fields: dict[str, list[str]], body: bytes, access_key: str) -> None:
+    """The payload hash a client declares, if it does, must be the body's: SignatureRefused if not."""
+    declared = fields.get("x-amz-content-sha256")
+    if declared is None:
+        return  # botocore's sagemaker-runtime signer: the signature covers the body's own hash
+    value = declared[0].strip()
+    if len(declared) > 1 or value == "UNSIGNED-PAYLOAD" or value.startswith("STREAMING-"):
+        raise SignatureRefused(
+            "InvalidSignatureException",
+            f"x-amz-content-sha256 {value[:40]!r} is not accepted here: the SageMaker runtime API needs the body "
+            "signed (botocore signs it for every InvokeEndpoint; sign with the body's SHA-256)",
+            400, key=access_key,
+        )
+    if not hmac.compare_digest(value.lower().encode("utf-8", "replace"), hashlib.sha256(body).hexdigest().encode()):
+        raise SignatureRefused("InvalidSignatureException",
+                               "The provided 'x-amz-content-sha256' header does not match what was computed.",
+                               400, key=access_key)
 
 
 def _signature(
