@@ -3,7 +3,9 @@ botocore's ThrottlingException on the runtime API) — and no one else is slowed
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 import boto3
 import grpc
@@ -15,25 +17,59 @@ from conftest import SMC, grpc_predict_request
 from server_process import ServerProcess
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from tfservo.auth.keys import add_key
+from tfservo.auth.access import Access, Throttled
+from tfservo.auth.keys import KeyRing, Unauthenticated, add_key
 from tfservo.auth.throttle import FailureThrottle
 
 MODEL = SMC / "resources" / "models" / "half_plus_three"
 M = "half_plus_three"
 
 
-def test_the_throttle_holds_a_failing_peer_longer_each_time_and_forgets_it_on_success():
-    throttle = FailureThrottle(limit=3, window=60, penalty=0.2, max_penalty=0.8)
+def wait_out(throttle: FailureThrottle, peer: str) -> None:
+    time.sleep(throttle.held(peer) + 0.01)
+
+
+def test_the_throttle_doubles_a_failing_peers_wait_to_its_cap_keeps_it_there_and_forgives_only_quiet():
+    throttle = FailureThrottle(limit=3, window=1.0, penalty=0.1, max_penalty=0.4)
     for _ in range(2):
         throttle.failed("a")
     assert throttle.held("a") == 0
     throttle.failed("a")
-    first = throttle.held("a")
-    assert 0.1 < first <= 0.2 and throttle.held("b") == 0
+    assert 0.05 < throttle.held("a") <= 0.1 and throttle.held("b") == 0
+    assert throttle.counts() == (1, 1)
+    waits = []
+    for _ in range(4):
+        wait_out(throttle, "a")
+        throttle.failed("a")
+        waits.append(throttle.held("a"))
+    assert [round(w, 1) for w in waits] == [0.2, 0.4, 0.4, 0.4]  # doubled to the cap, and kept there
+    time.sleep(throttle.held("a") + 1.05)  # a whole window quiet after the wait
+    assert throttle.counts() == (0, 0)
     throttle.failed("a")
-    assert 0.2 < throttle.held("a") <= 0.4  # doubled
-    throttle.succeeded("a")
-    assert throttle.held("a") == 0
+    assert throttle.held("a") == 0  # forgiven: counting from one again
+
+
+def test_a_valid_key_between_guesses_does_not_reset_the_count():
+    """The attack of issue 60: a holder of one low-privilege key sends it every few guesses.
+    At a tenth of the real timings (limit 10, 6 s window, waits of 0.1 s doubling to 6 s), the
+    guesser checks at most 20 wrong keys in 6 s, as the real throttle allows 20 a minute."""
+    ring_file = Path(tempfile.mkdtemp()) / "keys.json"
+    low = add_key(str(ring_file), "low", ["read"])
+    access = Access(FailureThrottle(limit=10, window=6.0, penalty=0.1, max_penalty=6.0), KeyRing(str(ring_file)))
+    checked = 0
+    deadline = time.monotonic() + 6.0
+    i = 0
+    while time.monotonic() < deadline:
+        i += 1
+        token = low if i % 3 == 0 else f"tfsk_guess{i}"
+        try:
+            access.check_key("127.0.0.2", token, "read", "GET /v1/models")
+        except Unauthenticated:
+            checked += 1
+        except Throttled:
+            time.sleep(0.005)
+    assert 10 < checked <= 20, checked
+    access.close()
 
 
 def test_a_guessing_peer_is_slowed_over_rest_grpc_and_sigv4_and_no_one_else_is(tmp_path):
@@ -87,7 +123,8 @@ def test_ten_wrong_keys_over_rest_v2_and_grpc_hold_the_address_on_every_door_and
     request wait whatever its door and worker."""
     keys = str(tmp_path / "keys.json")
     good = add_key(keys, "svc", ["invoke"])
-    with ServerProcess([str(MODEL), "--workers", "2", "--api-keys", keys]) as server:
+    scraper = add_key(keys, "scraper", ["metrics"])
+    with ServerProcess([str(MODEL), "--workers", "2", "--api-keys", keys, "--host", "0.0.0.0"]) as server:
         port = server.url.rsplit(":", 1)[1]
         grpc_port = server.grpc_target.rsplit(":", 1)[1]
         v2_body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
@@ -121,7 +158,13 @@ def test_ten_wrong_keys_over_rest_v2_and_grpc_hold_the_address_on_every_door_and
         assert rest(good) == 429
         assert rest(good, v2=True) == 429
         assert over_grpc(good) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=30) as other:
+            # another address: not held
+            metrics = other.get(f"http://127.0.0.2:{port}/metrics", headers={"Authorization": f"Bearer {scraper}"}).text
+        assert 'tfservo_auth_throttle_peers{state="waiting"} 1.0' in metrics, metrics[-2000:]
         time.sleep(1.5)  # the first hold is 1 s (refusals while held do not lengthen it)
         assert rest(good) == 200
+        # The success cleared nothing: the next wrong key, on any door, holds the address again.
+        assert rest("tfsk_wrong_again") == 401 and rest(good) == 429
         output = server.output
-    assert output.count("refused unauthenticated") == 10
+    assert output.count("refused unauthenticated") == 11

@@ -66,7 +66,6 @@ class Access:
             self.throttle.failed(peer)
             self._refused("unauthenticated", peer, "-", what, exc, needed)
             raise
-        self.throttle.succeeded(peer)
         named = model() if key.models is not None else None
         try:
             self.ring.authorize(key, needed, named)
@@ -89,7 +88,6 @@ class Access:
                           exc.error_type, exc.message)
             self.on_refused("unauthenticated")
             raise
-        self.throttle.succeeded(peer)
         audit.debug("sigv4 key=%s (%s) %s", key.access_key, key.name, what)
         return key
 

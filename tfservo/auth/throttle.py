@@ -1,13 +1,17 @@
 """Peers that keep failing to authenticate are made to wait, so keys cannot be guessed at line
 speed; everyone else is served as before.
 
-After `limit` failures within `window` seconds a peer's requests are refused for `penalty`
-seconds (429 with Retry-After over HTTP, RESOURCE_EXHAUSTED over gRPC) before any key is
-looked at; each further failure while it is held doubles the wait, up to `max_penalty`. A
-success clears the peer. One throttle serves every door of a server, and with a table path
-(`create_throttle_table`, made by the supervisor) every worker process of it: failures count
-once per server, whatever door or worker saw them. The table is bounded (the peer whose
-failures began longest ago gives its place first).
+After `limit` failures a peer's requests are refused for `penalty` seconds (429 with
+Retry-After over HTTP, RESOURCE_EXHAUSTED over gRPC) before any key is looked at; each further
+failure once the wait is over doubles it, up to `max_penalty`, and the wait stays there while
+failures go on. A peer is forgiven only after `window` quiet seconds past its last failure and
+its wait; a success does not clear it, so a holder of one valid key cannot interleave it to
+reset the count (with the defaults, at most ~15 wrong keys a minute, then one a minute).
+
+One throttle serves every door of a server, and with a table path (`create_throttle_table`,
+made by the supervisor) every worker process of it: failures count once per server, whatever
+door or worker saw them. The table is bounded (the peer whose last failure is oldest gives its
+place first).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from tfservo.core.shared_table import SharedTable, create_table
 
 __all__ = ["FailureThrottle", "create_throttle_table"]
 
-_RECORD = struct.Struct("<Iddd")  # failures, first failure, held until, penalty (monotonic seconds)
+_RECORD = struct.Struct("<Iddd")  # failures, last failure, held until, penalty (monotonic seconds)
 MAX_PEERS = 10_000
 
 
@@ -49,25 +53,31 @@ class FailureThrottle:
         return max(0.0, until - time.monotonic())
 
     def failed(self, peer: str) -> None:
+        """One more failed authentication from `peer`."""
         now = time.monotonic()
         with self._table.locked():
             state = self._table.get(peer)
-            failures, first, until, penalty = state if state is not None else (0, now, 0.0, 0.0)
-            assert isinstance(failures, int) and isinstance(first, float)
+            failures, last, until, penalty = state if state is not None else (0, now, 0.0, 0.0)
+            assert isinstance(failures, int) and isinstance(last, float)
             assert isinstance(until, float) and isinstance(penalty, float)
-            if now - first > self.window and now >= until:
-                failures, first, until, penalty = 0, now, 0.0, 0.0  # a new window
+            if now - max(last, until) > self.window:
+                failures, until, penalty = 0, 0.0, 0.0  # quiet for a whole window: forgiven
             failures += 1
-            if failures >= self.limit:
+            if failures >= self.limit and now >= until:
                 penalty = min(self.max_penalty, penalty * 2 if penalty else self.penalty)
                 until = now + penalty
-            self._table.put(peer, (failures, first, until, penalty), evictable=lambda record: float(record[1]))  # type: ignore[arg-type]
+            self._table.put(peer, (failures, now, until, penalty), evictable=lambda record: float(record[1]))  # type: ignore[arg-type]
 
-    def succeeded(self, peer: str) -> None:
-        if self._table.get(peer) is None:  # the common case: nothing to clear, no lock taken
-            return
-        with self._table.locked():
-            self._table.delete(peer)
+    def counts(self) -> tuple[int, int]:
+        """(peers with failures counted now, peers made to wait now): for the metrics."""
+        now = time.monotonic()
+        counted = held = 0
+        for _, last, until, _ in self._table.records():
+            assert isinstance(last, float) and isinstance(until, float)
+            if now - max(last, until) <= self.window:
+                counted += 1
+                held += until > now
+        return counted, held
 
     def close(self) -> None:
         self._table.close()

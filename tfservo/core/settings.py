@@ -281,6 +281,12 @@ class Settings:
         help="Require an API key (Authorization: Bearer KEY, over HTTP and gRPC metadata) with the route's scope "
         "on every door but health probes and the runtime API; FILE holds the keys' hashes (tfservo keys new), "
         "re-read when it changes [default: $TFSERVO_API_KEYS, else no keys].")
+    auth_failure_limit: int = setting(
+        10, "--auth-failure-limit", env="TFSERVO_AUTH_FAILURE_LIMIT", check="positive",
+        help="Failed authentications (API keys, SigV4) from one client address before it must wait: 1 s, "
+        "doubling at each further failure up to 60 s; forgiven after a quiet minute. Counted once per server, "
+        "across doors and workers; raise it for many clients behind one proxy address "
+        "[default: $TFSERVO_AUTH_FAILURE_LIMIT or 10].")
     management: str = setting(
         "auto", "--management", env="TFSERVO_MANAGEMENT", choices=("auto", "on", "off"),
         tfs=TfsFlag("management", ""),

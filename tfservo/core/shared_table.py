@@ -100,6 +100,13 @@ class SharedTable:
             base = slot * self._slot_size
             self._map[base : base + _DIGEST] = _GONE
 
+    def records(self) -> Iterator[tuple[object, ...]]:
+        """Every record, glanced at without the lock (for counts that may be a moment stale)."""
+        for slot in range(self.slots):
+            base = slot * self._slot_size
+            if self._map[base : base + _DIGEST] not in (_FREE, _GONE):
+                yield self.record.unpack_from(self._map, base + _DIGEST)
+
     def close(self) -> None:
         self._map.close()
         if self._fd is not None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, values
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tfservo.core import environment
@@ -196,7 +196,7 @@ class Metrics:
             "(OTEL_BSP_MAX_QUEUE_SIZE): the export process could not keep up; sample fewer requests", registry=reg,
         )
         self.on_answered: Callable[[], None] | None = None  # the worker's watch counts answers
-        self._replacements: _Replacements | None = None
+        self._server_wide: list[Collector] = []  # the supervisor's counts, the shared throttle
         self._failures_counted: set[int] = set()
         # TF Serving's metric names (--monitoring_config_file), when asked for
         self.tfs: TFServingMetrics | None = None
@@ -208,9 +208,17 @@ class Metrics:
 
     def count_replacements(self, counts: Callable[[], Mapping[str, int]], reasons: Sequence[str]) -> None:
         """Report the supervisor's counts of replaced workers (it alone knows of those that died)."""
-        self._replacements = _Replacements(counts, reasons)
+        self._shared(_Replacements(counts, reasons))
+
+    def report_throttle(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Report the failed-authentication throttle's state (the server's: its table is shared)."""
+        self._shared(_Throttle(counts))
+
+    def _shared(self, collector: Collector) -> None:
+        """A collector of the server's own values, the same in every worker: exposed once, not summed."""
+        self._server_wide.append(collector)
         if not self.multiprocess_dir:
-            self.registry.register(self._replacements)
+            self.registry.register(collector)
 
     def serve_tf_serving_names(self, path: str) -> None:
         """Also keep TF Serving's metrics and answer GET `path` with them."""
@@ -364,11 +372,30 @@ class Metrics:
         if self.multiprocess_dir:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call, unused-ignore]
-            if self._replacements is not None:  # the same in every worker: not summed over them
-                registry.register(self._replacements)
+            for collector in self._server_wide:  # the same in every worker: not summed over them
+                registry.register(collector)
             return prometheus_client.generate_latest(registry)
         return prometheus_client.generate_latest(self.registry)
 
+
+
+class _Throttle(Collector):
+    """tfservo_auth_throttle_peers{state}: client addresses with failed authentications counted
+    now, and those made to wait now (the server's, across its workers)."""
+
+    def __init__(self, counts: Callable[[], tuple[int, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "tfservo_auth_throttle_peers", "Client addresses the failed-authentication throttle holds: "
+            "counted (failures within the last minute) and waiting (refused with 429 until their wait ends)",
+            labels=["state"],
+        )
+        counted, waiting = self.counts()
+        family.add_metric(["counted"], counted)
+        family.add_metric(["waiting"], waiting)
+        yield family
 
 
 class _Replacements(Collector):

@@ -113,7 +113,9 @@ def _access(settings: Settings, metrics: Metrics, throttle_table: str | None) ->
         from tfservo.auth.sigv4 import SigV4Verifier
 
         sigv4 = SigV4Verifier(settings.sigv4_credentials)
-    return Access(FailureThrottle(path=throttle_table), ring, sigv4, metrics.auth_refused)
+    throttle = FailureThrottle(limit=settings.auth_failure_limit, path=throttle_table)
+    metrics.report_throttle(throttle.counts)
+    return Access(throttle, ring, sigv4, metrics.auth_refused)
 
 
 def _taps(settings: Settings, service: ModelService, port: int, metrics: Metrics) -> Taps:
