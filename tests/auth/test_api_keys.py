@@ -221,3 +221,38 @@ def test_a_rotated_key_is_refused_and_its_successor_taken_without_a_restart(serv
     assert "refused unauthenticated" in output and "refused forbidden" in output and "key=other-model" in output
     for key in [*keys.values(), new]:
         assert key not in output
+
+
+def test_keys_on_lock_the_runtime_api_too(served):
+    """--api-keys alone: SageMaker's runtime API takes a bearer key with scope invoke; boto3
+    without one (it signs with SigV4, which this server was not given keys for) gets AWS's
+    exception, and a key without the scope AccessDeniedException."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    server, keys, _ = served
+    url = server.url + "/endpoints/ep/invocations"
+    bare = httpx.post(url, json=BODY)
+    assert bare.status_code == 403 and bare.headers["x-amzn-ErrorType"] == "MissingAuthenticationTokenException"
+    assert httpx.post(url, json=BODY, headers=auth("tfsk_wrong")).headers["x-amzn-ErrorType"] == "UnrecognizedClientException"
+    assert httpx.post(url, json=BODY, headers=auth(keys["reader"])).headers["x-amzn-ErrorType"] == "AccessDeniedException"
+    keyed = httpx.post(url, json=BODY, headers=auth(keys["invoker"]))
+    assert keyed.status_code == 200, keyed.text
+    client = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
+                          aws_access_key_id="AKIDANYONE0000000000", aws_secret_access_key="anything",
+                          config=Config(retries={"max_attempts": 1}))
+    with pytest.raises(ClientError) as caught:
+        client.invoke_endpoint(EndpointName="ep", Body=b'{"instances": [1.0]}', ContentType="application/json")
+    assert caught.value.response["Error"]["Code"] == "MissingAuthenticationTokenException"
+    assert "access: runtime API API keys with scope invoke;" in server.output
+
+
+def test_the_runtime_api_is_open_under_keys_only_when_asked(tmp_path):
+    path = str(tmp_path / "keys.json")
+    add_key(path, "invoker", ["invoke"])
+    with ServerProcess([str(MODEL), "--api-keys", path, "--open-runtime-api"]) as server:
+        answer = httpx.post(server.url + "/endpoints/ep/invocations", json=BODY)
+        assert answer.status_code == 200, answer.text
+        assert httpx.post(server.url + "/invocations", json=BODY).status_code == 401  # only the runtime API
+        assert "access: runtime API open;" in server.output

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated
+from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated, bearer
 from tfservo.auth.throttle import FailureThrottle
 from tfservo.core.errors import ResourceExhausted, ServingError
 
@@ -45,10 +45,13 @@ class Access:
         ring: KeyRing | None = None,
         sigv4: SigV4Verifier | None = None,
         on_refused: Callable[[str], None] = lambda reason: None,
+        *,
+        open_runtime: bool = False,
     ) -> None:
         self.throttle = throttle
         self.ring = ring
         self.sigv4 = sigv4
+        self.open_runtime = open_runtime  # --open-runtime-api: the runtime API takes no bearer key
         self.on_refused = on_refused  # ("unauthenticated" | "forbidden" | "throttled"): the metric
 
     def check_key(
@@ -90,6 +93,24 @@ class Access:
             raise
         audit.debug("sigv4 key=%s (%s) %s", key.access_key, key.name, what)
         return key
+
+    @property
+    def guards_runtime(self) -> bool:
+        """Whether SageMaker's runtime API checks who calls: a signature (--sigv4-credentials) or a
+        bearer key (--api-keys, unless --open-runtime-api)."""
+        return self.sigv4 is not None or (self.ring is not None and not self.open_runtime)
+
+    def check_runtime(
+        self, peer: str, authorization: str | None, what: str, verify: Callable[[SigV4Verifier], Credentials],
+        model: Callable[[], str | None],
+    ) -> str:
+        """Who calls the runtime API: the name of the SigV4 key that signed it (with
+        --sigv4-credentials; the only way without --api-keys) or of its bearer key with scope
+        invoke. Raises Throttled, SignatureRefused, Unauthenticated or NotAllowed."""
+        signed = (authorization or "").startswith("AWS4-")
+        if self.sigv4 is not None and (signed or self.ring is None or self.open_runtime):
+            return self.check_signature(peer, what, verify).name
+        return self.check_key(peer, bearer(authorization), "invoke", what, model)
 
     def close(self) -> None:
         self.throttle.close()

@@ -16,7 +16,10 @@ log = logging.getLogger("tfservo.audit")
 def access_line(settings: Settings) -> tuple[int, str]:
     """(log level, line): who may call each door; WARNING when nothing guards a reachable port."""
     loopback = is_loopback(settings.host)
-    runtime = f"SigV4 with the keys in {settings.sigv4_credentials}" if settings.sigv4_credentials else "open"
+    runtime = " or ".join(
+        ([f"SigV4 with the keys in {settings.sigv4_credentials}"] if settings.sigv4_credentials else [])
+        + (["API keys with scope invoke"] if settings.api_keys and not settings.open_runtime_api else [])
+    ) or "open"
     others = f"API keys with scopes from {settings.api_keys}" if settings.api_keys else "open"
     tls = "; HTTPS clients need a certificate from --tls-ca" if settings.tls_ca else ""
     where = "this host only" if loopback else "other hosts too"

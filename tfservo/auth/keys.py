@@ -39,9 +39,13 @@ _PREFIX = "tfsk_"
 
 
 class Unauthenticated(ServingError):
-    """No key, or one the file does not hold: 401 (gRPC UNAUTHENTICATED)."""
+    """No key, or one the file does not hold: 401 (gRPC UNAUTHENTICATED). `missing`: no key at all."""
 
     code = Code.UNAUTHENTICATED
+
+    def __init__(self, message: str, *, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class NotAllowed(PermissionDenied):
@@ -134,7 +138,7 @@ class KeyRing:
         """The key a request presented (`Authorization: Bearer …`), or Unauthenticated. Every
         stored hash is compared, in constant time, whatever matches."""
         if not presented:
-            raise Unauthenticated("this server needs an API key: send Authorization: Bearer <key>")
+            raise Unauthenticated("this server needs an API key: send Authorization: Bearer <key>", missing=True)
         digest = hash_key(presented)
         found = None
         for key in self.file.current():

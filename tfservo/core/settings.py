@@ -279,8 +279,14 @@ class Settings:
     api_keys: str | None = setting(
         None, "--api-keys", env="TFSERVO_API_KEYS", existing_file=True, metavar="FILE", tfs=TfsFlag("api_keys", ""),
         help="Require an API key (Authorization: Bearer KEY, over HTTP and gRPC metadata) with the route's scope "
-        "on every door but health probes and the runtime API; FILE holds the keys' hashes (tfservo keys new), "
+        "on every door but health probes (the runtime API takes a key with scope invoke, or a SigV4 signature "
+        "with --sigv4-credentials); FILE holds the keys' hashes (tfservo keys new), "
         "re-read when it changes [default: $TFSERVO_API_KEYS, else no keys].")
+    open_runtime_api: bool = setting(
+        False, "--open-runtime-api", env="TFSERVO_OPEN_RUNTIME_API",
+        help="With --api-keys and no --sigv4-credentials: serve SageMaker's runtime API "
+        "(/endpoints/NAME/invocations) to callers without a key, as before keys were on "
+        "[default: $TFSERVO_OPEN_RUNTIME_API, else it needs a bearer key with scope invoke].")
     auth_failure_limit: int = setting(
         10, "--auth-failure-limit", env="TFSERVO_AUTH_FAILURE_LIMIT", check="positive",
         help="Failed authentications (API keys, SigV4) from one client address before it must wait: 1 s, "

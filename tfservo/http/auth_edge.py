@@ -16,11 +16,9 @@ from tfservo.auth.access import Access, Throttled
 from tfservo.auth.audit import caller
 from tfservo.auth.keys import NotAllowed, Unauthenticated, bearer
 from tfservo.codecs.media_types import JSON
-from tfservo.core.errors import ServingError
 from tfservo.core.status import error_body, error_status
-from tfservo.http.hot_routes import CUSTOM_ATTRIBUTES, request_header, retry_after_header, send_response
+from tfservo.http.hot_routes import invoked_model, request_header, retry_after_header, send_response
 from tfservo.http.routes import RouteScopes
-from tfservo.service.custom_attributes import CustomAttributes, parse_custom_attributes, requested_model
 
 __all__ = ["KeyCheck"]
 
@@ -48,7 +46,7 @@ class KeyCheck:
             key = self.access.check_key(
                 peer, bearer(request_header(scope, b"authorization")), needed, f"{scope['method']} {scope['path']}",
                 # the model matters only to a key limited to some (an /invocations body names none: its header may)
-                lambda: model if model is not None or needed != "invoke" else self._invoked_model(scope),
+                lambda: model if model is not None or needed != "invoke" else invoked_model(scope, self.default_model),
             )
         except (Throttled, Unauthenticated, NotAllowed) as exc:  # 429, 401, 403
             if isinstance(exc, Throttled):
@@ -62,11 +60,3 @@ class KeyCheck:
             await self.app(scope, receive, send)
         finally:
             caller.reset(who)
-
-    def _invoked_model(self, scope: Scope) -> str | None:
-        """The model an /invocations request names (tfs-model-name), else the default model."""
-        try:
-            attrs = parse_custom_attributes(request_header(scope, CUSTOM_ATTRIBUTES))
-        except ServingError:
-            attrs = CustomAttributes()  # the route answers the malformed header itself
-        return requested_model(None, attrs, self.default_model)

@@ -37,6 +37,7 @@ from tfservo.http.runtime_api import (
 )
 from tfservo.models.calls import Answer, parse_version
 from tfservo.service.call_placement import CallPlacement
+from tfservo.service.custom_attributes import CustomAttributes, parse_custom_attributes, requested_model
 from tfservo.service.invocation import InvocationResult, error_result
 from tfservo.service.queued_calls import Prepared, QueuedCalls
 
@@ -148,16 +149,31 @@ def request_header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def verify_signature(access: Access, scope: Scope, body: bytes) -> None:
-    """The request's SigV4 signature checked by the server's access check (Throttled or
-    SignatureRefused when it fails, after its audit line; never the signature)."""
+def invoked_model(scope: Scope, default_model: Callable[[], str | None]) -> str | None:
+    """The model an invocation names (tfs-model-name, or X-Amzn-SageMaker-Target-Model), else
+    the default model: what a key limited to some models is checked against."""
+    target = request_header(scope, TARGET_MODEL)
+    if target is not None:
+        return target
+    try:
+        attrs = parse_custom_attributes(request_header(scope, CUSTOM_ATTRIBUTES))
+    except ServingError:
+        attrs = CustomAttributes()  # the route answers the malformed header itself
+    return requested_model(None, attrs, default_model)
+
+
+def check_runtime_caller(access: Access, scope: Scope, body: bytes, default_model: Callable[[], str | None]) -> None:
+    """Who calls the runtime API, checked by the server's access check: its SigV4 signature or
+    bearer key (Throttled, SignatureRefused, Unauthenticated or NotAllowed after its audit
+    line; never the signature or the key)."""
     peer = (scope.get("client") or ("-", 0))[0]
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
     raw_path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string", b"").decode("latin-1")
-    access.check_signature(
-        peer, f"path={scope['path']}",
+    access.check_runtime(
+        peer, request_header(scope, b"authorization"), f"path={scope['path']}",
         lambda verifier: verifier.verify(scope["method"], raw_path.decode("latin-1"), query, headers, body),
+        lambda: invoked_model(scope, default_model),
     )
 
 
@@ -185,8 +201,8 @@ class HotRoutes:
         self.invocation_timeout = settings.invocation_timeout  # invocations, handlers included (0: none)
         self.on_timeout = runtime.metrics.timeout  # (route, model, limit): the metrics' count and log line
         self.v2 = runtime.v2  # the Open Inference Protocol's data plane, the server's one
-        # --sigv4-credentials: the runtime API takes only requests signed with its keys
-        self.access: Access | None = runtime.access if runtime.access.sigv4 is not None else None
+        # --sigv4-credentials or --api-keys: the runtime API takes only signed or keyed requests
+        self.access: Access | None = runtime.access if runtime.access.guards_runtime else None
         self.async_intake = async_intake  # --async-inference-config: InvokeEndpointAsync's queue
         self.queue = QueuedCalls(service.api, batched=self.batched)  # small batched predicts, queued from the loop
 
@@ -292,7 +308,7 @@ class HotRoutes:
 
         def checked(body: bytes) -> RuntimeRequest:
             if self.access is not None:  # AWS authenticates before it looks at anything else
-                verify_signature(self.access, scope, body)
+                check_runtime_caller(self.access, scope, body, self.service.default_model)
             request = check_request(
                 endpoint,
                 served_endpoint=self.endpoint_name,
@@ -340,7 +356,7 @@ class HotRoutes:
         async def answer(body: bytes) -> None:
             try:
                 if self.access is not None:
-                    verify_signature(self.access, scope, body)
+                    check_runtime_caller(self.access, scope, body, self.service.default_model)
                 check_request(
                     endpoint, served_endpoint=self.endpoint_name, variant=self.variant, target_variant=None,
                     target_model=None, inference_id=request_header(scope, b"x-amzn-sagemaker-inference-id"),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from tfservo.auth.access import Throttled
+from tfservo.auth.keys import NotAllowed, Unauthenticated
 from tfservo.auth.sigv4 import SignatureRefused
 from tfservo.core.errors import InvalidArgument, NotFound, ServingError
 from tfservo.service.invocation import InvocationResult, error_result
@@ -121,6 +122,10 @@ def runtime_error(exc: ServingError) -> RuntimeError_:
         return RuntimeError_(exc.aws_status, exc.error_type, orjson.dumps({"message": exc.message}), exc.retry_after)
     if isinstance(exc, Throttled):  # too many failed signatures from this peer
         return RuntimeError_(429, "ThrottlingException", orjson.dumps({"message": exc.message}), exc.retry_after)
+    if isinstance(exc, (Unauthenticated, NotAllowed)):  # --api-keys: AWS's words for a refused caller
+        kind = ("MissingAuthenticationTokenException" if isinstance(exc, Unauthenticated) and exc.missing
+                else "UnrecognizedClientException" if isinstance(exc, Unauthenticated) else "AccessDeniedException")
+        return RuntimeError_(403, kind, orjson.dumps({"message": exc.message}))
     status = error_result(exc).status
     if isinstance(exc, (InvalidArgument, NotFound)) or 400 <= status < 500:
         return RuntimeError_(400, "ValidationError", orjson.dumps({"message": exc.message}))

@@ -115,7 +115,7 @@ def _access(settings: Settings, metrics: Metrics, throttle_table: str | None) ->
         sigv4 = SigV4Verifier(settings.sigv4_credentials)
     throttle = FailureThrottle(limit=settings.auth_failure_limit, path=throttle_table)
     metrics.report_throttle(throttle.counts)
-    return Access(throttle, ring, sigv4, metrics.auth_refused)
+    return Access(throttle, ring, sigv4, metrics.auth_refused, open_runtime=settings.open_runtime_api)
 
 
 def _taps(settings: Settings, service: ModelService, port: int, metrics: Metrics) -> Taps:
