@@ -181,3 +181,40 @@ def test_targets_load_from_an_s3_model_root(s3_bucket, tmp_path):
             client.invoke_endpoint(EndpointName="mme", TargetModel="nope.tar.gz", Body=b"[1]", ContentType="application/json")
     finally:
         server.stop()
+
+
+def post_target(url: str, target: str, key: str | None = None, path: str = "/invocations"):
+    import httpx
+
+    headers = {"X-Amzn-SageMaker-Target-Model": target, "Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return httpx.post(url + path, content=b'{"instances": [1.0]}', headers=headers, timeout=60)
+
+
+def test_a_target_model_load_needs_management_and_its_scope(root, tmp_path):
+    """Loading an archive runs its code: with management off (other hosts can reach a server
+    without keys) a Target-Model not loaded yet is refused, as is one loaded by an invoke-only
+    key; a key with scope load (or manage) loads it, and then the invoke-only key calls it.
+    SageMaker's own multi-model container (SAGEMAKER_MULTI_MODEL=true) loads on first use."""
+    from tfservo.auth.keys import add_key
+
+    with ServerProcess(["--multi-model", "--model-root", str(root), "--host", "0.0.0.0"]) as server:
+        refused = post_target(server.url, "team/a.tar.gz")
+        assert refused.status_code == 403 and "model management is off" in refused.json()["error"], refused.text
+        runtime = post_target(server.url, "team/a.tar.gz", path="/endpoints/ep/invocations")
+        assert runtime.status_code == 403 and runtime.headers["x-amzn-ErrorType"] == "AccessDeniedException"
+        assert "refused forbidden" in server.output and "scope=load model=team/a.tar.gz" in server.output
+    with ServerProcess(["--multi-model", "--model-root", str(root), "--host", "0.0.0.0"],
+                       env={"SAGEMAKER_MULTI_MODEL": "true"}) as server:
+        assert post_target(server.url, "team/a.tar.gz").status_code == 200
+
+    keys = str(tmp_path / "keys.json")
+    invoker, loader = add_key(keys, "invoker", ["invoke"]), add_key(keys, "loader", ["invoke", "load"])
+    with ServerProcess(["--multi-model", "--model-root", str(root), "--api-keys", keys]) as server:
+        refused = post_target(server.url, "team/b.tar.gz", invoker)
+        assert refused.status_code == 403 and "needs scope load" in refused.json()["error"], refused.text
+        assert post_target(server.url, "team/b.tar.gz", invoker, "/endpoints/ep/invocations").status_code == 403
+        assert post_target(server.url, "team/b.tar.gz", loader).status_code == 200
+        assert post_target(server.url, "team/b.tar.gz", invoker).status_code == 200  # loaded now: a call
+        assert post_target(server.url, "team/b.tar.gz", invoker, "/endpoints/ep/invocations").status_code == 200

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfservo.auth.keys import KeyRing, NotAllowed, Unauthenticated, bearer
@@ -19,9 +20,12 @@ from tfservo.auth.throttle import FailureThrottle
 from tfservo.core.errors import ResourceExhausted, ServingError
 
 if TYPE_CHECKING:
+    from tfservo.auth.audit import ManagementGate
     from tfservo.auth.sigv4 import Credentials, SigV4Verifier
 
-__all__ = ["Access", "Throttled"]
+__all__ = ["Access", "Caller", "Throttled"]
+
+_LOADS = frozenset({"load", "manage"})  # the scopes that may load a Target-Model on first use
 
 audit = logging.getLogger("tfservo.audit")
 
@@ -34,6 +38,14 @@ class Throttled(ResourceExhausted):
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Whom a door let in: the key's name and scopes (None: every scope, a SigV4 key's)."""
+
+    name: str
+    scopes: frozenset[str] | None = None
 
 
 class Access:
@@ -56,8 +68,8 @@ class Access:
 
     def check_key(
         self, peer: str, token: str | None, needed: str, what: str, model: Callable[[], str | None] = lambda: None,
-    ) -> str:
-        """The name of the API key `token` if it may do `what` (a request line, or "grpc METHOD")
+    ) -> Caller:
+        """The API key `token` if it may do `what` (a request line, or "grpc METHOD")
         with scope `needed`; `model()` names the model the request is for (None: none), asked only
         for a key limited to some models.
         Raises Throttled, Unauthenticated or NotAllowed, each after its audit line."""
@@ -75,7 +87,7 @@ class Access:
         except NotAllowed as exc:
             self._refused("forbidden", peer, key.name, what, exc, needed, named)
             raise
-        return key.name
+        return Caller(key.name, key.scopes)
 
     def check_signature(self, peer: str, what: str, verify: Callable[[SigV4Verifier], Credentials]) -> Credentials:
         """The SigV4 key `verify` accepts, or Throttled / its SignatureRefused after an audit line."""
@@ -103,14 +115,29 @@ class Access:
     def check_runtime(
         self, peer: str, authorization: str | None, what: str, verify: Callable[[SigV4Verifier], Credentials],
         model: Callable[[], str | None],
-    ) -> str:
-        """Who calls the runtime API: the name of the SigV4 key that signed it (with
+    ) -> Caller:
+        """Who calls the runtime API: the SigV4 key that signed it (with
         --sigv4-credentials; the only way without --api-keys) or of its bearer key with scope
         invoke. Raises Throttled, SignatureRefused, Unauthenticated or NotAllowed."""
         signed = (authorization or "").startswith("AWS4-")
         if self.sigv4 is not None and (signed or self.ring is None or self.open_runtime):
-            return self.check_signature(peer, what, verify).name
+            return Caller(self.check_signature(peer, what, verify).name)
         return self.check_key(peer, bearer(authorization), "invoke", what, model)
+
+    def check_load(self, gate: ManagementGate, who: Caller | None, peer: str, what: str, target: str) -> None:
+        """A Target-Model not loaded yet is a load, which runs the archive's code: allowed where
+        management answers (--management) and, under --api-keys, for a key with scope load or
+        manage. Raises NotAllowed after its audit line."""
+        if not gate.open:
+            exc = NotAllowed(f"X-Amzn-SageMaker-Target-Model {target} is not loaded, and loading it is model "
+                             f"management: {gate.off_message}")
+            self._refused("forbidden", peer, who.name if who else "-", what, exc, "load", target)
+            raise exc
+        if who is not None and who.scopes is not None and not who.scopes & _LOADS:
+            exc = NotAllowed(f"API key {who.name!r} may call loaded models only: X-Amzn-SageMaker-Target-Model "
+                             f"{target} is not loaded, and loading it needs scope load (or manage)")
+            self._refused("forbidden", peer, who.name, what, exc, "load", target)
+            raise exc
 
     def close(self) -> None:
         self.throttle.close()

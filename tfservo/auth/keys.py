@@ -34,7 +34,9 @@ __all__ = [
     "read_keys",
 ]
 
-SCOPES = ("invoke", "read", "manage", "metrics")  # call models; metadata and docs; load/unload; /metrics
+# call models; metadata and docs; load/unload; /metrics; load a multi-model endpoint's models on first
+# use (X-Amzn-SageMaker-Target-Model), as SageMaker's multi-model endpoints do beside invoke
+SCOPES = ("invoke", "read", "manage", "metrics", "load")
 _PREFIX = "tfsk_"
 
 

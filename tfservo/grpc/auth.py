@@ -72,7 +72,7 @@ class KeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc, unused-i
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
             except NotAllowed as exc:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
-            who = caller.set(key)
+            who = caller.set(key.name)
             try:
                 return await inner(request, context)
             finally:

@@ -18,6 +18,7 @@ from tfservo.auth.keys import NotAllowed, Unauthenticated, bearer
 from tfservo.codecs.media_types import JSON
 from tfservo.core.status import error_body, error_status
 from tfservo.http.hot_routes import invoked_model, request_header, retry_after_header, send_response
+from tfservo.http.request_context import context_of
 from tfservo.http.routes import RouteScopes
 
 __all__ = ["KeyCheck"]
@@ -55,7 +56,8 @@ class KeyCheck:
                 extra = ((b"www-authenticate", b'Bearer realm="tfservo"'),) if isinstance(exc, Unauthenticated) else ()
             await send_response(send, error_status(exc), error_body(exc.message), JSON, extra)
             return
-        who = caller.set(key)  # the management endpoints' audit lines name it
+        context_of(scope).caller = key  # what a Target-Model load asks (Access.check_load)
+        who = caller.set(key.name)  # the management endpoints' audit lines name it
         try:
             await self.app(scope, receive, send)
         finally:

@@ -170,7 +170,7 @@ def check_runtime_caller(access: Access, scope: Scope, body: bytes, default_mode
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
     raw_path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string", b"").decode("latin-1")
-    access.check_runtime(
+    context_of(scope).caller = access.check_runtime(
         peer, request_header(scope, b"authorization"), f"path={scope['path']}",
         lambda verifier: verifier.verify(scope["method"], raw_path.decode("latin-1"), query, headers, body),
         lambda: invoked_model(scope, default_model),
@@ -202,7 +202,8 @@ class HotRoutes:
         self.on_timeout = runtime.metrics.timeout  # (route, model, limit): the metrics' count and log line
         self.v2 = runtime.v2  # the Open Inference Protocol's data plane, the server's one
         # --sigv4-credentials or --api-keys: the runtime API takes only signed or keyed requests
-        self.access: Access | None = runtime.access if runtime.access.guards_runtime else None
+        self.runtime_access: Access | None = runtime.access if runtime.access.guards_runtime else None
+        self.access, self.gate = runtime.access, runtime.gate  # Target-Model loads
         self.async_intake = async_intake  # --async-inference-config: InvokeEndpointAsync's queue
         self.queue = QueuedCalls(service.api, batched=self.batched)  # small batched predicts, queued from the loop
 
@@ -307,8 +308,8 @@ class HotRoutes:
         variant = ((b"x-amzn-invoked-production-variant", self.variant.encode()),)
 
         def checked(body: bytes) -> RuntimeRequest:
-            if self.access is not None:  # AWS authenticates before it looks at anything else
-                check_runtime_caller(self.access, scope, body, self.service.default_model)
+            if self.runtime_access is not None:  # AWS authenticates before it looks at anything else
+                check_runtime_caller(self.runtime_access, scope, body, self.service.default_model)
             request = check_request(
                 endpoint,
                 served_endpoint=self.endpoint_name,
@@ -325,7 +326,7 @@ class HotRoutes:
                 )
             return request
 
-        if self.access is None:  # unsigned: the request is checked before its body is read
+        if self.runtime_access is None:  # unsigned: the request is checked before its body is read
             try:
                 early: RuntimeRequest | None = checked(b"")
             except ServingError as exc:
@@ -355,8 +356,8 @@ class HotRoutes:
 
         async def answer(body: bytes) -> None:
             try:
-                if self.access is not None:
-                    check_runtime_caller(self.access, scope, body, self.service.default_model)
+                if self.runtime_access is not None:
+                    check_runtime_caller(self.runtime_access, scope, body, self.service.default_model)
                 check_request(
                     endpoint, served_endpoint=self.endpoint_name, variant=self.variant, target_variant=None,
                     target_model=None, inference_id=request_header(scope, b"x-amzn-sagemaker-inference-id"),
@@ -390,7 +391,11 @@ class HotRoutes:
         if target is not None:
             assert self.targets is not None
             targets = self.targets
-            name = targets.loaded_name(target) or await anyio.to_thread.run_sync(lambda: targets.resolve(target))
+            name = targets.loaded_name(target)
+            if name is None:  # a load: the archive's code will run
+                self.access.check_load(self.gate, context_of(scope).caller, (scope.get("client") or ("-", 0))[0],
+                                       f"{scope['method']} {scope['path']}", target)
+                name = await anyio.to_thread.run_sync(lambda: targets.resolve(target))
 
         kind, group = ("invoke", name, attributes), name or attributes  # the model, as the request names it
 

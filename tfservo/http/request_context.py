@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tfservo.auth.access import Caller
 
 __all__ = ["RequestContext", "context_of", "lone_request", "new_context"]
 
@@ -22,13 +25,14 @@ class RequestContext:
     """One request's notes. `route`: the name of the route that answered; `method`: its metrics
     `method` label, where it has one; `capture`: its data-capture kind ("invocation",
     "inference"); `body`: a hot route's body once read whole; `in_progress`: how many requests
-    the server holds now (None when an app is called in-process)."""
+    the server holds now (None when an app is called in-process); `caller`: the key let in."""
 
     route: str | None = None
     method: str | None = None
     capture: str | None = None
     body: bytes | None = None
     in_progress: Callable[[], int] | None = None
+    caller: Caller | None = None  # whom the key check (or the runtime API's) let in; None: no keys
 
 
 def context_of(scope: MutableMapping[str, Any]) -> RequestContext:
