@@ -369,3 +369,53 @@ def test_a_tls_handshake_that_never_finishes_is_closed_after_the_header_timeout(
             assert time.monotonic() - started < 8  # asyncio's own limit is 60 s
         answer = httpx.get(f"{proc.url}/ping", verify=str(pem["ca.crt"]), timeout=10)
         assert answer.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "says"),
+    [
+        (b"GET /ping?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "request line is longer than 8192"),
+        (b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n", 431, "Request headers too large"),
+        (b"GET /ping HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 4000) for i in range(10)) + b"\r\n",
+         431, "more than 32768 bytes in all"),
+    ],
+    ids=["long-request-line", "100-KB-header", "many-headers"],
+)
+def test_request_lines_and_headers_past_their_limits_answer_414_and_431(server, request_bytes, status, says) -> None:
+    got, body = status_and_json(raw(server, request_bytes))
+    assert got == status and says in body["error"], body
+    ok = httpx.get(server.url + "/ping", headers={f"X-H{i}": "v" * 4000 for i in range(7)})  # 28 KB: within
+    assert ok.status_code == 200
+
+
+def test_endless_headers_on_many_connections_keep_memory_flat_and_others_served(server) -> None:
+    """Four connections each sending one endless header are answered 431 after ~40 KB each,
+    and the worker's memory stays where it was."""
+    import psutil
+
+    host, port = server.url.removeprefix("http://").split(":")
+
+    def rss() -> int:  # the server's processes, supervisor and workers
+        return sum(psutil.Process(pid).memory_info().rss for pid in [server.proc.pid, *server.descendants()])
+
+    before = rss()
+    answers: list[bytes] = []
+
+    def flood() -> None:
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+            try:
+                for _ in range(4096):  # up to 64 MB, if nothing stopped it
+                    sock.sendall(b"a" * 16384)
+            except OSError:
+                pass  # the server answered and closed
+            answers.append(sock.recv(65536))
+
+    threads = [threading.Thread(target=flood) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    assert httpx.get(server.url + "/ping", timeout=10).status_code == 200
+    for thread in threads:
+        thread.join(60)
+    assert len(answers) == 4 and all(a.startswith(b"HTTP/1.1 431") for a in answers), answers
+    assert rss() - before < 50 * 2**20

@@ -230,6 +230,13 @@ class Settings:
     keep_alive_timeout: float = setting(  # idle keep-alive connections close after this
         5.0, "--keep-alive-timeout", check="positive",
         help="Close an idle keep-alive connection after this many seconds [default: 5].")
+    max_header_line_bytes: int = setting(
+        8192, "--max-header-line-bytes", env="TFSERVO_MAX_HEADER_LINE_BYTES", check="positive",
+        help="The longest request line (else 414) or header line (else 431) a request may have, in bytes "
+        "[default: 8192, as nginx].")
+    max_header_bytes: int = setting(
+        32768, "--max-header-bytes", env="TFSERVO_MAX_HEADER_BYTES", check="positive",
+        help="A request's request line and headers in all, in bytes, else 431 [default: 32768, as nginx].")
     header_timeout: float = setting(  # a request's headers must arrive within this
         10.0, "--header-timeout", check="positive",
         help="A request's headers (and, with --tls-cert, the TLS handshake) must arrive within this many "

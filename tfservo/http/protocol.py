@@ -16,6 +16,10 @@ uvicorn's shutdown hooks (`connections`, `tasks`, `shutdown()`).
   400 `{"error": …}`;
 - a request asking for a protocol upgrade (`Upgrade: websocket`, `h2c`) answers 400 at once
   instead of waiting for a body the parser will never deliver;
+- a request line longer than `max_line` bytes answers 414, a header line longer than it or
+  request headers of more than `max_head` bytes in all answer 431 (nginx's defaults: 8 KB a
+  line, 32 KB in all), at once and before more is buffered: an endless header costs a
+  connection at most one read past the limit;
 - a connection whose request headers do not arrive within `header_timeout` seconds (an idle
   connection that never sends a request, or one dribbling a byte a second) answers 408 and
   is closed;
@@ -84,6 +88,8 @@ class ServingProtocol(asyncio.Protocol):
     header_timeout: float = 10.0
     body_timeout: float = 20.0
     min_body_rate: int = 500
+    max_line: int = 8192  # bytes of the request line, or of one header line
+    max_head: int = 32768  # bytes of the request line and headers together
     max_connections: int = 10_000
     idle_poll: float = 0.0  # seconds; 0: no polling
     # This server's idle connections, oldest first (a dict keeps insertion order), and its loop's
@@ -121,6 +127,8 @@ class ServingProtocol(asyncio.Protocol):
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
         self._url = b""
+        self._head_bytes = 0  # received for the request being parsed, while its headers are still arriving
+        self._head_total = 0  # of its whole header lines
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect_100 = False
         self._header_timer: asyncio.TimerHandle | None = None
@@ -176,6 +184,8 @@ class ServingProtocol(asyncio.Protocol):
         if starting and self.poll is not None:
             self.poll.arrived()
         self._kept_alive_since = None
+        if self._reading == _HEADERS:
+            self._head_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -186,7 +196,14 @@ class ServingProtocol(asyncio.Protocol):
             )
             return
         except httptools.HttpParserError as exc:
-            self._answer(400, f"Malformed HTTP request ({exc}); check the request line and headers")
+            if isinstance(exc.__context__, _HeadTooLarge):  # raised by a callback below
+                self._answer(exc.__context__.status, exc.__context__.message)
+            else:
+                self._answer(400, f"Malformed HTTP request ({exc}); check the request line and headers")
+            return
+        if self._reading == _HEADERS and self._head_bytes > self.max_head + self.max_line:
+            # headers still arriving past the limit (one endless line, not yet a whole header)
+            self._answer(*_head_too_large(self.max_head, "in all"))
             return
         # Timers only for a request these bytes left unfinished: most arrive whole in one read.
         if self._reading == _HEADERS and self._header_timer is None:
@@ -223,14 +240,24 @@ class ServingProtocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._url = b""
+        self._head_bytes = self._head_total = 0
         self._headers = []
         self._expect_100 = False
         self._reading = _HEADERS
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > self.max_line:
+            raise _HeadTooLarge(414, f"The request line is longer than {self.max_line} bytes; send long "
+                                "parameters in the body (or raise --max-header-line-bytes)")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        size = len(name) + len(value) + 4  # ": " and the line end
+        if size > self.max_line:
+            raise _HeadTooLarge(*_head_too_large(self.max_line, "in one header line"))
+        self._head_total += size
+        if len(self._url) + self._head_total > self.max_head:
+            raise _HeadTooLarge(*_head_too_large(self.max_head, "in all"))
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self._expect_100 = True
@@ -405,12 +432,27 @@ class ServingProtocol(asyncio.Protocol):
         self.transport.close()
 
 
+class _HeadTooLarge(Exception):
+    """A request line or headers past their limit, raised in a parser callback (414 or 431)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _head_too_large(limit: int, where: str) -> tuple[int, str]:
+    return 431, (f"Request headers too large: more than {limit} bytes {where}; send fewer or shorter "
+                 "headers (or raise --max-header-bytes / --max-header-line-bytes)")
+
+
 def protocol_class(*, header_timeout: float, max_connections: int, body_timeout: float = 20.0,
-                   min_body_rate: int = 500, idle_poll: float = 0.0) -> Any:
+                   min_body_rate: int = 500, idle_poll: float = 0.0, max_line: int = 8192,
+                   max_head: int = 32768) -> Any:
     """The protocol class for one server's limits (uvicorn instantiates it per connection)."""
     return type(
         "ServingProtocol",
         (ServingProtocol,),
         {"header_timeout": header_timeout, "max_connections": max_connections, "body_timeout": body_timeout,
-         "min_body_rate": min_body_rate, "idle_poll": idle_poll, "idle": {}, "poll": None},
+         "min_body_rate": min_body_rate, "idle_poll": idle_poll, "idle": {}, "poll": None,
+         "max_line": max_line, "max_head": max_head},
     )

@@ -105,6 +105,8 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str | None = None, *
             min_body_rate=settings.min_body_rate,
             max_connections=settings.max_connections or default_max_connections(),
             idle_poll=settings.idle_poll_us / 1e6,
+            max_line=settings.max_header_line_bytes,
+            max_head=settings.max_header_bytes,
         ),
         ws="none",
         lifespan="off",
