@@ -82,9 +82,11 @@ def test_rest_doors_need_a_key_with_their_scope(served):
         scraped = client.get("/metrics", headers=auth(keys["scraper"]))
         assert scraped.status_code == 200 and 'tfservo_auth_refused_total{reason="unauthenticated"}' in scraped.text
         assert client.get("/ping").status_code == 200 and client.get("/v2/health/ready").status_code == 200
-        for hostile in ("Bearer " + "x" * 20000, "Basic Zm9vOmJhcg==", "Bearer", "Bearer \u00e9\u00e9".encode()):
+        for hostile in ("Bearer " + "x" * 8000, "Basic Zm9vOmJhcg==", "Bearer", "Bearer \u00e9\u00e9".encode()):
             answer = client.post("/invocations", json=BODY, headers={"Authorization": hostile})
             assert answer.status_code == 401, hostile[:20]
+        # past the header line limit the protocol answers before the key check
+        assert client.post("/invocations", json=BODY, headers={"Authorization": "Bearer " + "x" * 20000}).status_code == 431
 
 
 def test_tritonclient_passes_the_header_over_rest_and_grpc(served):
@@ -256,3 +258,64 @@ def test_the_runtime_api_is_open_under_keys_only_when_asked(tmp_path):
         assert answer.status_code == 200, answer.text
         assert httpx.post(server.url + "/invocations", json=BODY).status_code == 401  # only the runtime API
         assert "access: runtime API open;" in server.output
+
+
+GRPC_URI_HANDLER = """
+    import json
+
+    import grpc
+    import requests
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    def handler(data, context):
+        # The source docs' second example: a channel of the handler's own, from context.grpc_uri.
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "half_plus_three"
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto([1.0], dtype=tf.float32, shape=[1]))
+        with grpc.insecure_channel(context.grpc_uri) as channel:
+            response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+        rest = requests.post(context.rest_uri, json={"instances": [1.0]}, timeout=30).json()
+        return json.dumps({"grpc": list(response.outputs["y"].float_val), "rest": rest["predictions"],
+                           "grpc_uri": context.grpc_uri, "rest_uri": context.rest_uri,
+                           "grpc_port": context.grpc_port}), "application/json"
+"""
+
+
+def test_handlers_reach_their_server_under_keys_and_no_one_else_does(tmp_path):
+    """Under --api-keys a handler's context.grpc_uri and rest_uri answer (every request, for the
+    worker's life); the door they lead to answers only them: REST without its secret prefix is
+    404, gRPC is on a Unix socket only this user can reach, and neither manages models."""
+    import urllib.parse
+
+    from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
+
+    path = str(tmp_path / "keys.json")
+    invoker = add_key(path, "invoker", ["invoke"])
+    bundle = handler_bundle(tmp_path / "bundle", GRPC_URI_HANDLER)
+    with ServerProcess([str(bundle), "--api-keys", path, "--workers", "2"]) as server:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            answers = [client.post("/invocations", json=BODY, headers=auth(invoker)) for _ in range(6)]
+        assert [a.status_code for a in answers] == [200] * 6, answers[-1].text
+        body = answers[0].json()
+        assert body["grpc"] == [3.5] and body["rest"] == [3.5] and body["grpc_port"] is None
+        assert body["grpc_uri"].startswith("unix:")
+        socket_path = body["grpc_uri"].removeprefix("unix:")
+        assert oct(os.stat(os.path.dirname(socket_path)).st_mode & 0o777) == "0o700"
+
+        rest = urllib.parse.urlsplit(body["rest_uri"])
+        bare = httpx.get(f"http://{rest.netloc}/v1/models/{M}")
+        assert bare.status_code == 404 and "only this server's own handlers" in bare.json()["error"]
+        prefix = rest.path.split("/v1/")[0]
+        load = httpx.post(f"http://{rest.netloc}{prefix}/v2/repository/models/intruder/load", json={})
+        assert load.status_code == 404 and "model management is off" in load.json()["error"], load.text
+
+        with grpc.insecure_channel(body["grpc_uri"]) as channel:
+            request = model_management_pb2.ReloadConfigRequest()
+            model = request.config.model_config_list.config.add()
+            model.name, model.base_path, model.model_platform = "intruder", str(bundle / M), "tensorflow"
+            with pytest.raises(grpc.RpcError) as caught:
+                model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(request, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED and "management is off" in caught.value.details()
+        assert httpx.get(server.url + "/v1/models/intruder", headers=auth(invoker)).status_code in (403, 404)
+        assert "model=intruder outcome=OK" not in server.output

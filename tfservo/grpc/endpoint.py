@@ -26,21 +26,23 @@ def start_grpc(
     reuse_port: bool = False,
     log_level: int = logging.INFO,
     draining: Callable[[], bool] = lambda: False,
+    socket_only: bool = False,
 ) -> GrpcServer | None:
     """Serve gRPC on the settings' grpc_port (0 picks a free port; None: no gRPC) with the
     runtime's V2 data plane, gate, access check and capture taps, and tell handlers where;
     `settings`: in place of the service's (a loopback server's own address).
 
-    `log_level` is the level of the "gRPC on HOST:PORT" line (a loopback server's is DEBUG)."""
+    `log_level` is the level of the "gRPC on HOST:PORT" line (a loopback server's is DEBUG);
+    `socket_only`: on the settings' grpc_socket_path and no port (a locked loopback server)."""
     service, metrics = runtime.service, runtime.metrics
     settings = settings or runtime.settings
-    if settings.grpc_port is None:
+    if settings.grpc_port is None and not socket_only:
         return None
     host = settings.grpc_host or settings.host
     server = GrpcServer(
         service.api,
         host=host,
-        port=settings.grpc_port,
+        port=None if socket_only else settings.grpc_port,
         max_message_bytes=settings.max_request_bytes,
         batched=service.batches,
         max_queued=settings.max_queued_per_model,
@@ -64,7 +66,7 @@ def start_grpc(
 
         server.add_service(profiler_handler())
     server.start()
-    if service.grpc_port is None:  # else handlers already have one of their own (a loopback server)
+    if service.grpc_port is None and service.grpc_socket is None:  # else handlers have a loopback server's
         service.grpc_port = server.port
     log.log(log_level, "gRPC%s on %s:%d%s", " (TLS)" if settings.ssl_config_file else "", host, server.port,
             f" and unix:{settings.grpc_socket_path}" if settings.grpc_socket_path else "")

@@ -60,7 +60,7 @@ class GrpcServer:
         api: TFServingAPI,
         *,
         host: str = "127.0.0.1",
-        port: int = 9000,
+        port: int | None = 9000,
         max_message_bytes: int = 100 * 2**20,
         workers: int = 64,
         batched: bool = False,
@@ -109,10 +109,12 @@ class GrpcServer:
             self.health = HealthService(api.manager, draining)
             self._on_loop(_call(health_pb2_grpc.add_HealthServicer_to_server, self.health, self._server))
             self.host = host
-            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            self.port = self._bind(address, credentials)
-            if not self.port:
-                raise Unavailable(f"cannot listen for gRPC on {address} (port in use?); pick another --grpc-port")
+            self.port = 0  # port None: on the Unix socket only (a locked loopback server's)
+            if port is not None:
+                address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                self.port = self._bind(address, credentials)
+                if not self.port:
+                    raise Unavailable(f"cannot listen for gRPC on {address} (port in use?); pick another --grpc-port")
             if socket_path:  # TF Serving's --grpc_socket_path: the same services on a Unix socket
                 self._listen_on_socket(socket_path, credentials)
         except BaseException:  # nothing half-started: the loop's thread ends

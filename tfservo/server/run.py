@@ -61,9 +61,12 @@ def start_worker(
     if settings.api_keys and service.invoker.has_handlers():
         from tfservo.server.loopback import LoopbackServer
 
-        # Handlers call context.rest_uri / context.channel without a key, as in the container:
-        # they get a server of their own on 127.0.0.1 (this worker's, not the keyed port).
-        LoopbackServer(service).start()
+        # Handlers call context.rest_uri / grpc_uri / channel without a key, as in the container:
+        # they get a server of their own, locked to them (this worker's, not the keyed port),
+        # for the process's life.
+        handler_endpoints: LoopbackServer | None = LoopbackServer(service, locked=True).start()
+    else:
+        handler_endpoints = None
     asynchronous = None
     if settings.async_inference_config:
         from tfservo.async_inference.endpoint import AsyncEndpoint
@@ -74,6 +77,8 @@ def start_worker(
     if asynchronous is not None:
         app.closers.append(asynchronous.close)
     app.closers.append(runtime.close)
+    if handler_endpoints is not None:
+        app.closers.insert(0, handler_endpoints.stop)
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app

@@ -78,11 +78,13 @@ class ModelService:
         self._reloads = 0
         self.rest_base: str | None = None
         self.grpc_port: int | None = None
+        self.grpc_socket: str | None = None  # a locked loopback server's gRPC, for handlers only
         self.invoker = Invoker(
             self.api,
             default_model=self.default_model,
             rest_base=lambda: self.rest_base or "http://127.0.0.1:8080",
             grpc_port=lambda: self.grpc_port,
+            grpc_socket=lambda: self.grpc_socket,
         )
 
     @property

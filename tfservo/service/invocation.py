@@ -132,6 +132,7 @@ class Invoker:
         default_model: Callable[[], str | None] | None = None,
         rest_base: Callable[[], str] | None = None,
         grpc_port: Callable[[], int | None] | None = None,
+        grpc_socket: Callable[[], str | None] | None = None,
     ) -> None:
         self.api = api
         self.handlers: dict[str, Handlers] = dict(handlers or {})
@@ -139,6 +140,7 @@ class Invoker:
         self._default_model = default_model or (lambda: None)
         self._rest_base = rest_base
         self._grpc_port = grpc_port or (lambda: None)
+        self._grpc_socket = grpc_socket or (lambda: None)
         self._channel: tuple[str, object] | None = None
         self._channel_lock = threading.Lock()
 
@@ -341,7 +343,11 @@ class Invoker:
         return f"{base}{path}:{method}"
 
     def grpc_uri(self) -> str | None:
-        """`host:port` of this server's gRPC API (on the REST host, which reaches this server)."""
+        """`host:port` of this server's gRPC API (on the REST host, which reaches this server), or
+        `unix:PATH` of a locked loopback server's."""
+        socket = self._grpc_socket()
+        if socket:
+            return f"unix:{socket}"
         port = self._grpc_port()
         if not port:
             return None

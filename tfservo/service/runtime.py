@@ -93,11 +93,12 @@ def build_runtime(
 
 
 def runtime_of(service: ModelService) -> Runtime:
-    """A runtime around a service already built, for the loopback endpoints handlers call: the
-    server's own management choice, no keys, no capture, metrics of its own (not the server's)."""
+    """A runtime around a service already built, for the loopback endpoints handlers call:
+    management off (a handler has no business loading models, and a local process that found
+    the port none either), no keys, no capture, metrics of its own (not the server's)."""
     metrics = Metrics(multiprocess_dir="")
     return Runtime(
-        service, metrics, ManagementGate(service.settings), Access(FailureThrottle()), Taps(),
+        service, metrics, ManagementGate(service.settings.replace(management="off")), Access(FailureThrottle()), Taps(),
         V2DataPlane(service.api, service.unavailable_models),
     )
 
