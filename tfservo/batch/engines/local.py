@@ -250,11 +250,16 @@ class _ObjectRun:
                     self.failure = done.failure
                     continue
                 assert self.writer is not None
-                for piece in done.pieces:
-                    self.writer.write(piece)
-                if self.capture is not None:
-                    for line in done.capture:
-                        self.capture.write(line)
+                try:
+                    for piece in done.pieces:
+                        self.writer.write(piece)
+                    if self.capture is not None:
+                        for line in done.capture:
+                            self.capture.write(line)
+                except OSError as exc:  # a full disk, say: the object fails, the run goes on
+                    self.failure = RecordFailure("the object", f"cannot write {self.engine.store.display(self.obj.out_name)}"
+                                                 f" or its capture: {type(exc).__name__}: {exc}")
+                    continue
                 self.dead.extend(done.dead)
                 self.records += done.records
                 self.engine.progress.add(records=done.records)
