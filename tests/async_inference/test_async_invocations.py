@@ -275,3 +275,35 @@ def test_workers_share_one_queue_and_its_cap_on_requests_running_at_once(tmp_pat
         running += 1 if kind == "start" else -1
         peak = max(peak, running)
     assert peak == 1 and len(events) == 16
+
+
+def test_requests_accepted_before_the_output_disk_filled_all_end_once_space_returns(tmp_path):
+    """Answers that cannot be written (a full disk) keep their request queued, not failed: once
+    space returns every accepted request ends with its answer, and no temporary file is left."""
+    from small_disk import resize, small_disk
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    with small_disk(tmp_path / "disk", "64k") as out:
+        config = tmp_path / "async.json"
+        config.write_text(json.dumps({"OutputConfig": {"S3OutputPath": str(out)},
+                                      "ClientConfig": {"MaxConcurrentInvocationsPerInstance": 2}}))
+        args = [MODEL, "--async-inference-config", str(config), "--async-state", str(tmp_path / "state"),
+                "--async-input-root", str(inputs)]
+        with ServerProcess(args) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+            for i in range(40):
+                (inputs / f"{i}.csv").write_text(f"{i}.0\n")
+                queued = http.post("/endpoints/ep/async-invocations", headers={
+                    "X-Amzn-SageMaker-InputLocation": str(inputs / f"{i}.csv"),
+                    "X-Amzn-SageMaker-Content-Type": "text/csv", "X-Amzn-SageMaker-Inference-Id": f"r{i}"})
+                assert queued.status_code == 202, queued.text
+            server.wait_for("kept queued: cannot write the answer", timeout=60)
+            assert len(list(out.glob("*.out"))) < 40
+            states = [http.get(f"/async-invocations/r{i}").json()["State"] for i in range(40)]
+            assert "failed" not in states, states
+            resize(out, "8m")
+            wait_for(lambda: len(list(out.glob("*.out"))) == 40, timeout=120, what="all 40 answers")
+            wait_for(lambda: all(http.get(f"/async-invocations/r{i}").json()["State"] == "completed"
+                                 for i in range(40)), what="every request completed")
+        assert sorted(p.name for p in out.iterdir()) == sorted(f"r{i}.out" for i in range(40))  # no temp files
+        assert json.loads((out / "r7.out").read_text()) == {"predictions": [6.5]}

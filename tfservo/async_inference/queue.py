@@ -13,6 +13,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from tfservo.core.errors import InvalidArgument
@@ -126,10 +127,11 @@ class AsyncQueue:
         assert stored is not None
         return stored
 
-    def claim(self, limit: int, now: float | None = None) -> AsyncRequest | None:
+    def claim(self, limit: int, now: float | None = None, skip: Collection[str] = ()) -> AsyncRequest | None:
         """The oldest queued request, now this process's to run, or None when none waits or
         `limit` requests already run (across every process on the folder). Requests of a
-        process that is gone are queued again first."""
+        process that is gone are queued again first; those in `skip` wait (this process retries
+        them later)."""
         now = time.time() if now is None else now
         with self._lock, self._transaction():
             running = self._db.execute("SELECT id, owner FROM requests WHERE state = 'running'").fetchall()
@@ -139,8 +141,11 @@ class AsyncQueue:
                                      [(rid,) for rid in orphans])
             if len(running) - len(orphans) >= limit:
                 return None
+            waiting = ",".join("?" * len(skip))
             row = self._db.execute(
-                "SELECT id FROM requests WHERE state = 'queued' ORDER BY received LIMIT 1"
+                "SELECT id FROM requests WHERE state = 'queued'"
+                + (f" AND id NOT IN ({waiting})" if skip else "") + " ORDER BY received LIMIT 1",
+                tuple(skip),
             ).fetchone()
             if row is None:
                 return None

@@ -7,6 +7,7 @@ requests running at once across all of them."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import tempfile
@@ -21,7 +22,7 @@ from tfservo.core import deadlines
 from tfservo.core.errors import ServingError
 from tfservo.service.factory import ModelService
 from tfservo.service.invocation import InvocationResult, error_result
-from tfservo.storage.retry import retry
+from tfservo.storage.retry import retry, storage_error_is_transient
 from tfservo.storage.urls import is_local, url_to_fs
 
 __all__ = ["AsyncRunner", "read_object", "write_object"]
@@ -29,6 +30,17 @@ __all__ = ["AsyncRunner", "read_object", "write_object"]
 log = logging.getLogger("tfservo.async")
 
 _IDLE_WAIT = 0.5  # how often an idle thread looks for requests other workers queued
+_RETRY_FIRST, _RETRY_MAX = 1.0, 60.0  # seconds before a request whose result could not be written runs again
+# Write errors that pass (space returns, the store comes back): the request stays queued.
+_PASSING = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN, errno.EROFS}
+
+
+class _NotWritten(Exception):
+    """An answer or error object that could not be written for a reason that passes."""
+
+
+def _passes(exc: BaseException) -> bool:
+    return (isinstance(exc, OSError) and exc.errno in _PASSING) or storage_error_is_transient(exc)
 
 
 def read_object(url: str) -> bytes:
@@ -45,11 +57,19 @@ def write_object(url: str, data: bytes) -> None:
     if is_local(fs):
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".tfservo-", delete=False) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(f.name, path)
+        fd, temporary = tempfile.mkstemp(dir=folder, prefix=".tfservo-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        except BaseException:  # a full disk, say: no half-written file left behind
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+            raise
         return
     retry(lambda: fs.pipe_file(path, data), f"writing {url}")
 
@@ -79,6 +99,8 @@ class AsyncRunner:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._retry: dict[str, tuple[float, float]] = {}  # id → (monotonic time it may run again, its wait)
+        self._retry_lock = threading.Lock()
 
     def start(self) -> AsyncRunner:
         for i in range(self.config.max_concurrent):
@@ -103,7 +125,7 @@ class AsyncRunner:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                request = self.queue.claim(self.config.max_concurrent)
+                request = self.queue.claim(self.config.max_concurrent, skip=self._waiting())
                 self.on_backlog(self.queue.counts())
             except Exception:
                 log.exception("async queue %s: cannot take a request", self.queue.path)
@@ -115,6 +137,10 @@ class AsyncRunner:
             self.on_event("claimed", time.time() - request.received)
             try:
                 self.run(request)
+                with self._retry_lock:
+                    self._retry.pop(request.id, None)
+            except _NotWritten as exc:
+                self._defer(request, str(exc))
             except Exception:  # a bug of ours: the request stays running until this process is gone
                 log.exception("async request %s failed unexpectedly", request.id)
 
@@ -144,6 +170,8 @@ class AsyncRunner:
         try:
             write_object(request.output, answer)
         except Exception as exc:
+            if _passes(exc):
+                raise _NotWritten(f"cannot write the answer to {request.output}: {type(exc).__name__}: {exc}") from exc
             self._fail(request, "failed", f"InternalFailure: cannot write the answer to {request.output}: "
                        f"{type(exc).__name__}: {exc}", None)
             return
@@ -156,6 +184,23 @@ class AsyncRunner:
                 request, endpoint=self.endpoint, region=self.region, completed=True,
                 content_type=result.content_type, body=answer if include else None,
             ))
+
+    def _waiting(self) -> list[str]:
+        """Requests whose result could not be written, still waiting to run again."""
+        now = time.monotonic()
+        with self._retry_lock:
+            return [rid for rid, (when, _) in self._retry.items() if when > now]
+
+    def _defer(self, request: AsyncRequest, why: str) -> None:
+        """The request's result could not be written (a full disk, a store away): it goes back
+        to the queue, kept, and runs again after a wait that doubles (this process) or at the
+        next start; nothing accepted is dropped."""
+        with self._retry_lock:
+            wait = min(_RETRY_MAX, self._retry[request.id][1] * 2) if request.id in self._retry else _RETRY_FIRST
+            self._retry[request.id] = (time.monotonic() + wait, wait)
+        self.queue.release(request.id)
+        self.on_event("deferred", time.time() - request.received)
+        log.warning("async %s kept queued: %s; it runs again in %.0f s", request.id, why, wait)
 
     def _invoke(self, request: AsyncRequest, body: bytes) -> InvocationResult:
         """The invocation /invocations would run, within the request's InvocationTimeoutSeconds."""
@@ -178,6 +223,8 @@ class AsyncRunner:
         try:
             write_object(request.failure, body)
         except Exception as exc:
+            if _passes(exc):
+                raise _NotWritten(f"cannot write its error to {request.failure}: {type(exc).__name__}: {exc}") from exc
             log.error("async %s: cannot write its error to %s: %s: %s", request.id, request.failure,
                       type(exc).__name__, exc)
         self.queue.finish(request.id, state, reason)

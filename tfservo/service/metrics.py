@@ -162,7 +162,8 @@ class Metrics:
             buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 21600), registry=reg,
         )
         self.async_outcomes = Counter(
-            "tfservo_async_requests", "Asynchronous requests ended, by outcome (completed, failed, expired)",
+            "tfservo_async_requests", "Asynchronous requests ended, by outcome (completed, failed, expired), and those kept queued because "
+            "their answer or error could not be written (deferred: a full disk, a store away; they run again)",
             ["outcome"], registry=reg,
         )
         self.worker_memory = Gauge(
