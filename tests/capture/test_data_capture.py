@@ -261,3 +261,37 @@ def test_grpc_predict_and_v2_model_infer_are_captured_beside_their_http_twins(tm
     assert predict_pb2.PredictResponse.FromString(base64.b64decode(predict["endpointOutput"]["data"])) == answered
     infer = by_type["application/x-protobuf; messageType=inference.ModelInferRequest"]["captureData"]
     assert infer["endpointOutput"]["observedContentType"].endswith("messageType=inference.ModelInferResponse")
+
+
+def test_a_filling_disk_pauses_capture_at_its_mark_and_capture_resumes_once_space_returns(bundle, tmp_path) -> None:
+    """On a small disk capture stops short of its mark (75 %), serving goes on, and once space
+    returns it resumes by itself (its metric back to 0); every line counted as captured is in a
+    published file, and no temporary file is left."""
+    import shutil
+
+    from small_disk import resize, small_disk
+
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        config = capture_config(tmp_path / "capture.json", str(disk))
+        body = {"instances": [float(i) for i in range(300)]}
+        with ServerProcess([str(bundle), "--data-capture-config", str(config), "--workers", "1"]) as server, \
+                httpx.Client(base_url=server.url, timeout=30) as client:
+            for _ in range(200):
+                assert client.post("/invocations", json=body).status_code == 200
+            time.sleep(0.6)
+            usage = shutil.disk_usage(disk)
+            assert usage.used / usage.total <= 0.76, usage
+            assert "tfservo_capture_paused 1.0" in client.get("/metrics").text
+            resize(disk, "16m")
+            time.sleep(1.5)  # the paused writer looks at its disk every second
+            for _ in range(20):
+                assert client.post("/invocations", json=body).status_code == 200
+            time.sleep(0.6)
+            metrics = client.get("/metrics").text
+            assert "tfservo_capture_paused 0.0" in metrics, metrics
+            server.wait_for("data capture resumed")
+            captured = next(line for line in metrics.splitlines() if line.startswith("tfservo_capture_lines_total"))
+        lines = published_lines(disk)
+        assert len(lines) == int(float(captured.split()[-1])) and len(lines) > 20
+        assert not [p for p in disk.rglob(".*") if p.is_file()]
+

@@ -2,7 +2,12 @@
 
 A request's answer goes out first; then `submit` makes its line of Model Monitor's format at
 once, while its bodies are still in the CPU's cache, and queues it (never blocking: past
-`max_queued` lines, or while paused for a full disk, the event is dropped and counted). A
+`max_queued` lines, or while paused for a full disk, the event is dropped and counted). Before
+each write the disk is asked whether these lines would take it past `max_disk_percent`: if so
+capture pauses (the lines are dropped, counted) instead of filling it, and while paused the
+writer asks again every second, resuming by itself once space returns. A write that fails
+anyway (the disk filled from elsewhere) cuts the file back to its last whole line and publishes
+it, so no line counted as captured stays unpublished and no temporary file is left. A
 writer thread of the worker appends what is queued to the open file whenever 256 KB have
 gathered and at least every 0.2 s, with one `writev` that releases the interpreter's lock, so
 a kill -9 of the worker loses at most the lines still queued (a fraction of a second). A file
@@ -48,7 +53,7 @@ _TMP_SUFFIX = ".tmp"
 _WRITE_EVERY = 0.2  # seconds the writer thread waits for 256 KB of lines before it writes what it has
 _WRITE_BYTES = 256 * 1024  # small enough that the lines are still in the CPU's cache when written
 _IOV_MAX = 1024
-_DISK_CHECK_EVERY = 1.0
+_DISK_CHECK_EVERY = 1.0  # seconds between a paused writer's looks at its disk
 
 
 class CaptureEvent(NamedTuple):
@@ -175,6 +180,8 @@ class CaptureWriter:
             try:
                 if self._queued:
                     self._files.write(self._take())
+                elif self._files.paused:
+                    self._files.recheck()  # nothing comes while paused: look at the disk again
                 self._files.rotate_if_due()
             except Exception:  # a folder removed under it, say: later lines must still be written
                 log.exception("data capture: writing or publishing a file failed")
@@ -229,12 +236,12 @@ class _CaptureFiles:
             return
         with self._lock:
             try:
-                allowed = self._disk_allows()
+                fits = self._fitting(lines)
             except OSError:  # its folder was removed: _open_for makes it again
-                allowed = True
-            if not allowed:
-                self.on_event("dropped_disk", len(lines))
-                return
+                fits = len(lines)
+            if fits < len(lines):
+                self.on_event("dropped_disk", len(lines) - fits)
+                lines = lines[:fits]
             start = 0
             while start < len(lines):
                 hour = int(lines[start][0] // 3600)
@@ -243,6 +250,17 @@ class _CaptureFiles:
                     end += 1
                 self._append(hour, [line for _, line in lines[start:end]])
                 start = end
+
+    def recheck(self) -> None:
+        """While paused: look at the disk again (at most every _DISK_CHECK_EVERY s), resuming
+        once the lines to come fit under the mark."""
+        with self._lock:
+            if time.monotonic() - self._disk_checked < _DISK_CHECK_EVERY:
+                return
+            try:  # room for a write's worth (a twentieth of a small disk) resumes it
+                self._room_for(min(_WRITE_BYTES, shutil.disk_usage(self.root).total // 20))
+            except OSError:
+                pass
 
     def rotate_if_due(self) -> None:
         with self._lock:
@@ -258,19 +276,39 @@ class _CaptureFiles:
             self._uploader.join(timeout)
 
     def _append(self, hour: int, lines: list[bytes]) -> None:
+        before = self._file_bytes
         try:
             fd = self._open_for(hour)
+            before = self._file_bytes  # a new file starts empty
             written = 0
             for start in range(0, len(lines), _IOV_MAX):
                 written += _write_all(fd, lines[start:start + _IOV_MAX])
             self._file_bytes += written
             self.on_event("captured", len(lines))
         except OSError as exc:
-            log.warning("data capture: cannot write %s (%s); %d lines lost", self._file_path, exc, len(lines))
+            log.warning("data capture: cannot write %s (%s); %d lines lost", self._file_path or self.root, exc,
+                        len(lines))
             self.on_event("dropped_error", len(lines))
-            if self._fd >= 0:
-                os.close(self._fd)
-            self._fd = -1
+            self._cut_and_publish(before)
+
+    def _cut_and_publish(self, size: int) -> None:
+        """After a failed write: the open file cut back to its `size` bytes of whole lines, then
+        published (removed when empty), so what was captured is not left unpublished."""
+        if self._fd < 0:
+            return
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError:
+            pass
+        if size:
+            self._publish()
+            return
+        os.close(self._fd)
+        self._fd = -1
+        try:
+            os.remove(self._file_path)
+        except OSError:
+            pass
 
     def _open_for(self, hour: int) -> int:
         if self._fd >= 0 and os.fstat(self._fd).st_nlink == 0:  # removed (its folder deleted): start anew
@@ -305,24 +343,39 @@ class _CaptureFiles:
         if self.remote:
             self._uploads.put(published)
 
-    def _disk_allows(self) -> bool:
-        """False while the disk under the files is fuller than max_disk_percent (SageMaker: 75 %)."""
-        now = time.monotonic()
-        if now - self._disk_checked < _DISK_CHECK_EVERY:
-            return not self.paused
-        self._disk_checked = now
+    def _fitting(self, lines: list[tuple[float, bytes]]) -> int:
+        """How many of `lines` (from the first) fit on the disk below its mark; the rest pause
+        capture (asked before every write: one statvfs)."""
+        room = self._room_for(sum(len(line) for _, line in lines))
+        if room is None:
+            return len(lines)
+        fits, total = 0, 0
+        for _, line in lines:
+            total += len(line)
+            if total > room:
+                break
+            fits += 1
+        return fits
+
+    def _room_for(self, incoming: int) -> int | None:
+        """Bytes that may still be written below max_disk_percent (SageMaker: 75 %), None when
+        `incoming` bytes fit; pauses capture when they do not, resumes it when they do."""
+        self._disk_checked = time.monotonic()
         usage = shutil.disk_usage(self.root)
+        room = int(usage.total * self.max_disk_percent / 100.0) - usage.used
         percent = 100.0 * usage.used / usage.total if usage.total else 0.0
-        if percent >= self.max_disk_percent and not self.paused:
+        if incoming <= room:
+            if self.paused:
+                self.paused = False
+                log.info("data capture resumed: the disk under %s is %.0f%% full", self.root, percent)
+                self.on_event("resumed", 1)
+            return None
+        if not self.paused:
             self.paused = True
             log.warning("data capture paused: the disk under %s is %.0f%% full (limit %g%%); serving goes on",
                         self.root, percent, self.max_disk_percent)
             self.on_event("paused", 1)
-        elif percent < self.max_disk_percent and self.paused:
-            self.paused = False
-            log.info("data capture resumed: the disk under %s is %.0f%% full", self.root, percent)
-            self.on_event("resumed", 1)
-        return not self.paused
+        return max(room, 0)
 
     # -- recovery and upload ----------------------------------------------------------------------
 
