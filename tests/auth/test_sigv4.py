@@ -186,3 +186,25 @@ def test_a_signed_payload_hash_binds_the_body_and_unsigned_payloads_are_refused(
         assert unsigned.status_code == 400, (declared, unsigned.text)
         assert unsigned.headers["x-amzn-ErrorType"] == "InvalidSignatureException"
         assert "needs the body signed" in unsigned.json()["message"]
+
+
+def test_the_replay_window_refuses_a_signature_seen_before_on_any_worker(tmp_path):
+    """Without it a captured request may be sent again for 5 minutes, as on AWS; with
+    --sigv4-replay-window each signature is taken once, whichever worker sees it."""
+    import hashlib
+
+    keys = credentials(tmp_path / "credentials", ("sdk", SDK_KEY, SDK_SECRET))
+    args = [str(MODEL), "--sigv4-credentials", str(keys), "--sigv4-replay-window", "300", "--workers", "2"]
+    with ServerProcess(args) as server:
+        url = server.url + "/endpoints/ep/invocations"
+        headers = signed_headers(url, BODY, hashlib.sha256(BODY).hexdigest())
+        assert httpx.post(url, content=BODY, headers=headers).status_code == 200
+        for _ in range(4):  # fresh connections: both workers see the replay
+            with httpx.Client() as fresh:
+                again = fresh.post(url, content=BODY, headers=headers)
+            assert again.status_code == 403 and "already received" in again.json()["message"], again.text
+        assert invoke(runtime(server.url, SDK_KEY, SDK_SECRET))["ResponseMetadata"]["HTTPStatusCode"] == 200
+    with ServerProcess([str(MODEL), "--sigv4-credentials", str(keys)]) as server:  # off by default: as AWS
+        url = server.url + "/endpoints/ep/invocations"
+        headers = signed_headers(url, BODY, hashlib.sha256(BODY).hexdigest())
+        assert [httpx.post(url, content=BODY, headers=headers).status_code for _ in range(2)] == [200, 200]

@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tfservo.auth.replay import ReplayCache
 from tfservo.auth.watched import WatchedFile
 from tfservo.core.errors import InvalidArgument, PermissionDenied
 
@@ -87,8 +88,11 @@ def read_credentials(path: str) -> dict[str, Credentials]:
 class SigV4Verifier:
     """Checks requests against the keys in one credentials file."""
 
-    def __init__(self, path: str, clock: type[datetime.datetime] = datetime.datetime) -> None:
+    def __init__(
+        self, path: str, clock: type[datetime.datetime] = datetime.datetime, replay: ReplayCache | None = None,
+    ) -> None:
         self._clock = clock
+        self.replay = replay  # --sigv4-replay-window: a signature accepted once is refused again
         self.file = WatchedFile(path, read_credentials, "sigv4 credentials")
         log.info("sigv4: the SageMaker runtime API takes only requests signed with the %d key(s) in %s",
                  len(self.file.current()), path)
@@ -148,6 +152,12 @@ class SigV4Verifier:
                 "The request signature we calculated does not match the signature you provided. Check your AWS "
                 "Secret Access Key and signing method. Consult the service documentation for details.",
                 key=access_key,
+            )
+        if self.replay is not None and not self.replay.first_use(match["signature"]):
+            raise SignatureRefused(
+                "InvalidSignatureException",
+                f"This request was already received: each signature is accepted once within "
+                f"{self.replay.window:g} s (--sigv4-replay-window); sign each request anew", key=access_key,
             )
         return key
 

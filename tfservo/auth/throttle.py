@@ -21,7 +21,9 @@ import time
 
 from tfservo.core.shared_table import SharedTable, create_table
 
-__all__ = ["FailureThrottle", "create_throttle_table"]
+__all__ = ["THROTTLE_TABLE", "FailureThrottle", "create_throttle_table"]
+
+THROTTLE_TABLE = "throttle"  # its file's name in the server's shared folder
 
 _RECORD = struct.Struct("<Iddd")  # failures, last failure, held until, penalty (monotonic seconds)
 MAX_PEERS = 10_000

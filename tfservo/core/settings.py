@@ -283,6 +283,10 @@ class Settings:
         help="SageMaker runtime API: accept only requests signed (AWS SigV4, service sagemaker) with a key in FILE, "
         "an AWS shared-credentials file ([profile] with aws_access_key_id and aws_secret_access_key), re-read "
         "when it changes [default: $TFSERVO_SIGV4_CREDENTIALS, else unsigned requests are served].")
+    sigv4_replay_window: float = setting(
+        0.0, "--sigv4-replay-window", env="TFSERVO_SIGV4_REPLAY_WINDOW", check="non_negative", metavar="SECONDS",
+        help="With --sigv4-credentials: refuse a signature already accepted within this many seconds (300 refuses "
+        "every replay of a current signature; AWS accepts replays for 5 minutes) [default: 0, off].")
     api_keys: str | None = setting(
         None, "--api-keys", env="TFSERVO_API_KEYS", existing_file=True, metavar="FILE", tfs=TfsFlag("api_keys", ""),
         help="Require an API key (Authorization: Bearer KEY, over HTTP and gRPC metadata) with the route's scope "

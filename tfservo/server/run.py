@@ -45,7 +45,7 @@ _GRACE_SECONDS = 30.0  # how long a stop waits for requests in flight
 
 def start_worker(
     settings: Settings, port: int, metrics: Metrics | None = None, drain: Drain | None = None,
-    throttle_table: str | None = None,
+    shared_dir: str | None = None,
 ) -> tuple[Runtime, ASGIApp, ServingApp]:
     """Everything one serving process needs: its runtime (built once, every door's), its ASGI app
     (with /metrics and the key check) and the serving app inside it (its call placements)."""
@@ -53,7 +53,7 @@ def start_worker(
     from tfservo.http.metrics_edge import instrument
     from tfservo.service.runtime import build_runtime
 
-    runtime = build_runtime(settings, port, metrics=metrics, throttle_table=throttle_table)
+    runtime = build_runtime(settings, port, metrics=metrics, shared_dir=shared_dir)
     service, metrics = runtime.service, runtime.metrics
     # TensorFlow leaves ~270k objects on the heap; a full GC pass over them held the GIL for
     # 100-300 ms, a p99 stall for every request in flight. Frozen objects are never scanned.
@@ -155,7 +155,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
 
     port = sock.getsockname()[1]
     metrics, drain = Metrics(), Drain()
-    runtime, app, serving_app = start_worker(settings, port, metrics, drain, link.throttle_table if link is not None else None)
+    runtime, app, serving_app = start_worker(settings, port, metrics, drain, link.shared_dir if link is not None else None)
     service = runtime.service
     memory_limit = worker_memory_limit(settings) if link is not None else 0
     if memory_limit and (rss := resident_bytes()) > memory_limit:

@@ -38,7 +38,8 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from tfservo.auth.doors import log_access
-from tfservo.auth.throttle import create_throttle_table
+from tfservo.auth.replay import REPLAY_TABLE, create_replay_table
+from tfservo.auth.throttle import THROTTLE_TABLE, create_throttle_table
 from tfservo.core import environment
 from tfservo.core.errors import ServingError
 from tfservo.core.scratch import remove_scratch_dirs
@@ -65,10 +66,10 @@ class WorkerLink:
     """A worker's end of its pipe to the supervisor."""
 
     def __init__(
-        self, conn: Connection, replacements: dict[str, int] | None = None, throttle_table: str | None = None,
+        self, conn: Connection, replacements: dict[str, int] | None = None, shared_dir: str | None = None,
     ) -> None:
         self._conn = conn
-        self.throttle_table = throttle_table  # the failed-authentication table every worker shares
+        self.shared_dir = shared_dir  # the tables every worker shares (throttle, seen signatures)
         self._go = threading.Event()
         self.is_ready = False
         self.recycled = False  # the supervisor is replacing this worker
@@ -137,14 +138,14 @@ def _leave(code: int) -> None:
 
 def _worker_main(
     target: WorkerTarget, settings: Settings, sock: socket.socket, conn: Connection, replacements: dict[str, int],
-    throttle_table: str | None,
+    shared_dir: str | None,
 ) -> None:
     """Entry point of a spawned worker: serve, or report why it could not start."""
     from tfservo.core.logs import quiet_tensorflow, setup_logging
 
     quiet_tensorflow()
     setup_logging(settings.log_level, settings.log_format, settings.access_log)
-    link = WorkerLink(conn, replacements, throttle_table)
+    link = WorkerLink(conn, replacements, shared_dir)
     try:
         target(settings, sock, link)
         # Everything is closed and flushed now. A thread still stuck in a handler or a model call
@@ -211,7 +212,9 @@ class Supervisor:
         # server (one worker keeps its own table, and its TMPDIR clean).
         if self.settings.workers > 1:
             self.state_dir = tempfile.mkdtemp(prefix="tfservo-server-")
-            create_throttle_table(os.path.join(self.state_dir, "throttle"))
+            create_throttle_table(os.path.join(self.state_dir, THROTTLE_TABLE))
+            if self.settings.sigv4_replay_window > 0:
+                create_replay_table(os.path.join(self.state_dir, REPLAY_TABLE))
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         host, port = self.socks[0].getsockname()[:2]
         log.info("starting %d worker%s on %s:%d", self.settings.workers, "s" if self.settings.workers > 1 else "",
@@ -262,7 +265,7 @@ class Supervisor:
         process = _SPAWN.Process(
             target=_worker_main,
             args=(self.target, self.settings, sock, child_conn, self.replacements,
-                  os.path.join(self.state_dir, "throttle") if self.state_dir else None),
+                  self.state_dir or None),
             name="tfservo-worker",
         )
         process.start()

@@ -9,12 +9,13 @@ A door parses its protocol, asks the runtime, and writes its protocol's answer.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfservo.auth.access import Access
 from tfservo.auth.audit import ManagementGate
-from tfservo.auth.throttle import FailureThrottle
+from tfservo.auth.throttle import THROTTLE_TABLE, FailureThrottle
 from tfservo.capture.taps import KINDS, Tap, Taps
 from tfservo.core import tracing
 from tfservo.core.settings import Settings
@@ -53,10 +54,10 @@ class Runtime:
 
 
 def build_runtime(
-    settings: Settings, port: int, *, metrics: Metrics | None = None, throttle_table: str | None = None,
+    settings: Settings, port: int, *, metrics: Metrics | None = None, shared_dir: str | None = None,
 ) -> Runtime:
     """The runtime of a serving process on `port`: its service built through the one factory;
-    `throttle_table`: the supervisor's shared table (failed authentications counted once per
+    `shared_dir`: the supervisor's folder of shared tables (failed authentications counted once per
     server across its workers), None for a server of one process."""
     metrics = metrics or Metrics()
     if settings.monitoring_config_file:
@@ -84,7 +85,7 @@ def build_runtime(
         service,
         metrics,
         ManagementGate(settings, metrics.management_action),
-        _access(settings, metrics, throttle_table),
+        _access(settings, metrics, shared_dir),
         _taps(settings, service, port, metrics),
         V2DataPlane(service.api, service.unavailable_models, repository=multi_model),
         multi_model,
@@ -103,7 +104,7 @@ def runtime_of(service: ModelService) -> Runtime:
     )
 
 
-def _access(settings: Settings, metrics: Metrics, throttle_table: str | None) -> Access:
+def _access(settings: Settings, metrics: Metrics, shared_dir: str | None) -> Access:
     """The key ring (--api-keys) and signature keys (--sigv4-credentials), with one throttle."""
     ring = sigv4 = None
     if settings.api_keys:
@@ -111,10 +112,16 @@ def _access(settings: Settings, metrics: Metrics, throttle_table: str | None) ->
 
         ring = KeyRing(settings.api_keys)
     if settings.sigv4_credentials:
+        from tfservo.auth.replay import REPLAY_TABLE, ReplayCache
         from tfservo.auth.sigv4 import SigV4Verifier
 
-        sigv4 = SigV4Verifier(settings.sigv4_credentials)
-    throttle = FailureThrottle(limit=settings.auth_failure_limit, path=throttle_table)
+        replay = None
+        if settings.sigv4_replay_window > 0:
+            replay = ReplayCache(settings.sigv4_replay_window,
+                                 os.path.join(shared_dir, REPLAY_TABLE) if shared_dir else None)
+        sigv4 = SigV4Verifier(settings.sigv4_credentials, replay=replay)
+    throttle = FailureThrottle(limit=settings.auth_failure_limit,
+                               path=os.path.join(shared_dir, THROTTLE_TABLE) if shared_dir else None)
     metrics.report_throttle(throttle.counts)
     return Access(throttle, ring, sigv4, metrics.auth_refused, open_runtime=settings.open_runtime_api)
 
