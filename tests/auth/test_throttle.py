@@ -82,7 +82,9 @@ def test_a_guessing_peer_is_slowed_over_rest_grpc_and_sigv4_and_no_one_else_is(t
         guesser = httpx.Client(base_url=f"http://127.0.0.2:{port}", transport=httpx.HTTPTransport(local_address="127.0.0.2"))
         honest = httpx.Client(base_url=f"http://127.0.0.1:{port}")
         body = {"instances": [1.0]}
-        statuses = [guesser.post(f"/v1/models/{M}:predict", json=body, headers={"Authorization": f"Bearer tfsk_guess{i}"}).status_code
+        # X-Forwarded-For is not believed: a guesser naming a new address each time is still one address
+        statuses = [guesser.post(f"/v1/models/{M}:predict", json=body, headers={
+            "Authorization": f"Bearer tfsk_guess{i}", "X-Forwarded-For": f"10.0.0.{i}"}).status_code
                     for i in range(12)]
         assert statuses[:10] == [401] * 10 and statuses[10:] == [429, 429]
         held = guesser.post(f"/v1/models/{M}:predict", json=body, headers={"Authorization": f"Bearer {good}"})
