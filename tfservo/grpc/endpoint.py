@@ -56,6 +56,7 @@ def start_grpc(
         interceptors=[KeyInterceptor(runtime.access)] if runtime.access.ring is not None else [],
         gate=runtime.gate,
         taps=runtime.taps,
+        placement=runtime.placements.grpc,
     )
     from tfservo.grpc.v2 import v2_handler
 

@@ -75,6 +75,7 @@ class GrpcServer:
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         gate: ManagementGate | None = None,
         taps: Taps | None = None,
+        placement: CallPlacement | None = None,
     ) -> None:
         self._loop = _new_loop()
         self._threads = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfservo-grpc")
@@ -83,7 +84,8 @@ class GrpcServer:
         self._thread.start()
         try:
             # Predicts not queued for a batch: inline when quick and unbatched, else in threads of their own.
-            self.placement = CallPlacement(workers, "tfservo-grpc-call", inline=not batched, max_queued=max_queued)
+            self.placement = placement or CallPlacement(workers, "tfservo-grpc-call", inline=not batched,
+                                                        max_queued=max_queued)
             # grpc.aio hands the loop one call at a time, so calls cannot be gathered on it: under
             # load each would be a batch of one on the loop, one at a time.
             self.queue = QueuedCalls(api, batched=batched, gather=False)

@@ -33,7 +33,6 @@ from tfservo.http.routes import Endpoints, HotDispatch, RouteSpec, starlette_rou
 from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
 from tfservo.models.calls import METHODS, parse_version
-from tfservo.service.call_placement import CallPlacement
 from tfservo.service.factory import ModelService
 
 if TYPE_CHECKING:
@@ -45,7 +44,6 @@ __all__ = ["build_app", "ServingApp"]
 
 log = logging.getLogger("tfservo.http")
 
-_THREADS = 64  # model calls in flight at once per pool (calls, invocations)
 
 class ServingApp:
     """The ASGI app of one service: POSTs to hot routes go straight to their handler."""
@@ -82,9 +80,7 @@ class ServingApp:
 
     def close(self) -> None:
         for close in self.closers:
-            close()
-        self.hot.calls.close()
-        self.hot.invocations.close()
+            close()  # the runtime's close among them: its call placements
 
 
 async def _in_thread(fn: Any) -> Any:
@@ -188,13 +184,10 @@ def build_app(runtime: Runtime, *, async_intake: AsyncIntake | None = None) -> S
     service, settings, v2 = runtime.service, runtime.settings, runtime.v2
     multi_model = runtime.multi_model
     max_decoding_bytes = settings.max_decoding_bytes or default_decoding_bytes(settings.workers)
-    batched = service.batches
     hot = HotRoutes(
         runtime,
-        calls=CallPlacement(_THREADS, "tfservo-call", inline=not batched, max_queued=settings.max_queued_per_model),
-        invocations=CallPlacement(
-            _THREADS, "tfservo-invoke", inline=not batched, max_queued=settings.max_queued_per_model
-        ),
+        calls=runtime.placements.calls,
+        invocations=runtime.placements.invocations,
         budget=DecodeBudget(max_decoding_bytes),
         async_intake=async_intake,
     )

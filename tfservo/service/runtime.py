@@ -19,6 +19,7 @@ from tfservo.auth.throttle import THROTTLE_TABLE, FailureThrottle
 from tfservo.capture.taps import KINDS, Tap, Taps
 from tfservo.core import tracing
 from tfservo.core.settings import Settings
+from tfservo.service.call_placement import CallPlacement
 from tfservo.service.factory import ModelService, build_service
 from tfservo.service.metrics import Metrics
 from tfservo.service.v2_dataplane import V2DataPlane
@@ -27,7 +28,34 @@ if TYPE_CHECKING:
     from tfservo.service.multi_model import MultiModelEndpoint
     from tfservo.service.target_models import TargetModels
 
-__all__ = ["Runtime", "build_runtime", "runtime_of"]
+__all__ = ["Placements", "Runtime", "build_runtime", "placements_for", "runtime_of"]
+
+_THREADS = 64  # model calls in flight at once per pool
+
+
+@dataclass
+class Placements:
+    """Where each door's model calls run, made once per serving process (call_placement decides
+    loop or thread per call): TF Serving's and V2's REST calls, SageMaker's invocations (their
+    own threads: a handler may call back into REST), and gRPC's calls."""
+
+    calls: CallPlacement
+    invocations: CallPlacement
+    grpc: CallPlacement
+
+    def close(self) -> None:
+        for placement in (self.calls, self.invocations, self.grpc):
+            placement.close()
+
+
+def placements_for(settings: Settings, batched: bool) -> Placements:
+    """The placements of one process: without batching quick small calls run on the loop; with
+    it every call goes to threads (small predicts are queued for their batch instead)."""
+
+    def pool(name: str) -> CallPlacement:
+        return CallPlacement(_THREADS, name, inline=not batched, max_queued=settings.max_queued_per_model)
+
+    return Placements(pool("tfservo-call"), pool("tfservo-invoke"), pool("tfservo-grpc-call"))
 
 
 @dataclass
@@ -40,6 +68,7 @@ class Runtime:
     access: Access
     taps: Taps
     v2: V2DataPlane
+    placements: Placements
     multi_model: MultiModelEndpoint | None = None
     targets: TargetModels | None = None
 
@@ -48,9 +77,11 @@ class Runtime:
         return self.service.settings
 
     def close(self) -> None:
-        """The capture sinks' last lines, the access tables; the service is its owner's to close."""
+        """The capture sinks' last lines, the access tables, the call threads; the service is its
+        owner's to close."""
         self.taps.close()
         self.access.close()
+        self.placements.close()
 
 
 def build_runtime(
@@ -88,6 +119,7 @@ def build_runtime(
         _access(settings, metrics, shared_dir),
         _taps(settings, service, port, metrics),
         V2DataPlane(service.api, service.unavailable_models, repository=multi_model),
+        placements_for(settings, service.batches),
         multi_model,
         targets,
     )
@@ -101,6 +133,7 @@ def runtime_of(service: ModelService) -> Runtime:
     return Runtime(
         service, metrics, ManagementGate(service.settings.replace(management="off")), Access(FailureThrottle()), Taps(),
         V2DataPlane(service.api, service.unavailable_models),
+        placements_for(service.settings, service.batches),
     )
 
 
