@@ -295,3 +295,28 @@ def test_a_filling_disk_pauses_capture_at_its_mark_and_capture_resumes_once_spac
         assert len(lines) == int(float(captured.split()[-1])) and len(lines) > 20
         assert not [p for p in disk.rglob(".*") if p.is_file()]
 
+
+
+def test_a_write_the_disk_refuses_leaves_its_lines_published_and_no_temporary(bundle, tmp_path) -> None:
+    """A mark past 100 % never pauses, so the disk itself refuses writes (ENOSPC): each refused
+    write cuts its file back to whole lines and publishes it — every line counted as captured is
+    in a published file, none half-written, no temporary file left, serving unharmed."""
+    from small_disk import small_disk
+
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        config = capture_config(tmp_path / "capture.json", str(disk))
+        body = {"instances": [float(i) for i in range(300)]}
+        args = [str(bundle), "--data-capture-config", str(config), "--workers", "1",
+                "--data-capture-max-disk-percent", "200"]
+        with ServerProcess(args) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+            for _ in range(6):
+                for _ in range(10):
+                    assert client.post("/invocations", json=body).status_code == 200
+                time.sleep(0.3)  # a write each time
+            metrics = client.get("/metrics").text
+            captured = next(line for line in metrics.splitlines() if line.startswith("tfservo_capture_lines_total"))
+            assert 'tfservo_capture_dropped_total{reason="error"}' in metrics
+        assert "data capture: cannot write" in server.output  # the disk refused a write
+        lines = published_lines(disk)
+        assert len(lines) == int(float(captured.split()[-1])) > 0
+        assert not [p for p in disk.rglob(".*") if p.is_file()]
