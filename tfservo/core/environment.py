@@ -20,6 +20,7 @@ VARIABLES: Mapping[str, str] = {
     "TFSERVO_ENDPOINT_URL": "where the SageMaker SDK session sends runtime calls (sagemaker_sdk)",
     "AWS_ENDPOINT_URL_S3": "the S3 endpoint of the SageMaker SDK session (botocore reads it too)",
     "AWS_ENDPOINT_URL": "the AWS endpoint of the SageMaker SDK session (botocore reads it too)",
+    "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": "where botocore sends sagemaker-runtime calls (the SDK session checks it)",
 }
 
 

@@ -76,6 +76,7 @@ class Session(LocalSession):
     ) -> None:
         self._moto: Any = None
         self.endpoint_url = endpoint_url or environment.variable("TFSERVO_ENDPOINT_URL") or None
+        _warn_of_a_general_endpoint(self.endpoint_url)
         boto_session = boto_session or boto3.Session()
         if boto_session.region_name is None:
             boto_session = _with_region(boto_session, _DEFAULT_REGION)
@@ -164,6 +165,21 @@ class Session(LocalSession):
             self._moto = None
         environment.export(self._restore_env)
         self._restore_env = {}
+
+
+def _warn_of_a_general_endpoint(endpoint_url: str | None) -> None:
+    """AWS_ENDPOINT_URL redirects every service botocore calls, sagemaker-runtime too: clients
+    made without this session (a Predictor of its own, a plain boto3 client) would send their
+    calls there, not to tfservo. Say so once, and what to set instead."""
+    general = environment.variable("AWS_ENDPOINT_URL")
+    runtime = environment.variable("AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME")
+    if general and not runtime and general != endpoint_url:
+        log.warning(
+            "AWS_ENDPOINT_URL=%s also redirects sagemaker-runtime: a Predictor or boto3 client made without "
+            "this session sends its calls there%s. Set AWS_ENDPOINT_URL_S3 for S3 alone, and "
+            "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME to tfservo's URL", general,
+            f", not to {endpoint_url}" if endpoint_url else "",
+        )
 
 
 class RuntimeClient:
