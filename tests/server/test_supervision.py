@@ -11,6 +11,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -276,3 +277,36 @@ def test_a_model_call_stuck_in_a_batch_thread_replaces_its_worker(hanging_model)
     finally:
         if server.proc and server.proc.poll() is None:
             server.stop()
+
+
+def test_a_taken_default_grpc_port_moves_and_a_chosen_one_fails(tmp_path) -> None:
+    """Two servers started with only --port both start: the default gRPC port (9000) held by
+    another moves to a free one, saying so; a --grpc-port the user chose and another holds is
+    an error naming it."""
+    import subprocess
+    import sys
+
+    from conftest import SMC
+
+    model = str(SMC / "resources" / "models" / "half_plus_three")
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("127.0.0.1", 9000))
+        holder.listen()
+    except OSError:
+        pass  # something else holds it already: as good
+    try:
+        server = ServerProcess([model])
+        server.args = [a for i, a in enumerate(server.args)
+                       if not (a == "--grpc-port" or (i and server.args[i - 1] == "--grpc-port"))]
+        with server:
+            assert "gRPC's default port 127.0.0.1:9000 is taken" in server.output
+            target = re.search(r"serving gRPC on (\d+) instead", server.output)
+            assert target is not None and f"gRPC on 127.0.0.1:{target[1]}" in server.output
+        chosen = subprocess.run([str(Path(sys.executable).with_name("tfservo")), "serve", model, "--port", "0",
+                                 "--grpc-port", "9000"], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "SAGEMAKER_GUNICORN_WORKERS": "1"})
+        assert chosen.returncode != 0 and "cannot listen for gRPC on 127.0.0.1:9000" in chosen.stderr + chosen.stdout
+    finally:
+        holder.close()

@@ -267,6 +267,7 @@ class Settings:
         "503 with Retry-After [default: an eighth of the memory available at start, shared by the workers].")
     execution_parameters: Mapping[str, object] = field(default_factory=dict)  # (env)
     in_sagemaker: bool = False  # (env: SAGEMAKER_BIND_TO_PORT) the platform in front authenticates callers
+    grpc_port_given: bool = False  # --grpc-port or its variable was given (else a taken 9000 is replaced)
     # SageMaker's runtime API (/endpoints/NAME/invocations): the endpoint this server is (None:
     # answer to any name) and its production variant
     endpoint_name: str | None = setting(
@@ -617,6 +618,7 @@ def resolve_settings(
     if not paths and serve_default_path and not value["multi_model"] and not value["model_config_file"] \
             and not value["model_base_path"]:
         paths = [DEFAULT_MODEL_PATH]
+    value["grpc_port_given"] = flags.get("grpc_port") is not None or _from_env(_BY_NAME["grpc_port"], env)[0] is not None
     if flags.get("host") is None and "SAGEMAKER_BIND_TO_PORT" in env:
         value["host"] = "0.0.0.0"  # inside SageMaker the platform reaches the container from outside
     if flags.get("max_request_mb") is None:

@@ -18,13 +18,19 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import logging
 import socket
 import struct
 import sys
 import time
 
-__all__ = ["bind_socket", "bind_sockets", "port_free", "queued_connections", "refuse_new_connections",
-           "wait_accepted"]
+from tfservo.core.errors import ServingError
+from tfservo.core.settings import Settings
+
+__all__ = ["bind_socket", "bind_sockets", "free_port", "grpc_port_settings", "port_free", "queued_connections",
+           "refuse_new_connections", "wait_accepted"]
+
+log = logging.getLogger("tfservo.server")
 
 _SO_ATTACH_FILTER = 26
 _BACKLOG = 2048
@@ -76,6 +82,33 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
             sock.close()
         raise
     return socks
+
+
+def grpc_port_settings(settings: Settings) -> Settings:
+    """The settings with the gRPC port this server will take: 0 becomes a free port now; the
+    default port (9000, never chosen by the user) becomes a free one when another process holds
+    it, with a line saying so; a port the user chose and another holds is a ServingError."""
+    host = settings.grpc_host or settings.host
+    if settings.grpc_port is None:
+        return settings
+    if settings.grpc_port == 0:
+        return settings.replace(grpc_port=free_port(host))
+    if port_free(host, settings.grpc_port):
+        return settings
+    if not settings.grpc_port_given:
+        port = free_port(host)
+        log.warning("gRPC's default port %s:%d is taken (another server?); serving gRPC on %d instead "
+                    "(--grpc-port chooses one)", host, settings.grpc_port, port)
+        return settings.replace(grpc_port=port)
+    raise ServingError(f"cannot listen for gRPC on {host}:{settings.grpc_port} (port in use?); pick another --grpc-port")
+
+
+def free_port(host: str) -> int:
+    """A port nothing listens on now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def port_free(host: str, port: int) -> bool:

@@ -17,7 +17,7 @@ from tfservo.auth.doors import log_access
 from tfservo.core.errors import ServingError
 from tfservo.core.memory import resident_bytes
 from tfservo.core.settings import Settings
-from tfservo.server.listener import bind_socket, bind_sockets
+from tfservo.server.listener import bind_socket, bind_sockets, grpc_port_settings
 from tfservo.server.recycling import REASONS, WorkerWatch, hard_limit, worker_memory_limit
 from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.signals import route_signals
@@ -141,7 +141,7 @@ def serve(settings: Settings) -> None:
     """Load the bundle(s) and serve until SIGINT/SIGTERM (in-flight requests finish first): under
     a supervisor that replaces workers that die or must be recycled, unless --no-supervisor."""
     if settings.no_supervisor:  # resolve_settings refused the flags that need a supervisor
-        serve_process(settings, bind_socket(settings.host, settings.port))
+        serve_process(grpc_port_settings(settings), bind_socket(settings.host, settings.port))
         return
     socks = bind_sockets(settings.host, settings.port, settings.workers)
     Supervisor(serve_process, settings, socks).run()  # each worker runs serve_process on one of them

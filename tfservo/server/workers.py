@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
@@ -44,7 +44,7 @@ from tfservo.core import environment
 from tfservo.core.errors import ServingError
 from tfservo.core.scratch import remove_scratch_dirs
 from tfservo.core.settings import Settings
-from tfservo.server.listener import bind_socket, port_free
+from tfservo.server.listener import bind_socket, grpc_port_settings
 from tfservo.service.metrics import MULTIPROC_ENV, mark_worker_dead
 
 __all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
@@ -185,12 +185,7 @@ class Supervisor:
     def __init__(self, target: WorkerTarget, settings: Settings, socks: list[socket.socket]) -> None:
         # Every worker binds the same gRPC port with SO_REUSEPORT, which another server of this
         # user could share silently: the port must be free now.
-        grpc_host = settings.grpc_host or settings.host
-        if settings.grpc_port == 0:
-            settings = replace(settings, grpc_port=_free_port(grpc_host))
-        elif settings.grpc_port is not None and not port_free(grpc_host, settings.grpc_port):
-            raise ServingError(f"cannot listen for gRPC on {grpc_host}:{settings.grpc_port} (port in use?); "
-                               "pick another --grpc-port")
+        settings = grpc_port_settings(settings)
         self.target = target
         self.settings = settings
         self.socks = socks
@@ -387,8 +382,3 @@ def _describe(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
