@@ -261,10 +261,11 @@ class Settings:
         256, "--max-queued-per-model", env="TFSERVO_MAX_QUEUED_PER_MODEL", check="non_negative", metavar="N",
         help="Calls of one model that may wait for a thread while its share of them (48 of 64) is busy, per "
         "pool and worker; past it 503 with Retry-After [default: 256; 0: none wait].")
-    max_decoding_mb: float = setting(  # request bodies being decoded at once per worker; 0: from memory
+    max_decoding_mb: float = setting(  # request bodies being decoded at once per server; 0: from memory
         0.0, "--max-decoding-mb", check="non_negative",
-        help="Request bodies read and decoded at once, per worker, in MB; past it a request gets "
-        "503 with Retry-After [default: an eighth of the memory available at start, shared by the workers].")
+        help="Request bodies read and decoded at once, in MB, counted once per server across its workers "
+        "(bodies under 64 KiB per worker); past it a request gets 503 with Retry-After "
+        "[default: an eighth of the memory available at start].")
     execution_parameters: Mapping[str, object] = field(default_factory=dict)  # (env)
     in_sagemaker: bool = False  # (env: SAGEMAKER_BIND_TO_PORT) the platform in front authenticates callers
     grpc_port_given: bool = False  # --grpc-port or its variable was given (else a taken 9000 is replaced)

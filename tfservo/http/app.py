@@ -23,7 +23,6 @@ from starlette.types import Receive, Scope, Send
 from tfservo.core import tracing
 from tfservo.core.errors import ServingError
 from tfservo.http.async_routes import AsyncRoutes
-from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.docs_page import DocsPage
 from tfservo.http.hot_routes import HotRoutes
 from tfservo.http.management_edge import gated
@@ -179,16 +178,12 @@ def build_app(runtime: Runtime, *, async_intake: AsyncIntake | None = None) -> S
     Without batching, quick and small model calls run on the event loop (call_placement); with
     it, small predicts (every door's) are queued from the loop and answered from the batch thread.
     """
-    from tfservo.http.decode_budget import default_decoding_bytes
-
     service, settings, v2 = runtime.service, runtime.settings, runtime.v2
     multi_model = runtime.multi_model
-    max_decoding_bytes = settings.max_decoding_bytes or default_decoding_bytes(settings.workers)
     hot = HotRoutes(
         runtime,
         calls=runtime.placements.calls,
         invocations=runtime.placements.invocations,
-        budget=DecodeBudget(max_decoding_bytes),
         async_intake=async_intake,
     )
 

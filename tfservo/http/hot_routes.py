@@ -25,7 +25,6 @@ from tfservo.async_inference.intake import AsyncCall, AsyncIntake
 from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
 from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, PayloadTooLarge, ServingError
-from tfservo.http.decode_budget import DecodeBudget
 from tfservo.http.request_context import context_of, lone_request
 from tfservo.http.runtime_api import (
     RuntimeError_,
@@ -181,12 +180,12 @@ class HotRoutes:
     """The inference routes of one service, each a plain ASGI callable."""
 
     def __init__(
-        self, runtime: Runtime, *, calls: CallPlacement, invocations: CallPlacement, budget: DecodeBudget,
+        self, runtime: Runtime, *, calls: CallPlacement, invocations: CallPlacement,
         async_intake: AsyncIntake | None = None,
     ) -> None:
         service, settings = runtime.service, runtime.settings
         self.service = service
-        self.budget = budget
+        self.budget = runtime.budget  # the server's, across its workers
         self.batched = service.batches  # the service batches calls: small predicts are queued from the loop
         self.max_request_bytes = settings.max_request_bytes
         self.calls = calls  # TF Serving REST calls
@@ -500,8 +499,10 @@ class HotRoutes:
             except ClientDisconnected:
                 return
             context_of(scope).body = body  # what data capture and the payload logger record
-            if len(body) > held:  # a chunked body: held as read
-                if not self.budget.hold(len(body) - held):
+            if len(body) > held:  # a chunked body: held anew as read (one hold, one release)
+                self.budget.release(held)
+                held = 0
+                if not self.budget.hold(len(body)):
                     await self._busy(send, runtime)
                     return
                 held = len(body)
@@ -511,7 +512,7 @@ class HotRoutes:
 
     async def _busy(self, send: Send, runtime: bool) -> None:
         message = (
-            f"tfservo is decoding {self.budget.held / 2**20:.0f} MB of other requests, its bound "
+            f"tfservo is decoding {self.budget.server_held / 2**20:.0f} MB of other requests, its bound "
             f"(--max-decoding-mb {self.budget.limit_bytes / 2**20:g}); retry in a moment or send to another instance"
         )
         key, error_type = (b"message", b"ServiceUnavailable") if runtime else (b"error", None)

@@ -45,6 +45,7 @@ from tfservo.core.errors import ServingError
 from tfservo.core.scratch import remove_scratch_dirs
 from tfservo.core.settings import Settings
 from tfservo.server.listener import bind_socket, grpc_port_settings
+from tfservo.service.decode_budget import BUDGET_TABLE, create_budget_table
 from tfservo.service.metrics import MULTIPROC_ENV, mark_worker_dead
 
 __all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
@@ -208,6 +209,7 @@ class Supervisor:
         if self.settings.workers > 1:
             self.state_dir = tempfile.mkdtemp(prefix="tfservo-server-")
             create_throttle_table(os.path.join(self.state_dir, THROTTLE_TABLE))
+            create_budget_table(os.path.join(self.state_dir, BUDGET_TABLE))
             if self.settings.sigv4_replay_window > 0:
                 create_replay_table(os.path.join(self.state_dir, REPLAY_TABLE))
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -20,6 +20,7 @@ from tfservo.capture.taps import KINDS, Tap, Taps
 from tfservo.core import tracing
 from tfservo.core.settings import Settings
 from tfservo.service.call_placement import CallPlacement
+from tfservo.service.decode_budget import BUDGET_TABLE, DecodeBudget, default_decoding_bytes
 from tfservo.service.factory import ModelService, build_service
 from tfservo.service.metrics import Metrics
 from tfservo.service.v2_dataplane import V2DataPlane
@@ -69,6 +70,7 @@ class Runtime:
     taps: Taps
     v2: V2DataPlane
     placements: Placements
+    budget: DecodeBudget
     multi_model: MultiModelEndpoint | None = None
     targets: TargetModels | None = None
 
@@ -82,6 +84,7 @@ class Runtime:
         self.taps.close()
         self.access.close()
         self.placements.close()
+        self.budget.close()
 
 
 def build_runtime(
@@ -120,6 +123,7 @@ def build_runtime(
         _taps(settings, service, port, metrics),
         V2DataPlane(service.api, service.unavailable_models, repository=multi_model),
         placements_for(settings, service.batches),
+        _budget(settings, shared_dir),
         multi_model,
         targets,
     )
@@ -134,7 +138,16 @@ def runtime_of(service: ModelService) -> Runtime:
         service, metrics, ManagementGate(service.settings.replace(management="off")), Access(FailureThrottle()), Taps(),
         V2DataPlane(service.api, service.unavailable_models),
         placements_for(service.settings, service.batches),
+        _budget(service.settings, None),
     )
+
+
+def _budget(settings: Settings, shared_dir: str | None) -> DecodeBudget:
+    """The bound on bodies being decoded: the server's, counted in the supervisor's table when
+    it has several workers (else this process's)."""
+    path = os.path.join(shared_dir, BUDGET_TABLE) if shared_dir else None
+    limit = settings.max_decoding_bytes or default_decoding_bytes(settings.workers, shared=path is not None)
+    return DecodeBudget(limit, path)
 
 
 def _access(settings: Settings, metrics: Metrics, shared_dir: str | None) -> Access:
