@@ -20,6 +20,7 @@ import os
 import struct
 
 from tfservo.core.memory import available_memory_bytes
+from tfservo.core.processes import process_alive
 from tfservo.core.shared_table import SharedTable, create_table
 
 __all__ = ["BUDGET_TABLE", "SHARED_FROM", "DecodeBudget", "create_budget_table", "default_decoding_bytes"]
@@ -107,22 +108,12 @@ class DecodeBudget:
         for pid, held in list(self._table.records()):
             if not pid:
                 continue
-            if pid == self._pid or _alive(int(pid)):  # type: ignore[call-overload]
+            if pid == self._pid or process_alive(int(pid)):  # type: ignore[call-overload]
                 total += int(held)  # type: ignore[call-overload]
             else:
                 self._table.delete(f"worker {pid}")
         self._table.put(_TOTAL, (0, total), _never)
         return total
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _never(record: tuple[object, ...]) -> float:
