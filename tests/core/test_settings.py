@@ -143,3 +143,15 @@ def test_a_serving_workers_tensorflow_threads_are_its_share_of_the_cores(tmp_pat
     assert (tfs.workers, tfs.intra_op_threads) == (8, 3)
     assert threads({"SAGEMAKER_TFS_INTRA_OP_PARALLELISM": "0"}) == (8, 1)  # 0 is the container's "unset"
     assert threads(serving=False) == (1, 0)  # in-process: TensorFlow's choice
+
+
+def test_every_declared_setting_belongs_to_exactly_one_group() -> None:
+    from collections import Counter
+
+    from tfservo.core.settings import GROUPS, grouped_options, options
+
+    listed = Counter(name for group in GROUPS for name in group.names)
+    assert [name for name, n in listed.items() if n > 1] == []
+    assert {option.name for option in options()} == set(listed)
+    assert all(option.group for option in options())
+    assert sum(len(members) for _, members in grouped_options()) == len(options())

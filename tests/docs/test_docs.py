@@ -185,6 +185,16 @@ def test_the_site_builds_strictly_with_generated_reference_pages(site):
         assert f"<code>{path}</code>" in api
 
 
+def test_the_committed_reference_pages_are_as_generated():
+    """docs/reference/ is read as committed Markdown: a changed setting, command or route needs
+    `scripts/docs_reference.py` run again."""
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "docs_reference.py"), "--check"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cli = (REPO / "docs" / "reference" / "cli.md").read_text()
+    assert "### `tfservo serve`" in cli and "\nSecurity:\n" in cli and "--api-keys" in cli
+
+
 @pytest.fixture(scope="module")
 def site_server(site):
     port = portpicker.pick_unused_port()

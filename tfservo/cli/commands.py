@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from tfservo.core.logs import quiet_tensorflow, setup_logging
-from tfservo.core.settings import options
+from tfservo.core.settings import GROUPS, options
 
 if TYPE_CHECKING:
     from tfservo.core.settings import Settings
@@ -41,7 +41,26 @@ def _setting_options(command: Callable[..., object]) -> Callable[..., object]:
     return command
 
 
-@main.command()
+class _GroupedHelp(click.Command):
+    """A command whose --help lists its settings by concern (tfservo.core.settings.GROUPS), its
+    other options after them."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        group_of = {option.name: option.group for option in options()}
+        order = {name: i for group in GROUPS for i, name in enumerate(group.names)}
+        sections: dict[str, list[tuple[int, tuple[str, str]]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            if record is not None:
+                name = param.name or ""
+                sections.setdefault(group_of.get(name, ""), []).append((order.get(name, len(order)), record))
+        for title, key in [(group.title, group.key) for group in GROUPS] + [("Other options", "")]:
+            if sections.get(key):
+                with formatter.section(title):
+                    formatter.write_dl([record for _, record in sorted(sections[key], key=lambda item: item[0])])
+
+
+@main.command(cls=_GroupedHelp)
 @click.argument("paths", nargs=-1, metavar="[PATH]...")
 @_setting_options
 def serve(paths: tuple[str, ...], **flags: object) -> None:

@@ -41,8 +41,10 @@ __all__ = [
     "DEFAULT_MODEL_ENV",
     "INPUTS",
     "INTER_OP_IN_CALLER_THREAD",
+    "GROUPS",
     "SMALL_MODELS_BYTES",
     "ConfigError",
+    "Group",
     "Option",
     "Settings",
     "TfsFlag",
@@ -51,6 +53,7 @@ __all__ = [
     "environment",
     "log_level_from_env",
     "execution_parameters_from_env",
+    "grouped_options",
     "is_loopback",
     "options",
     "parse_version_labels",
@@ -106,6 +109,7 @@ class Option:
     metavar: str | None = None
     existing_file: bool = False
     multiple: bool = False
+    group: str = ""  # its concern's key in GROUPS (filled in from that table)
 
 
 def setting(
@@ -141,7 +145,10 @@ class Settings:
 
     paths: tuple[str, ...] = ()
     # which model answers a request that names none; None: the first model by name
-    default_model_name: str | None = setting(None, env=DEFAULT_MODEL_ENV)
+    default_model_name: str | None = setting(
+        None, env=DEFAULT_MODEL_ENV,
+        help="The model that answers a request naming none, as the SageMaker container's variable "
+        "[default: the first model by name].")
     version_labels: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     intra_op_threads: int = setting(
         0, "--intra-op-threads", env="SAGEMAKER_TFS_INTRA_OP_PARALLELISM",
@@ -163,22 +170,30 @@ class Settings:
         DEFAULT_MODEL_ROOT, "--model-root", metavar="DIR",
         help="Multi-model mode: the only dir models may be loaded from, or an s3:// prefix whose archives "
         "X-Amzn-SageMaker-Target-Model names [default: /opt/ml/models].")
-    memory_factor: float = setting(DEFAULT_MEMORY_FACTOR, env="TFSERVO_MME_MEMORY_FACTOR",
-                                   note="0 turns the memory check off")
+    memory_factor: float = setting(
+        DEFAULT_MEMORY_FACTOR, env="TFSERVO_MME_MEMORY_FACTOR", note="0 turns the memory check off",
+        help="Multi-model mode: the resident memory a model is expected to take per byte on disk, checked "
+        "before it loads [default: 2; 0: no check].")
     # target models' estimated memory bound; 0: the machine's memory only
-    mme_memory_mb: float = setting(0.0, env="TFSERVO_MME_MEMORY_MB", note="0 or unset: the machine's memory only")
+    mme_memory_mb: float = setting(
+        0.0, env="TFSERVO_MME_MEMORY_MB", note="0 or unset: the machine's memory only",
+        help="Multi-model mode: the memory target models may take in all, in MB; past it the least "
+        "recently used is unloaded [default: the machine's memory only].")
     model_config_file: str | None = setting(
         None, "--model-config-file", "--model_config_file", existing_file=True,
         tfs=TfsFlag("model_config_file", ""),
         help="TF Serving's text ModelServerConfig: models, base paths, version policies and labels.")
     # TF Serving's --model_name/--model_base_path: one model served as a one-entry model config
-    model_base_path: str | None = setting(None)
-    model_name: str = setting("default")
+    model_base_path: str | None = setting(
+        None, help="TF Serving's --model_base_path: one model served as a one-entry model config.")
+    model_name: str = setting("default", help="TF Serving's --model_name: the name of --model_base_path's model.")
     file_system_poll_wait_seconds: float = setting(
         0.0, "--file-system-poll-wait-seconds", "--file_system_poll_wait_seconds", check="non_negative",
         tfs=TfsFlag("file_system_poll_wait_seconds", 1, float),
         help="Check model base paths for new or removed version dirs this often [default: 0, never].")
-    requirements_dir: str | None = setting(None, env="TFSERVO_REQUIREMENTS_DIR")  # where requirements.txt installs go
+    requirements_dir: str | None = setting(
+        None, env="TFSERVO_REQUIREMENTS_DIR",
+        help="Where a bundle's code/requirements.txt is installed [default: tfservo-requirements in the temporary folder].")
     archive_limits: ArchiveLimits = field(default_factory=ArchiveLimits)  # model.tar.gz extraction bounds (env)
     reload_code: bool = setting(
         False, "--reload",
@@ -372,7 +387,9 @@ class Settings:
         help="Limit for an invocation, handlers included; past it 504 "
         "[default: $SAGEMAKER_GUNICORN_TIMEOUT_SECONDS or 30, as in the SageMaker container; 0: none].")
     # replay assets.extra/tf_serving_warmup_requests
-    warmup: bool = setting(True, tfs=TfsFlag("enable_model_warmup", True))
+    warmup: bool = setting(
+        True, tfs=TfsFlag("enable_model_warmup", True),
+        help="Replay a version's assets.extra/tf_serving_warmup_requests before it serves, as TF Serving does.")
     # classify/regress only on signatures whose method_name says so (off, as in TF Serving: TF2's
     # tf.saved_model.save writes tensorflow/serving/predict on every signature)
     signature_method_name_check: bool = setting(
@@ -388,17 +405,20 @@ class Settings:
     monitoring_config_file: str | None = setting(  # TF Serving's MonitoringConfig: its metric names at its path
         None, "--monitoring-config-file", existing_file=True, tfs=TfsFlag("monitoring_config_file", ""),
         help="TF Serving's MonitoringConfig: its Prometheus metric names at its path.")
-    grpc_host: str | None = setting(None, tfs=TfsFlag("grpc_host", "0.0.0.0"))  # None: the HTTP host
+    grpc_host: str | None = setting(
+        None, tfs=TfsFlag("grpc_host", "0.0.0.0"), help="Address gRPC listens on [default: --host's].")
     prefer_tflite_model: bool = setting(
         False, "--prefer-tflite-model", tfs=TfsFlag("prefer_tflite_model", False),
         help="Where a version dir holds both, serve model.tflite instead of the SavedModel, as TF "
         "Serving's --prefer_tflite_model does [default: the SavedModel; a dir with only model.tflite serves it].")
     tflite_interpreters: int = setting(  # TFLite interpreters per version: calls that run at once
         1, env="TFSERVO_TFLITE_INTERPRETERS", check="at_least_one",
-        tfs=TfsFlag("num_tflite_interpreters_per_pool", 1))
+        tfs=TfsFlag("num_tflite_interpreters_per_pool", 1),
+        help="TFLite interpreters per model version: its calls that may run at once [default: 1].")
     # TensorFlow's ProfilerService on the gRPC port (tf.profiler.experimental.client.trace, TensorBoard)
-    profiler: bool = setting(True, env="TFSERVO_ENABLE_PROFILER", tfs=TfsFlag("enable_profiler", True),
-                             note="false: no ProfilerService")
+    profiler: bool = setting(
+        True, env="TFSERVO_ENABLE_PROFILER", tfs=TfsFlag("enable_profiler", True), note="false: no ProfilerService",
+        help="Serve TensorFlow's ProfilerService on the gRPC port [default: on; false: off].")
     grpc_socket_path: str | None = setting(
         None, "--grpc-socket-path", "--grpc_socket_path", tfs=TfsFlag("grpc_socket_path", ""), metavar="PATH",
         help="Also serve gRPC (TF Serving's and V2 services, health) on this Unix socket, as TF Serving does.")
@@ -480,6 +500,47 @@ INPUTS: tuple[Option, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Group:
+    """A concern that settings are grouped by, in `serve --help` and the settings reference
+    (the attributes of `Settings` keep their flat names, as users set them)."""
+
+    key: str
+    title: str
+    names: tuple[str, ...]
+
+
+# Every declared setting and input belongs to exactly one group (tests/core/test_settings.py).
+GROUPS: tuple[Group, ...] = (
+    Group("models", "Models and versions", (
+        "default_model_name", "version_labels", "model_config_file", "model_base_path", "model_name",
+        "file_system_poll_wait_seconds", "model_config_poll_seconds", "requirements_dir", "reload_code", "warmup",
+        "signature_method_name_check", "prefer_tflite_model", "tflite_interpreters", "intra_op_threads",
+        "inter_op_threads")),
+    Group("multi_model", "Multi-model endpoints", ("multi_model", "model_root", "memory_factor", "mme_memory_mb")),
+    Group("batching", "Batching", ("enable_batching", "batching_parameters_file", "batching", "batching_eager")),
+    Group("server", "Listeners and workers", (
+        "host", "port", "grpc_port", "workers", "no_supervisor", "max_worker_memory_mb", "max_requests",
+        "endpoint_name", "variant_name")),
+    Group("limits", "Limits and time limits", (
+        "max_request_mb", "request_timeout", "invocation_timeout", "keep_alive_timeout", "max_header_line_bytes",
+        "max_header_bytes", "header_timeout", "body_timeout", "min_body_rate", "max_connections", "idle_poll_us",
+        "max_queued_per_model", "max_decoding_mb")),
+    Group("grpc", "gRPC", (
+        "grpc_host", "grpc_socket_path", "grpc_max_concurrent_streams", "grpc_max_connection_idle",
+        "grpc_max_connection_age", "grpc_channel_arguments", "profiler")),
+    Group("security", "Security", (
+        "api_keys", "open_runtime_api", "sigv4_credentials", "sigv4_replay_window", "auth_failure_limit",
+        "management", "tls_cert", "tls_key", "tls_ca", "ssl_config_file")),
+    Group("observability", "Logs, metrics and capture", (
+        "log_level", "log_format", "access_log", "monitoring_config_file", "data_capture_config",
+        "data_capture_routes", "data_capture_buffer", "data_capture_file_seconds", "data_capture_max_disk_percent",
+        "payload_log_url", "payload_log_mode", "payload_log_namespace")),
+    Group("async", "Asynchronous inference", ("async_inference_config", "async_state", "async_input_root")),
+)
+_GROUP_OF = {name: group.key for group in GROUPS for name in group.names}
+
+
 def _declared() -> tuple[Option, ...]:
     hints = typing.get_type_hints(Settings)
     found = []
@@ -492,7 +553,7 @@ def _declared() -> tuple[Option, ...]:
         if f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         found.append(Option(f.name, kind, default, **spec))
-    return (*found, *INPUTS)
+    return tuple(dataclasses.replace(option, group=_GROUP_OF.get(option.name, "")) for option in (*found, *INPUTS))
 
 
 _OPTIONS = _declared()
@@ -502,6 +563,12 @@ _BY_NAME = {option.name: option for option in _OPTIONS}
 def options() -> tuple[Option, ...]:
     """Every declared setting and input, in declaration order (the CLI makes its options from these)."""
     return _OPTIONS
+
+
+def grouped_options() -> Iterator[tuple[Group, tuple[Option, ...]]]:
+    """The declared settings and inputs by concern, in GROUPS' order, each group's in its order."""
+    for group in GROUPS:
+        yield group, tuple(_BY_NAME[name] for name in group.names)
 
 
 def tfs_flags() -> Iterator[Option]:
