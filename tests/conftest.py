@@ -70,6 +70,24 @@ def testdata() -> Path:
     return TESTDATA
 
 
+@pytest.fixture(scope="session")
+def slow_model(tmp_path_factory) -> Path:
+    """x float32[-1] → x + 1 after 1 s (TF's sleep op, no Python)."""
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing as tf_data_testing
+
+    class Slow(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def serve(self, x):
+            delayed = tf.data.Dataset.from_tensors(x).apply(tf_data_testing.sleep(1_000_000))
+            return {"y": delayed.get_single_element() + 1.0}
+
+    root = tmp_path_factory.mktemp("slow") / "slow"
+    module = Slow()
+    tf.saved_model.save(module, str(root / "1"), signatures={"serving_default": module.serve.get_concrete_function()})
+    return root
+
+
 from s3_server import s3_bucket, s3_endpoint  # noqa: E402,F401  (moto S3 fixtures for all tests)
 
 

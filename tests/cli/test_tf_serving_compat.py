@@ -238,24 +238,6 @@ def test_its_lone_worker_killed_is_replaced_and_both_ports_answer_again(tfs):
 # -- time limits ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def slow_model(tmp_path_factory) -> Path:
-    """x float32[-1] → x + 1 after 1 s (TF's sleep op, no Python)."""
-    import tensorflow as tf
-    from tensorflow.python.data.experimental.ops import testing as tf_data_testing
-
-    class Slow(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
-        def serve(self, x):
-            delayed = tf.data.Dataset.from_tensors(x).apply(tf_data_testing.sleep(1_000_000))
-            return {"y": delayed.get_single_element() + 1.0}
-
-    root = tmp_path_factory.mktemp("slow") / "slow"
-    module = Slow()
-    tf.saved_model.save(module, str(root / "1"), signatures={"serving_default": module.serve.get_concrete_function()})
-    return root
-
-
 def test_a_hanging_handler_gets_504_and_others_keep_answering(tmp_path):
     bundle = tmp_path / "bundle"
     write_code(

@@ -8,6 +8,7 @@ gRPC status of the same name (NOT_FOUND, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, â
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -142,6 +143,11 @@ class GrpcCalls:
             try:
                 self._check(rpc, context, request)
                 response = await work()
+            except asyncio.CancelledError:  # grpc.aio ended the call: its deadline passed, or the client left
+                remaining = context.time_remaining()
+                passed = remaining is not None and remaining <= 0
+                labels.status = (grpc.StatusCode.DEADLINE_EXCEEDED if passed else grpc.StatusCode.CANCELLED).name
+                raise
             except Exception as exc:
                 code, message = self._failure(rpc, exc)
                 labels.status = code.name
