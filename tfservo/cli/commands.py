@@ -78,6 +78,7 @@ def serve(paths: tuple[str, ...], **flags: object) -> None:
     )
     setup_logging(settings.log_level, settings.log_format, settings.access_log)
     try:
+        _check_first(settings)
         run_server(settings)
     except ServingError as exc:
         raise click.ClickException(exc.message) from None
@@ -96,6 +97,7 @@ def inspect(path: str) -> None:
     setup_logging("warning")
     settings = _settings(resolve_settings, paths=[path], multi_model=False, grpc_port=None, serving=False)
     try:
+        _check_first(settings)
         click.echo(describe_bundle(settings))
     except ServingError as exc:
         raise click.ClickException(exc.message) from None
@@ -128,6 +130,7 @@ def invoke(
     body = sys.stdin.buffer.read()
     settings = _settings(resolve_settings, paths=[path], multi_model=False, serving=False)
     try:
+        _check_first(settings)
         with open_service(settings) as service:
             def run() -> int:
                 result = service.invoker.invoke(body, content_type, accept, custom_attributes, model_name)
@@ -165,6 +168,13 @@ def _watch_code(service: ModelService, run: Callable[[], object]) -> None:
         pass
     finally:
         reloader.stop()
+
+
+def _check_first(settings: Settings) -> None:
+    """The bundle's path, layout and handler code, checked before TensorFlow loads (preflight)."""
+    from tfservo.service.preflight import check_bundles
+
+    check_bundles(settings.paths, settings.archive_limits)
 
 
 def _settings(resolve: Callable[..., Settings], **flags: Any) -> Settings:

@@ -34,6 +34,7 @@ from requests.structures import CaseInsensitiveDict
 from tfservo.codecs.media_types import JSON
 from tfservo.core import tracing
 from tfservo.core.errors import BundleError, HandlerError
+from tfservo.handlers.handler_names import HANDLER_NAMES, chosen_handlers
 from tfservo.handlers.shadowing import check_shadowed_imports, satisfied_here
 
 if TYPE_CHECKING:
@@ -287,24 +288,12 @@ def _handler_functions(module: ModuleType, path: str) -> tuple[Handler | None, H
     handler = _function(module, "handler", path)
     input_handler = _function(module, "input_handler", path)
     output_handler = _function(module, "output_handler", path)
-    if handler is not None:
+    defined = {name for name, fn in zip(HANDLER_NAMES, (handler, input_handler, output_handler)) if fn is not None}
+    if chosen_handlers(defined, path) == ("handler",):
         if input_handler or output_handler:
             log.warning("%s defines handler; its input_handler/output_handler are not used", path)
         return handler, None, None
-    if input_handler and output_handler:
-        return None, input_handler, output_handler
-    if input_handler or output_handler:
-        present, missing = ("input_handler", "output_handler")
-        if output_handler:
-            present, missing = missing, present
-        raise BundleError(
-            f"{path} defines {present} but not {missing}; define both, or one "
-            "handler(data, context) that does the whole request"
-        )
-    raise BundleError(
-        f"{path} defines no handlers; define handler(data, context), or both "
-        "input_handler(data, context) and output_handler(response, context)"
-    )
+    return None, input_handler, output_handler
 
 
 # Imports of handler code and the sys.path / sys.modules bookkeeping around them happen one at

@@ -29,6 +29,7 @@ from tfservo.core.scratch import make_scratch_dir
 __all__ = [
     "ARCHIVE_MODEL_NAME",
     "CODE_DIR_NAME",
+    "LAYOUTS",
     "MAX_VERSION",
     "SAVED_MODEL_FILES",
     "TFLITE_MODEL_FILE",
@@ -53,7 +54,7 @@ _MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 _COMPLETE_MARKER = ".tfservo-complete"
 _MAX_WRAPPER_DEPTH = 3  # single-directory wrappers (e.g. export/Servo/) descended at most
 _RATIO_FLOOR = 64 * 2**20  # archives that expand to less are not held to the ratio bound
-_LAYOUTS = (
+LAYOUTS = (  # what the layouts a bundle may have are, for error messages
     "expected one of: a model dir with numeric version subdirs (<model>/1/saved_model.pb), "
     "a dir of such model dirs (<root>/<model>/1/saved_model.pb, optional <root>/code/), "
     "a SavedModel dir (<dir>/saved_model.pb), or a .tar.gz/.tgz/.tar of any of these"
@@ -131,7 +132,7 @@ def open_bundle(
     """
     source = str(path_or_url)
     if not source:
-        raise BundleError(f"no model path given; {_LAYOUTS}")
+        raise BundleError(f"no model path given; {LAYOUTS}")
     work = _WorkDir(cache_dir, limits or ArchiveLimits())
     local = _local_path(source)
     if local is not None:
@@ -171,7 +172,7 @@ def _scan(root: str, source: str, *, from_archive: bool) -> tuple[dict[str, Mode
             break
         log.info("descending into %s, the only directory in %s", wrapped, current)
         current = wrapped
-    raise BundleError(f"no models found in {source} (local dir {root}); {_LAYOUTS}")
+    raise BundleError(f"no models found in {source} (local dir {root}); {LAYOUTS}")
 
 
 def _scan_children(parent: str) -> dict[str, ModelSource]:
@@ -269,9 +270,9 @@ def _local_root(path: str, source: str, work: _WorkDir) -> tuple[str, bool]:
     if os.path.isdir(path):
         return path, False
     if not os.path.exists(path):
-        raise BundleNotFound(f"model path {source} does not exist; check the path. {_LAYOUTS}")
+        raise BundleNotFound(f"model path {source} does not exist; check the path. {LAYOUTS}")
     if not tarfile.is_tarfile(path):
-        raise BundleError(f"model path {source} is a file but not a tar archive; {_LAYOUTS}")
+        raise BundleError(f"model path {source} is a file but not a tar archive; {LAYOUTS}")
     st = os.stat(path)
     key = _cache_key({"archive": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     slot = work.slot(key)
@@ -396,7 +397,7 @@ def _fetch_archive(fs: Any, path: str, url: str, work: _WorkDir) -> str:
     fs.get_file(path, local)
     if not tarfile.is_tarfile(local):
         os.remove(local)
-        raise BundleError(f"model URL {url} is a file but not a tar archive; {_LAYOUTS}")
+        raise BundleError(f"model URL {url} is a file but not a tar archive; {LAYOUTS}")
     try:
         return _extract(local, url, slot, work.limits)
     finally:
