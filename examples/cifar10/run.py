@@ -83,7 +83,7 @@ def generate(work: Path, train: int, test: int) -> None:
     (work / "test").mkdir(exist_ok=True)
     for i in range(test):
         label = i % 10
-        (work / "test" / f"{CLASSES[label]}_{i:05d}.png").write_bytes(draw(label, rng))
+        (work / "test" / f"{i:05d}_{CLASSES[label]}.png").write_bytes(draw(label, rng))
 
 
 def cnn():
@@ -220,7 +220,7 @@ def main() -> None:
             "--overwrite", "--progress", "none")
 
     print("\n== 4. evaluate", flush=True)
-    tfservo("evaluate", str(work / "out"), "--label-from-name", r"^([a-z]+)_\d+\.png$",
+    tfservo("evaluate", str(work / "out"), "--label-from-name", r"^\d+_([a-z]+)\.png$",
             "--classes", ",".join(CLASSES), "--plot", str(work / "confusion_matrix.png"),
             "--json", str(work / "metrics.json"))
 

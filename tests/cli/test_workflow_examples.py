@@ -4,6 +4,8 @@ outputs checked."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +50,38 @@ def test_cifar10_trained_across_two_workers_transformed_and_evaluated(tmp_path):
     with Image.open(tmp_path / "confusion_matrix.png") as image:
         assert image.format == "PNG"
     realtime = out.split("== 5.")[1].strip().splitlines()[1:]
-    assert len(realtime) == 5 and all(line.startswith("airplane_") for line in realtime)
+    assert len(realtime) == 5 and all(re.match(r"\d{5}_[a-z]+\.png: ", line) for line in realtime), realtime
+    notebooks_accuracy_and_confusion_cells(tmp_path / "out", tmp_path / "notebook_matrix.png")
+
+
+def notebooks_accuracy_and_confusion_cells(out: Path, plot: Path) -> None:
+    """What the CIFAR notebook does with a transform's outputs, step by step: each *.out file's
+    `predictions` (a list of score lists) argmaxed to a label, the true label read from the file
+    name by its regex `([a-zA-Z]+).png.out`, the accuracy, then a row-normalised crosstab drawn
+    with seaborn's heatmap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+    import pandas as pd
+    import seaborn as sns
+
+    labels = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    predicted, actual, correct = [], [], 0
+    for entry in os.scandir(out):
+        if entry.is_file() and entry.name.endswith("out"):
+            with open(entry) as f:
+                scores = [float(f"{item:.3f}") for row in json.load(f)["predictions"] for item in row]
+            label = labels[int(np.argmax(np.array(scores)))]
+            predicted.append(label)
+            actual.append(re.search("([a-zA-Z]+).png.out", entry.name).group(1))  # None here was the bug
+            correct += label in entry.name
+    assert len(actual) == 100 and set(actual) <= set(labels)
+    assert correct / len(actual) >= 0.6
+    matrix = pd.crosstab(pd.Series(actual), pd.Series(predicted), rownames=["Actuals"], colnames=["Predictions"],
+                         normalize="index")
+    sns.heatmap(matrix, annot=True, fmt=".2f", cmap="YlGnBu").set_title("Confusion Matrix").figure.savefig(plot)
+    assert plot.stat().st_size > 0
 
 
 def test_resnet_jpeg_classes_and_probabilities_read_back(tmp_path):

@@ -139,7 +139,7 @@ def test_an_archive_with_code_runs_its_handlers_and_the_container_route_takes_th
         ("/etc/passwd", 403, "relative path"),
         ("s3://bucket/x.tar.gz", 403, "relative path"),
         ("link.tar.gz", 403, "outside the model root"),
-        ("missing.tar.gz", 404, "not under the model root"),
+        ("missing.tar.gz", 404, "target model missing.tar.gz not found: there is no "),
         ("not-an-archive.tar.gz", 400, "cannot be loaded"),
         ("x" * 1100 + ".tar.gz", 400, "not valid"),
     ],
@@ -151,6 +151,8 @@ def test_targets_outside_the_root_or_broken_are_refused(server, target, status, 
         )
     assert got.status_code == status, got.text
     assert says in got.json()["error"]
+    if target == "missing.tar.gz":  # what is there instead
+        assert "; the model root holds " in got.json()["error"]
     client = boto3.client("sagemaker-runtime", endpoint_url=server.url, config=Config(retries={"max_attempts": 1}), **ANY_KEYS)
     with pytest.raises((client.exceptions.ValidationError, client.exceptions.ModelError)):
         client.invoke_endpoint(EndpointName="mme", TargetModel=target, Body=b"[1.0]", ContentType="application/json")
@@ -177,7 +179,8 @@ def test_targets_load_from_an_s3_model_root(s3_bucket, tmp_path):
     try:
         assert call(server, "m.tar.gz") == {"predictions": [3.5, 4.0]}
         client = boto3.client("sagemaker-runtime", endpoint_url=server.url, **ANY_KEYS)
-        with pytest.raises(client.exceptions.ValidationError, match="not under the model root"):
+        with pytest.raises(client.exceptions.ValidationError,
+                           match=f"there is no s3://{s3_bucket}/mme/models/nope.tar.gz"):
             client.invoke_endpoint(EndpointName="mme", TargetModel="nope.tar.gz", Body=b"[1]", ContentType="application/json")
     finally:
         server.stop()

@@ -187,6 +187,15 @@ def test_multi_data_model_loads_targets(session, s3_bucket, tmp_path):
         assert sorted(mdm.list_models()) == ["three.tar.gz", "two.tar.gz"]
         assert predictor.predict({"instances": [1.0]}, target_model="two.tar.gz") == {"predictions": [2.5]}
         assert predictor.predict({"instances": [1.0]}, target_model="three.tar.gz") == {"predictions": [3.5]}
+        # The TensorFlow way (docs/clients.md): TensorFlowPredictor.predict has no target_model=,
+        # the SDK's initial_args carries the header's field.
+        from sagemaker.tensorflow import TensorFlowPredictor
+
+        tf_predictor = TensorFlowPredictor(predictor.endpoint_name, sagemaker_session=session)
+        assert tf_predictor.predict({"instances": [1.0]}, initial_args={"TargetModel": "two.tar.gz"}) == \
+            {"predictions": [2.5]}
+        with pytest.raises(TypeError, match="target_model"):
+            tf_predictor.predict({"instances": [1.0]}, target_model="two.tar.gz")
     finally:
         predictor.delete_endpoint()
 

@@ -142,14 +142,11 @@ class TargetModels:
             try:
                 copy_file_confined(os.path.join(root, target), root, archive, model=target)
             except FileNotFoundError:
-                raise NotFound(
-                    f"target model {target} is not under the model root {root}; copy the archive there "
-                    "or check X-Amzn-SageMaker-Target-Model"
-                ) from None
+                raise NotFound(_missing(target, os.path.join(root, target), root, _archives_in(root))) from None
         try:
             bundle = open_bundle(archive, cache_dir=os.path.join(private, "x"), limits=self.archive_limits)
-        except BundleNotFound as exc:
-            raise NotFound(f"target model {target} is not under the model root {root}: {exc}") from None
+        except BundleNotFound:
+            raise NotFound(_missing(target, archive, root, None)) from None
         except BundleError as exc:
             raise InvalidArgument(f"target model {target} cannot be loaded: {exc}") from None
         finally:
@@ -211,3 +208,19 @@ def check_target(target: str) -> None:
         )
 
 
+def _missing(target: str, archive: str, root: str, present: list[str] | None) -> str:
+    """What a target model that is not there is missing, and what the model root holds instead."""
+    message = (f"target model {target} not found: there is no {archive} (the model root {root} joined with "
+               f"X-Amzn-SageMaker-Target-Model); copy the archive there or check the header")
+    if present is not None:
+        shown = ", ".join(present[:10]) + (f" and {len(present) - 10} more" if len(present) > 10 else "")
+        message += f"; the model root holds {shown or 'no archives'}"
+    return message
+
+
+def _archives_in(root: str) -> list[str]:
+    """The archives directly under a local model root, by name (for an error message)."""
+    try:
+        return sorted(e.name for e in os.scandir(root) if e.is_file() and e.name.endswith((".tar.gz", ".tgz", ".tar")))
+    except OSError:
+        return []
