@@ -19,6 +19,14 @@ from tfservo.server.run import READY_LINE
 REPO = Path(__file__).resolve().parent.parent
 TFSERVO = str(REPO / ".venv" / "bin" / "tfservo") if (REPO / ".venv" / "bin" / "tfservo").exists() else "tfservo"
 _GRPC = re.compile(r"gRPC(?: \(TLS\))? on (?P<host>[^:]+):(?P<port>\d+)")
+# The serving line's workers: "pid 12", "pids 12, 13" (a supervisor's, once all serve), then
+# "replacement pid 14" for each worker started in a dead or recycled one's place.
+_PIDS = re.compile(r"serving .*?\b(?:replacement pid|pids?) ([\d, ]+) of \d+ workers")
+
+
+def serving_pids(lines: list[str]) -> list[int]:
+    """The pids of the workers the server's serving lines name, in the order they served."""
+    return [int(pid) for line in lines if (m := _PIDS.search(line)) for pid in m[1].split(", ")]
 
 
 class ServerProcess:

@@ -95,14 +95,14 @@ def test_a_syntax_error_names_the_users_file_and_line(command, tmp_path) -> None
     bundle = bundle_with(tmp_path, SYNTAX_ERROR)
     code, err, tensorflow = run_cli(*commands(bundle, tmp_path)[command], tmp_path=tmp_path)
     assert code != 0 and not tensorflow, err
-    assert f"{bundle / 'code' / 'inference.py'}, line 5: '(' was never closed" in err
+    assert f"{bundle / 'code' / 'inference.py'}, line 5: SyntaxError: '(' was never closed" in err
 
 
 def test_inside_an_archive_the_error_names_the_archive_and_its_member(tmp_path) -> None:
     archive = archive_of(bundle_with(tmp_path, SYNTAX_ERROR))
     code, err, tensorflow = run_cli("serve", str(archive), "--port", "0", tmp_path=tmp_path)
     assert code != 0 and not tensorflow, err
-    assert f"{archive}:code/inference.py, line 5: '(' was never closed" in err
+    assert f"{archive}:code/inference.py, line 5: SyntaxError: '(' was never closed" in err
     assert "/tmp/tfservo-bundle" not in err
 
 
@@ -153,8 +153,8 @@ def test_handlers_bound_any_plain_way_pass(source) -> None:
 @pytest.mark.parametrize(("source", "message"), [
     ("def predict(data, context):\n    pass\n", "inference.py defines no handlers"),
     ("def output_handler(r, c):\n    pass\n", "defines output_handler but not input_handler"),
-    ("def handler(data, context):\nreturn 1\n", "inference.py, line 2: expected an indented block"),
-    ("return 1\n", "inference.py, line 1: 'return' outside function"),
+    ("def handler(data, context):\nreturn 1\n", "inference.py, line 2: SyntaxError: expected an indented block"),
+    ("return 1\n", "inference.py, line 1: SyntaxError: 'return' outside function"),
 ])
 def test_what_the_import_would_refuse_is_refused(source, message) -> None:
     with pytest.raises(BundleError, match=message.replace("(", r"\(").replace(")", r"\)")):

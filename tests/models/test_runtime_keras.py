@@ -251,5 +251,5 @@ def test_serve_logs_each_fallback_once(server):
     assert len(lines) == 2, server.output
     for line, name in zip(lines, sorted(FALLBACK_MODELS)):
         assert f"model {name} version 1 runs through" in line and "which its graph lacks" in line
-    restored = [line for line in server.lines if "restored 8 variable(s)" in line]
-    assert len(restored) == 2, server.output  # keras_module and keras_direct; not the fallbacks
+    # Restoring the variables Keras 3 exports leave out of their saver is routine: DEBUG only.
+    assert not [line for line in server.lines if "variable(s) its signatures read" in line], server.output

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import handler_bundle
-from server_process import ServerProcess
+from server_process import ServerProcess, serving_pids
 
 HANDLER = """
     import os, signal, time
@@ -35,7 +35,6 @@ HANDLER = """
             LEAK.append(bytearray(os.urandom(1)) * (10 * 2**20))  # 10 MB, every page touched
         return str(os.getpid()), "text/plain"
 """
-_PID = re.compile(r"serving .* pid (\d+) of")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +47,7 @@ def invoke(client: httpx.Client, body: bytes) -> httpx.Response:
 
 
 def worker_pids(server: ServerProcess) -> list[int]:
-    return [int(m[1]) for line in server.lines if (m := _PID.search(line))]
+    return serving_pids(server.lines)
 
 
 def replacements(client: httpx.Client) -> dict[str, float]:

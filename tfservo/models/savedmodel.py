@@ -141,8 +141,8 @@ def _session_problem(
         restored = restore_captured_variables(session, meta_graph_def, path, names)
     except (UnrestorableVariables, tf.errors.OpError) as exc:
         return _first_line(exc)
-    if restored:
-        log.info(
+    if restored:  # what Keras 3 exports need, every time: DEBUG, not an operator's concern
+        log.debug(
             "SavedModel at %s: restored %d variable(s) its signatures read from the checkpoint; its "
             "saver_def does not restore them (as with Keras 3 models saved by tf.saved_model.save)",
             path,

@@ -21,7 +21,7 @@ from tfservo.server.listener import bind_socket, bind_sockets, grpc_port_setting
 from tfservo.server.recycling import REASONS, WorkerWatch, hard_limit, worker_memory_limit
 from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.signals import route_signals
-from tfservo.server.workers import Supervisor, WorkerLink
+from tfservo.server.workers import PIDS, Supervisor, WorkerLink
 from tfservo.service.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["READY_LINE", "serve", "serve_process", "start_worker", "uvicorn_config"]
 
-# Each worker's "serving … on SCHEME://HOST:PORT …" line (`_log_ready`, INFO), which says it is
-# ready and on which port: what a process that started `tfservo serve --port 0` reads.
+# The server's "serving … on SCHEME://HOST:PORT …" line (`serving_line`, INFO; a supervisor's once all
+# its workers serve), which says it is ready and where: what a process that started `tfservo serve --port 0` reads.
 READY_LINE = re.compile(r"serving .* on (?P<url>(?P<scheme>https?)://(?P<host>[^:\s]+):(?P<port>\d+))")
 
 # The service, app and gRPC modules import TensorFlow (TF Serving's protos do); they are
@@ -164,7 +164,8 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
             f"a worker holds {rss / 2**20:.0f} MB once its models are loaded, more than its memory limit of "
             f"{memory_limit / 2**20:.0f} MB; raise --max-worker-memory-mb (TFSERVO_MAX_WORKER_MEMORY_MB)"
         )
-    grpc_server = start_grpc(runtime, reuse_port=link is not None, draining=lambda: drain.draining)
+    grpc_server = start_grpc(runtime, reuse_port=link is not None, draining=lambda: drain.draining,
+                             log_level=logging.DEBUG)  # the serving line says where
     config_poll = None
     if settings.model_config_file and settings.model_config_poll_seconds > 0:
         from tfservo.models.config_reloader import ConfigFilePoller
@@ -183,11 +184,16 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
             grpc_server.stop(_GRACE_SECONDS)
 
     def started() -> None:
-        if link is None:  # a supervisor says it once for all its workers
+        grpc = None
+        if grpc_server is not None:
+            grpc = f"{' (TLS)' if settings.ssl_config_file else ''} on {settings.grpc_host or settings.host}:{grpc_server.port}"
+            if settings.grpc_socket_path:
+                grpc += f" and unix:{settings.grpc_socket_path}"
+        if link is None:
             log_access(settings)
-        if link is not None:  # told first: whoever reads the serving line may kill this worker at once
-            link.ready()
-        _log_ready(settings, port, service)
+            log.info("%s", serving_line(settings, port, service, grpc, f"pid {os.getpid()}"))
+        else:  # the supervisor says it once for all its workers, with their pids
+            link.ready(serving_line(settings, port, service, grpc, PIDS))
 
     server = GracefulServer(
         uvicorn_config(app, settings),
@@ -199,6 +205,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     )
     if link is not None:
         server.alone_stops = lambda: link.recycled
+        server.stop_log_level = logging.DEBUG
         link.on_retire = server.retire
         metrics.count_replacements(lambda: link.replacements, REASONS)
         metrics.worker_memory_limit.set(memory_limit)
@@ -226,22 +233,23 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
         serving_app.close()  # its pools, and the capture writer's last lines
         metrics.close()  # its last counts
         service.close()
-        log.info("stopped")
+        log.log(logging.INFO if link is None else logging.DEBUG, "stopped")  # a supervisor says it once
 
 
-def _log_ready(settings: Settings, port: int, service: ModelService) -> None:
-    log.info(
-        "serving %s on %s://%s:%d (models: %s; default: %s; pid %d of %d workers, %d TF thread(s) each; batching: %s; memory %.0f MB)",
-        ", ".join(settings.paths)
-        or (f"multi-model root {settings.model_root}" if settings.multi_model else settings.model_config_file or settings.model_base_path),
-        "https" if settings.tls_cert else "http",
-        settings.host,
-        port,
-        ", ".join(service.manager.model_names()) or "none",
-        service.default_model(),
-        os.getpid(),
-        settings.workers,
-        settings.intra_op_threads,
-        settings.batching.mode if settings.batching else "off",
-        resident_bytes() / 2**20,
+def serving_line(settings: Settings, port: int, service: ModelService, grpc: str | None, pids: str) -> str:
+    """The line that says a server is serving, and where (READY_LINE reads its URL; `grpc`: " on
+    HOST:PORT", TLS said before it): logged by a process serving alone, and once for all its
+    workers by a supervisor (`pids`: PIDS then)."""
+    where = ", ".join(settings.paths) or (
+        f"multi-model root {settings.model_root}" if settings.multi_model
+        else settings.model_config_file or settings.model_base_path)
+    return (
+        f"serving {where} on {'https' if settings.tls_cert else 'http'}://{settings.host}:{port}"
+        f"{f' and gRPC{grpc}' if grpc else ''} (models: {', '.join(service.manager.model_names()) or 'none'}; "
+        f"default: {service.default_model()}; {pids} of {settings.workers} workers, "
+        f"{settings.intra_op_threads} TF thread(s) each; "
+        f"batching: {settings.batching.mode if settings.batching else 'off'}; "
+        f"memory {resident_bytes() / 2**20:.0f} MB)"
     )
+
+

@@ -148,6 +148,7 @@ class GracefulServer(SeamServer):
         # True while other workers go on serving on the shared socket (this one is replaced):
         # then new connections must keep coming, to them, and only this copy closes.
         self.alone_stops: Callable[[], bool] = lambda: False
+        self.stop_log_level = logging.INFO  # a supervisor's workers: DEBUG (it says it once for all)
         self._stopping: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -171,7 +172,8 @@ class GracefulServer(SeamServer):
         if self._stopping is None:
             # First signal: stop gracefully and exit normally (uvicorn alone re-raises the
             # signal after its shutdown, so the process would die by SIGTERM, not exit 0).
-            log.info("%s received: finishing requests in flight, taking no new ones", signal.Signals(sig).name)
+            log.log(self.stop_log_level, "%s received: finishing requests in flight, taking no new ones",
+                    signal.Signals(sig).name)
             self.drain.draining = True
             self._stopping = threading.Thread(target=self._stop, name="tfservo-stop", daemon=True)
             self._stopping.start()

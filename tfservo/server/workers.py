@@ -58,6 +58,7 @@ _SPAWN = multiprocessing.get_context("spawn")  # no fork after TensorFlow has st
 # ready) or (_COUNTS, {reason: replacements so far}).
 _READY, _DRAINED, _FAILED, _STOP, _RECYCLE = "ready", "drained", "failed", "stop", "recycle"
 _RETIRE, _COUNTS = "retire", "counts"
+PIDS = "{pids}"  # where the supervisor writes its workers' pids into a worker's serving line
 _RETIRE_KILL_SECONDS = 120.0  # a retiring worker still alive after this is killed
 
 WorkerTarget = Callable[[Settings, socket.socket, "WorkerLink"], None]
@@ -77,10 +78,11 @@ class WorkerLink:
         self.replacements: dict[str, int] = dict(replacements or {})  # the supervisor's counts, by reason
         self.on_retire: Callable[[], None] = lambda: None  # the replacement is ready: stop serving
 
-    def ready(self) -> None:
-        """Serving: tell the supervisor, then follow it (its go-ahead to stop, or its death)."""
+    def ready(self, line: str) -> None:
+        """Serving: tell the supervisor (with the serving line it logs for the server, PIDS in it
+        left for the workers' pids), then follow it (its go-ahead to stop, or its death)."""
         self.is_ready = True
-        self._conn.send(_READY)
+        self._conn.send((_READY, line))
         threading.Thread(target=self._follow, name="tfservo-supervisor-link", daemon=True).start()
 
     def recycle(self, reason: str, why: str) -> None:
@@ -99,7 +101,7 @@ class WorkerLink:
         except OSError:
             return  # the supervisor is gone: nobody else to wait for
         if self._go.wait(timeout):
-            log.info("all workers drained: closing listeners")
+            log.debug("all workers drained: closing listeners")  # the supervisor says it once
         else:
             log.warning("other workers still busy after %gs: closing listeners anyway", timeout)
 
@@ -197,6 +199,7 @@ class Supervisor:
         self.failures: list[str] = []  # serving workers that did not exit 0
         self.replacements: dict[str, int] = {}  # workers replaced so far, by reason
         self.state_dir = ""  # what several workers share (the throttle's table), made by run()
+        self.announced = False  # the server's serving line was logged (every first worker serves)
 
     def run(self) -> None:
         """Start the workers and supervise them; raises ServingError if one failed to start."""
@@ -275,8 +278,9 @@ class Supervisor:
         try:
             while worker.connected and worker.conn.poll():
                 message = worker.conn.recv()
-                if message == _READY:
+                if isinstance(message, tuple) and message[0] == _READY:
                     worker.ready = True
+                    self._announce(worker, message[1])
                     self._retire_replaced()
                 elif message == _DRAINED:
                     worker.drained = True
@@ -299,6 +303,17 @@ class Supervisor:
         log.warning("worker %d is replaced: %s", worker.process.pid, why)
         self._count(reason)
         self._start(worker.slot)
+
+    def _announce(self, worker: _Worker, line: str) -> None:
+        """One serving line for the server, once every first worker serves; after it, a line
+        for each replacement."""
+        if self.announced:
+            log.info("%s", line.replace(PIDS, f"replacement pid {worker.process.pid}"))
+            return
+        if all(w.ready for w in self.workers) and len(self.workers) >= self.settings.workers:
+            self.announced = True
+            pids = [str(w.process.pid) for w in self.workers]
+            log.info("%s", line.replace(PIDS, f"pid{'s' if len(pids) > 1 else ''} {', '.join(pids)}"))
 
     def _retire_replaced(self) -> None:
         """A worker is ready: those waiting for a replacement retire."""
@@ -374,6 +389,7 @@ class Supervisor:
     def _release(self) -> None:
         """Every serving worker has drained: none can call back any more, so all may stop."""
         self.released = True
+        log.info("all workers drained: closing listeners")
         for worker in self.workers:
             self._send(worker, _STOP)
 

@@ -58,7 +58,8 @@ def check_handler_source(source: bytes, shown_as: str) -> None:
     except SyntaxError as exc:
         line = (exc.text or "").strip()
         raise BundleError(
-            f"{shown_as}, line {exc.lineno}: {exc.msg}{f' ({line})' if line else ''}; fix it and start again"
+            f"{shown_as}, line {exc.lineno}: SyntaxError: {exc.msg}{f' ({line})' if line else ''}; "
+            "fix it and start again"
         ) from None
     except ValueError as exc:  # source with a NUL byte
         raise BundleError(f"{shown_as}: {exc}; it must be Python source") from None
