@@ -74,6 +74,34 @@ def test_insurance_quotes_with_env_picking_the_default_model(tmp_path):
     assert not (tmp_path / "out" / "bad.csv.out").exists()
 
 
+def test_a_record_its_handler_refuses_is_one_failed_line_without_tracebacks(tmp_path):
+    """The mini-batch, its halves and the record alone each raise in the handler: the operator
+    reads one FAILED line for the record (tracebacks at --log-level debug)."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(MME / "half_plus_two", bundle / "half_plus_two")
+    write_code(bundle / "code", """
+        import json
+
+        def input_handler(data, context):
+            rows = [float(v) for v in data.read().decode().split()]
+            if any(r < 0 for r in rows):
+                raise ValueError(f"negative values are not quotes: {min(rows)}")
+            return json.dumps({"instances": rows})
+
+        def output_handler(response, context):
+            return response.content, "application/json"
+    """)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.csv").write_text("1.0\n-2.0\n3.0\n4.0\n")
+    args = ["transform", str(bundle), str(tmp_path / "in"), str(tmp_path / "out"), "--content-type", "text/csv",
+            "--split-type", "Line", "--batch-strategy", "MultiRecord"]
+    stderr = run_cli(args).stderr.decode()
+    assert "FAILED" in stderr and "line 2:" in stderr and "negative values are not quotes: -2.0" in stderr, stderr
+    assert "Traceback" not in stderr and "ERROR" not in stderr, stderr
+    debug = run_cli([*args, "--log-level", "debug", "--overwrite"]).stderr.decode()
+    assert "Traceback" in debug and "input_handler in" in debug, debug[-3000:]
+
+
 def test_image_folder_from_one_command(tmp_path):
     sys.path.insert(0, str(REPO / "examples"))
     try:

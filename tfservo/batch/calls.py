@@ -35,6 +35,7 @@ from tfservo.codecs.rows import answer_rows
 from tfservo.core import tracing
 from tfservo.core.batch_split import Failed, NotTried, inputs_structure, is_transient, run_split
 from tfservo.core.errors import Code, ServingError
+from tfservo.core.logs import reported_by_caller
 from tfservo.core.retry import Backoff
 from tfservo.core.status import http_status
 from tfservo.models.calls import Answer, PredictCall
@@ -243,7 +244,8 @@ class BatchCaller:
         body = payload(sent, self.job.split_type)
         sent_at = time.time()
         try:
-            result = self.invoker.invoke(body, self.content_type, self.job.accept, self.job.custom_attributes)
+            with reported_by_caller():  # a failed record gets one FAILED line, not one per retry
+                result = self.invoker.invoke(body, self.content_type, self.job.accept, self.job.custom_attributes)
         except Exception as exc:  # a bug below us must fail records, not the run
             log.debug("invocation raised", exc_info=True)
             raise _RecordFailed(f"the invocation raised {type(exc).__name__}: {exc}") from None

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import logging
 import os
 import re
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, TextIO
 
 import orjson
@@ -16,7 +18,8 @@ import orjson
 from tfservo.core import environment
 
 __all__ = [
-    "JsonFormatter", "library_logs_wanted", "quiet_libraries", "quiet_native_env", "quiet_tensorflow", "quiet_tensorflow_env", "setup_logging",
+    "JsonFormatter", "failure_level", "library_logs_wanted", "quiet_libraries", "quiet_native_env", "quiet_tensorflow",
+    "quiet_tensorflow_env", "reported_by_caller", "setup_logging",
 ]
 
 # TF 2.21 writes glog-style lines ("I0000 00:00:… file.cc:12] …", "WARNING: All log messages
@@ -30,6 +33,26 @@ _TF_NOISE = re.compile(
     rb'|WARNING: Using incubator modules: |Setting default log level to "|To adjust logging level use sc\.setLogLevel)'
 )
 _filter_started = False
+
+# Set while a caller that reports each failure itself (a transform: one FAILED line per record,
+# the failure report) makes a call: what fails below it logs at DEBUG, not once per retry.
+_CALLER_REPORTS: contextvars.ContextVar[bool] = contextvars.ContextVar("tfservo_caller_reports", default=False)
+
+
+@contextmanager
+def reported_by_caller() -> Iterator[None]:
+    """Within: failures below are the caller's to report (see failure_level)."""
+    token = _CALLER_REPORTS.set(True)
+    try:
+        yield
+    finally:
+        _CALLER_REPORTS.reset(token)
+
+
+def failure_level() -> int:
+    """The level a failure that its caller may report is logged at: ERROR, DEBUG within
+    reported_by_caller()."""
+    return logging.DEBUG if _CALLER_REPORTS.get() else logging.ERROR
 
 
 # What keeps TF's and gRPC's C++ start-up lines off; read by those libraries when they load.

@@ -34,6 +34,7 @@ from requests.structures import CaseInsensitiveDict
 from tfservo.codecs.media_types import JSON
 from tfservo.core import tracing
 from tfservo.core.errors import BundleError, HandlerError
+from tfservo.core.logs import failure_level
 from tfservo.handlers.handler_names import HANDLER_NAMES, chosen_handlers
 from tfservo.handlers.shadowing import check_shadowed_imports, satisfied_here
 
@@ -133,7 +134,7 @@ class Handlers:
             with tracing.span(name, {"code.function.name": name, "code.file.path": self.path}):
                 return function(*args)
         except BaseException as exc:
-            log.error("%s in %s raised %s", name, self.path, type(exc).__name__, exc_info=True)
+            log.log(failure_level(), "%s in %s raised %s", name, self.path, type(exc).__name__, exc_info=True)
             error = HandlerError(str(exc) or type(exc).__name__)
             error.user_traceback = traceback.format_exc()  # type: ignore[attr-defined]
             raise error from exc
