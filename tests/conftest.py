@@ -16,6 +16,22 @@ TFS = TESTDATA / "tf-serving"
 SMC = TESTDATA / "sagemaker-tfs-container"
 
 
+# An inference.py that refuses negative rows (a record of its own failing) and answers the rest.
+NEGATIVE_QUOTES_HANDLER = """
+    import json
+
+    def input_handler(data, context):
+        rows = [float(v) for v in data.read().decode().split()]
+        if any(r < 0 for r in rows):
+            raise ValueError(f"negative values are not quotes: {min(rows)}")
+        return json.dumps({"instances": rows})
+
+    def output_handler(response, context):
+        predictions = response.json()["predictions"]
+        return "\\n".join(f"{p:.2f}" for p in predictions), "text/plain"
+"""
+
+
 def write_code(code_dir: Path, source: str, files: dict[str, str] | None = None) -> Path:
     """A bundle's code dir: inference.py from `source` and any other files (text dedented)."""
     code_dir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SMC, write_code
+from conftest import NEGATIVE_QUOTES_HANDLER, REPO, SMC, write_code
 from server_process import TFSERVO, ServerProcess, run_cli
 
 from tfservo.batch.engines.run import run_transform
@@ -79,18 +79,7 @@ def test_a_record_its_handler_refuses_is_one_failed_line_without_tracebacks(tmp_
     reads one FAILED line for the record (tracebacks at --log-level debug)."""
     bundle = tmp_path / "bundle"
     shutil.copytree(MME / "half_plus_two", bundle / "half_plus_two")
-    write_code(bundle / "code", """
-        import json
-
-        def input_handler(data, context):
-            rows = [float(v) for v in data.read().decode().split()]
-            if any(r < 0 for r in rows):
-                raise ValueError(f"negative values are not quotes: {min(rows)}")
-            return json.dumps({"instances": rows})
-
-        def output_handler(response, context):
-            return response.content, "application/json"
-    """)
+    write_code(bundle / "code", NEGATIVE_QUOTES_HANDLER)
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.csv").write_text("1.0\n-2.0\n3.0\n4.0\n")
     args = ["transform", str(bundle), str(tmp_path / "in"), str(tmp_path / "out"), "--content-type", "text/csv",

@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 import pytest
 from click.testing import CliRunner
+from conftest import NEGATIVE_QUOTES_HANDLER as HANDLER
 from conftest import SMC, write_code
 from server_process import ServerProcess
 
@@ -38,20 +39,6 @@ from tfservo.service.invocation import error_result
 MME = SMC / "resources" / "mme"
 DEFAULT_ENV = {"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "half_plus_two"}
 CSV, JSON, JSONLINES = "text/csv", "application/json", "application/jsonlines"
-
-HANDLER = """
-    import json
-
-    def input_handler(data, context):
-        rows = [float(v) for v in data.read().decode().split()]
-        if any(r < 0 for r in rows):
-            raise ValueError(f"negative values are not quotes: {min(rows)}")
-        return json.dumps({"instances": rows})
-
-    def output_handler(response, context):
-        predictions = response.json()["predictions"]
-        return "\\n".join(f"{p:.2f}" for p in predictions), "text/plain"
-"""
 
 
 @dataclass(frozen=True)
