@@ -1,8 +1,10 @@
-"""Time to the first error (issue 61): how long `tfservo serve`, `invoke` and `transform` take to
+"""Time to the first error and the edit loop (issue 61): how long `tfservo serve`, `invoke` and `transform` take to
 refuse a wrong bundle — a missing path, a syntax error in code/inference.py (in a dir and in a
 model.tar.gz), a handler function missing — measured as whole commands from their start to their
 exit, beside the floor of the old behaviour (`python -c "import tensorflow"`: each of these
-errors used to come after the workers imported it) and the interpreter's own start-up.
+errors used to come after the workers imported it) and the interpreter's own start-up; and
+`tfservo invoke` answered by a running `tfservo serve --reload` of the same bundle beside
+`invoke --no-reuse`, which imports TensorFlow and loads the model for its one answer.
 
 Writes RESULTS/time_to_error.json in the report's section format.
 
@@ -16,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +30,7 @@ TFSERVO = [PYTHON, "-m", "tfservo"]
 
 SYNTAX_ERROR = "import json\n\ndef handler(data, context):\n    return json.dumps({'x': 1}\n"
 MISSING_OUTPUT = "def input_handler(data, context):\n    return data.read()\n"
+GOOD = "def handler(data, context):\n    return data.read(), 'text/plain'\n"
 
 
 def timed(cmd: list[str], runs: int) -> tuple[float, float, float, int]:
@@ -80,9 +84,25 @@ def main() -> None:
          [PYTHON, "-c", "import tensorflow"]),
         ("floor: python -c 'pass'", [PYTHON, "-c", "pass"]),
     ]
+    good = bundle(work, model, "good", GOOD)
+    server = subprocess.Popen([*TFSERVO, "serve", str(good), "--reload", "--port", "0", "--grpc-port", "0"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert server.stderr is not None
+    for line in server.stderr:  # its serving line: registered for invoke
+        if "serving " in line:
+            break
+    threading.Thread(target=server.stderr.read, daemon=True).start()
+    invokes = [
+        ("invoke, answered by a running serve --reload", ["sh", "-c", f"echo hi | {' '.join(TFSERVO)} invoke {good}"]),
+        ("invoke --no-reuse (imports TensorFlow, loads the model)",
+         ["sh", "-c", f"echo hi | {' '.join(TFSERVO)} invoke {good} --no-reuse"]),
+    ]
     rows = []
-    tf_import = None
-    measured = [(name, cmd, timed(cmd, runs)) for name, cmd in floors + cases]
+    try:
+        measured = [(name, cmd, timed(cmd, runs)) for name, cmd in floors + cases + invokes]
+    finally:
+        server.terminate()
+        server.wait(60)
     tf_import = measured[0][2][0]
     for name, _, (median, low, high, code) in measured:
         rows.append({
@@ -90,13 +110,15 @@ def main() -> None:
             "× import tensorflow": f"{median / tf_import:.2f}×", "exit": code,
         })
     save_section(args.results, "time_to_error", {
-        "title": "Time to the first error (issue 61): whole commands, start to exit",
+        "title": "Time to the first error, and invoke through a running server (issue 61): whole commands, start to exit",
         "rows": rows,
         "notes": [
             f"Median of {runs} runs after one warm-up, each a fresh process (subprocess, wall clock); the MLP bundle "
             "built by bench/models.py. Every error row's command exits 1 before TensorFlow is imported "
             "(tfservo.service.preflight); before this check the same errors came after each worker imported it "
             "(7.7 s for a missing path and 31 s for a syntax error as issue 61 measured them on a busy machine).",
+            "The invoke rows answer the same request (exit 0): through the running server's /invocations "
+            "(server.registry names it; no TensorFlow in the invoking process), and in-process.",
         ],
     })
 

@@ -112,35 +112,42 @@ def inspect(path: str) -> None:
 @click.option("--watch", is_flag=True, default=False,
               help="Keep the model loaded and run the same request again whenever code/inference.py, code/lib "
               "or a helper module changes (Ctrl-C to stop).")
+@click.option("--reuse/--no-reuse", default=True, show_default=True,
+              help="Send the request to a `tfservo serve` already serving PATH on this machine (started with "
+              "--reload, or unchanged since it started) instead of loading the model here.")
 def invoke(
     path: str, content_type: str, accept: str | None, custom_attributes: str | None, model_name: str | None,
-    watch: bool,
+    watch: bool, reuse: bool,
 ) -> None:
     """Run one /invocations request in-process on PATH, body from stdin, answer on stdout.
 
     The handler author's loop: no server to start, same conversions and inference.py calls;
     with --watch, edit the handler and see the new answer without loading the model again.
-    Exits 1 (error JSON on stdout) when the invocation answers with an error status.
+    With `tfservo serve PATH --reload` running, each invoke is answered by that server in a
+    moment. Exits 1 (error JSON on stdout) when the invocation answers with an error status.
     """
     from tfservo.core.errors import ServingError
     from tfservo.core.settings import resolve_settings
-    from tfservo.server.loopback import open_service
 
     setup_logging("info" if watch else "warning")
     body = sys.stdin.buffer.read()
     settings = _settings(resolve_settings, paths=[path], multi_model=False, serving=False)
     try:
         _check_first(settings)
+        if reuse and not watch:
+            from tfservo.cli.reuse import invoke_running
+
+            answered = invoke_running(path, body, content_type, accept, custom_attributes, model_name)
+            if answered is not None:
+                click.echo(f"tfservo: answered by the server at {answered.server.url} (pid {answered.server.pid}; "
+                           "--no-reuse loads the bundle here)", err=True)
+                sys.exit(_write_answer(answered.body, answered.status < 400, answered.status))
+        from tfservo.server.loopback import open_service  # TensorFlow, the model: seconds
+
         with open_service(settings) as service:
             def run() -> int:
                 result = service.invoker.invoke(body, content_type, accept, custom_attributes, model_name)
-                sys.stdout.buffer.write(result.body)
-                if not result.body.endswith(b"\n"):
-                    sys.stdout.buffer.write(b"\n")
-                sys.stdout.flush()
-                if not result.ok:
-                    click.echo(f"tfservo: invocation failed with status {result.status}", err=True)
-                return 0 if result.ok else 1
+                return _write_answer(result.body, result.ok, result.status)
 
             status = run()
             if watch:
@@ -148,6 +155,17 @@ def invoke(
     except ServingError as exc:
         raise click.ClickException(exc.message) from None
     sys.exit(status)
+
+
+def _write_answer(body: bytes, ok: bool, status: int) -> int:
+    """An invocation's answer on stdout (ending in a line break); its exit status."""
+    sys.stdout.buffer.write(body)
+    if not body.endswith(b"\n"):
+        sys.stdout.buffer.write(b"\n")
+    sys.stdout.flush()
+    if not ok:
+        click.echo(f"tfservo: invocation failed with status {status}", err=True)
+    return 0 if ok else 1
 
 
 def _watch_code(service: ModelService, run: Callable[[], object]) -> None:

@@ -19,6 +19,7 @@ from tfservo.core.memory import resident_bytes
 from tfservo.core.settings import Settings
 from tfservo.server.listener import bind_socket, bind_sockets, grpc_port_settings
 from tfservo.server.recycling import REASONS, WorkerWatch, hard_limit, worker_memory_limit
+from tfservo.server.registry import register_server, unregister
 from tfservo.server.shutdown import Drain, GracefulServer
 from tfservo.server.signals import route_signals
 from tfservo.server.workers import PIDS, Supervisor, WorkerLink
@@ -183,6 +184,8 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
         if grpc_server is not None:
             grpc_server.stop(_GRACE_SECONDS)
 
+    registered: list[str | None] = []  # a lone process's entry for `tfservo invoke`
+
     def started() -> None:
         grpc = None
         if grpc_server is not None:
@@ -192,6 +195,7 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
         if link is None:
             log_access(settings)
             log.info("%s", serving_line(settings, port, service, grpc, f"pid {os.getpid()}"))
+            registered.append(register_server(settings, port))
         else:  # the supervisor says it once for all its workers, with their pids
             link.ready(serving_line(settings, port, service, grpc, PIDS))
 
@@ -224,6 +228,9 @@ def serve_process(settings: Settings, sock: socket.socket, link: WorkerLink | No
     try:
         server.run(sockets=[sock])
     finally:
+        for entry in registered:
+            if entry:
+                unregister(entry)
         if reloader is not None:
             reloader.stop()
         if config_poll is not None:

@@ -45,6 +45,7 @@ from tfservo.core.errors import ServingError
 from tfservo.core.scratch import remove_scratch_dirs
 from tfservo.core.settings import Settings
 from tfservo.server.listener import bind_socket, grpc_port_settings
+from tfservo.server.registry import register_server, unregister
 from tfservo.service.decode_budget import BUDGET_TABLE, create_budget_table
 from tfservo.service.metrics import MULTIPROC_ENV, mark_worker_dead
 
@@ -200,6 +201,7 @@ class Supervisor:
         self.replacements: dict[str, int] = {}  # workers replaced so far, by reason
         self.state_dir = ""  # what several workers share (the throttle's table), made by run()
         self.announced = False  # the server's serving line was logged (every first worker serves)
+        self.registered: str | None = None  # its entry for `tfservo invoke` (server.registry)
 
     def run(self) -> None:
         """Start the workers and supervise them; raises ServingError if one failed to start."""
@@ -231,6 +233,8 @@ class Supervisor:
                 if self.stopping and not self.released and all(w.drained for w in self.workers if w.ready):
                     self._release()
         finally:
+            if self.registered:
+                unregister(self.registered)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if own_metrics_dir:
@@ -314,6 +318,7 @@ class Supervisor:
             self.announced = True
             pids = [str(w.process.pid) for w in self.workers]
             log.info("%s", line.replace(PIDS, f"pid{'s' if len(pids) > 1 else ''} {', '.join(pids)}"))
+            self.registered = register_server(self.settings, self.socks[0].getsockname()[1])
 
     def _retire_replaced(self) -> None:
         """A worker is ready: those waiting for a replacement retire."""
