@@ -223,7 +223,11 @@ def test_transform_job_with_filters_join_and_wait(session, s3_bucket, tmp_path, 
     assert keys == [f"out/part-{i}.csv.out" for i in range(4)]  # the output prefix holds only .out files
     out = s3.get_object(Bucket=s3_bucket, Key="out/part-2.csv.out")["Body"].read().decode()
     assert out.splitlines() == [f"id-2-{j},{j * 0.5 + 3.0}" for j in range(5)]
-    assert session.describe_transform_job(transformer.latest_transform_job.name)["TransformJobStatus"] == "Completed"
+    described = session.describe_transform_job(transformer.latest_transform_job.name)
+    assert described["TransformJobStatus"] == "Completed"
+    progress = described["TransformJobProgress"]  # tfservo's own: objects done of all, records, rate
+    assert (progress["ObjectsDone"], progress["ObjectsTotal"], progress["ObjectsFailed"], progress["Records"]) == \
+        (4, 4, 0, 20), progress
     captured = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket, Prefix="capture/")["Contents"]]
     assert sorted(key.rsplit("/", 1)[1] for key in captured) == [f"part-{i}.csv.jsonl" for i in range(4)]
     line = json.loads(s3.get_object(Bucket=s3_bucket, Key=captured[0])["Body"].read().splitlines()[0])

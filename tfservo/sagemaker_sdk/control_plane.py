@@ -250,6 +250,8 @@ class ControlPlane:
             description["TransformEndTime"] = datetime.datetime.fromtimestamp(run.ended, datetime.timezone.utc)
         if run.failure_reason:
             description["FailureReason"] = run.failure_reason
+        if (progress := run.progress) is not None:  # tfservo's own: SageMaker says nothing until the end
+            description["TransformJobProgress"] = progress
         return description
 
     def stop_transform_job(self, TransformJobName: str) -> dict[str, object]:

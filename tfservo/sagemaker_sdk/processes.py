@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -162,6 +163,23 @@ class TransformRun:
             return None
         return "\n".join(self.lines[-_TAIL_LINES:]) or f"tfservo transform exited with status {self._proc.returncode}"
 
+    @property
+    def progress(self) -> dict[str, object] | None:
+        """The job's last progress line (`--progress log`: objects done of all, records, rate,
+        ETA), as DescribeTransformJob's tfservo-only `TransformJobProgress`; None before the first."""
+        with self._changed:
+            last = next((line for line in reversed(self.lines)
+                         if "progress: " in line or line.startswith(_SUMMARY_START)), None)
+        if last is None:
+            return None
+        text = last.split("progress: ", 1)[1] if "progress: " in last else last.removeprefix(_SUMMARY_START)
+        found = _PROGRESS.search(text) or _SUMMARY.search(text)
+        if found is None:
+            return {"Text": text}
+        done, failed = int(found["done"]), int(found["failed"] or 0)
+        return {"Text": text, "ObjectsDone": done, "ObjectsTotal": int(found["total"]), "ObjectsFailed": failed,
+                "Records": int(found["records"]), "RecordsPerSecond": float(found["rate"])}
+
     def follow(self, on_line: Callable[[str], None]) -> None:
         """Call `on_line` for each output line, from the first, until the run ends."""
         shown = 0
@@ -180,6 +198,15 @@ class TransformRun:
         self.stopped = True
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGTERM)
+
+
+# batch.progress's status line: "3/10 objects (1 failed), 120 records, 55.0 records/s, ETA 0:04"
+_PROGRESS = re.compile(r"(?P<done>\d+)/(?P<total>\d+) objects(?: \((?P<failed>\d+) failed\))?, "
+                       r"(?P<records>\d+) records, (?P<rate>[\d.]+) records/s")
+# and its last line: "tfservo transform: 9 of 10 objects transformed; 1 failed; 400 records in 2.0s (200.0 records/s)"
+_SUMMARY_START = "tfservo transform: "
+_SUMMARY = re.compile(r"(?P<done>\d+) of (?P<total>\d+) objects transformed(?:; \d+ already done)?"
+                      r"(?:; (?P<failed>\d+) failed)?; (?P<records>\d+) records in [\d.]+s \((?P<rate>[\d.]+) records/s\)")
 
 
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:
