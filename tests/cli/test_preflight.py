@@ -159,3 +159,19 @@ def test_handlers_bound_any_plain_way_pass(source) -> None:
 def test_what_the_import_would_refuse_is_refused(source, message) -> None:
     with pytest.raises(BundleError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_handler_source(source.encode(), "inference.py")
+
+
+def test_an_import_error_inside_an_archive_names_the_archive_not_its_extracted_copy(tmp_path) -> None:
+    """What only the import finds (here a module-level raise) still names the user's archive."""
+    archive = archive_of(bundle_with(tmp_path, """
+        raise RuntimeError("no config here")
+
+        def handler(data, context):
+            return b"", "text/plain"
+    """))
+    done = subprocess.run([sys.executable, "-m", "tfservo", "invoke", str(archive)], input=b"{}",
+                          capture_output=True, timeout=180)
+    err = done.stderr.decode()
+    assert done.returncode != 0, err
+    assert f"{archive}:code/inference.py, line 2: RuntimeError: no config here" in err, err
+    assert "tfservo-bundle" not in err, err

@@ -104,6 +104,11 @@ class Handlers:
     input_handler: Handler | None = None
     output_handler: Handler | None = None
     path_entries: tuple[str, ...] = ()  # what loading put on sys.path, released by unload_handlers
+    shown: str = ""  # how errors name the file: the user's archive and member, where it came from one
+
+    @property
+    def where(self) -> str:
+        return self.shown or self.path
 
     def call(
         self, data: bytes | IO[bytes], context: Context, tfs_call: TfsCall
@@ -134,7 +139,7 @@ class Handlers:
             with tracing.span(name, {"code.function.name": name, "code.file.path": self.path}):
                 return function(*args)
         except BaseException as exc:
-            log.log(failure_level(), "%s in %s raised %s", name, self.path, type(exc).__name__, exc_info=True)
+            log.log(failure_level(), "%s in %s raised %s", name, self.where, type(exc).__name__, exc_info=True)
             error = HandlerError(str(exc) or type(exc).__name__)
             error.user_traceback = traceback.format_exc()  # type: ignore[attr-defined]
             raise error from exc
@@ -159,14 +164,14 @@ class Handlers:
                 return orjson.dumps(processed, option=orjson.OPT_SERIALIZE_NUMPY)
             except orjson.JSONEncodeError as exc:
                 raise HandlerError(
-                    f"input_handler in {self.path} returned a {type(processed).__name__} that "
+                    f"input_handler in {self.where} returned a {type(processed).__name__} that "
                     f"is not JSON-serializable ({exc}); return json.dumps(...) of plain values"
                 ) from exc
         read = getattr(processed, "read", None)
         if callable(read):
             return self._request_body(self._run("input_handler's returned stream .read()", read))
         raise HandlerError(
-            f"input_handler in {self.path} returned {type(processed).__name__}; return the TF "
+            f"input_handler in {self.where} returned {type(processed).__name__}; return the TF "
             "Serving request body as str or bytes, e.g. json.dumps({'instances': [...]})"
         )
 
@@ -179,14 +184,14 @@ class Handlers:
         if isinstance(result, (tuple, list)):
             if len(result) not in (2, 3):
                 raise HandlerError(
-                    f"{name} in {self.path} returned a {type(result).__name__} of {len(result)} "
+                    f"{name} in {self.where} returned a {type(result).__name__} of {len(result)} "
                     "items; return (body, content_type), (body, content_type, custom_attributes) or just the body"
                 )
             result, content_type, *rest = result
             attributes = rest[0] if rest else None
             if attributes is not None and not (isinstance(attributes, str) and attributes.isascii()):
                 raise HandlerError(
-                    f"{name} in {self.path} returned custom attributes {attributes!r:.80}; "
+                    f"{name} in {self.where} returned custom attributes {attributes!r:.80}; "
                     "they must be an ASCII str such as 'trace=abc,cached=true'"
                 )
         if isinstance(result, str):
@@ -198,7 +203,7 @@ class Handlers:
         else:
             lazy = hasattr(result, "__next__")  # zip, map, a generator: nothing to send until listed
             raise HandlerError(
-                f"{name} in {self.path} returned a body of type {type(result).__name__}"
+                f"{name} in {self.where} returned a body of type {type(result).__name__}"
                 + (" (an iterator): return json.dumps(list(...)) of it" if lazy else "")
                 + "; the body must be str or bytes (e.g. json.dumps(...)), optionally as (body, content_type)"
             )
@@ -208,14 +213,14 @@ class Handlers:
             content_type = content_type.decode("latin-1")
         elif not isinstance(content_type, str):
             raise HandlerError(
-                f"{name} in {self.path} returned content type {content_type!r}; "
+                f"{name} in {self.where} returned content type {content_type!r}; "
                 "it must be a str such as 'application/json'"
             )
         return body, content_type, attributes if isinstance(attributes, str) else None
 
 
 def load_handlers(
-    code_dir: str, *, module_name: str, extra_paths: tuple[str, ...] = ()
+    code_dir: str, *, module_name: str, extra_paths: tuple[str, ...] = (), shown_as: str | None = None
 ) -> Handlers | None:
     """Import code_dir/inference.py as `module_name`; None if there is none.
 
@@ -235,11 +240,16 @@ def load_handlers(
         _acquire_paths(entries)
         try:
             module = _import(path, module_name)
-            found = _handler_functions(module, path)
+            found = _handler_functions(module, shown_as or path)
+        except BundleError as exc:
+            _release_paths(entries)
+            if shown_as:  # the extracted copy's path means nothing to the user: their archive's
+                raise BundleError(exc.message.replace(path, shown_as)) from exc.__cause__
+            raise
         except BaseException:
             _release_paths(entries)
             raise
-    return Handlers(path, module, *found, path_entries=entries)
+    return Handlers(path, module, *found, path_entries=entries, shown=shown_as or "")
 
 
 def unload_handlers(handlers: Handlers) -> None:
@@ -267,7 +277,7 @@ def reload_handlers(old: Handlers, module_name: str) -> Handlers:
             if sys.modules.get(name) is module:
                 del sys.modules[name]  # imported again from the edited files
         try:
-            new = load_handlers(code_dir, module_name=module_name, extra_paths=extra)
+            new = load_handlers(code_dir, module_name=module_name, extra_paths=extra, shown_as=old.shown or None)
             if new is None:
                 raise BundleError(f"{old.path} is gone; put inference.py back (the previous handler keeps answering)")
         except BaseException:

@@ -74,6 +74,7 @@ class ModelService:
         self.lifecycle = ModelLifecycle(self.manager)
         self.model_config = ModelConfigReloader(self)
         self.bundles: list[Bundle] = []
+        self._archives: dict[str, str] = {}  # extracted root → the user's archive it came from
         self.configured_models: list[str] = []
         self._reloads = 0
         self.rest_base: str | None = None
@@ -98,6 +99,8 @@ class ModelService:
         """Open a bundle, prepare its code and load every model in it. The bundle's root code/
         applies to its own models without a code/ of their own (not to other bundles' models)."""
         bundle = open_bundle(path_or_url, limits=self.settings.archive_limits)
+        if os.path.isfile(bundle.source):  # an archive, extracted under bundle.root: errors name the archive
+            self._archives[bundle.root] = bundle.source
         shared = None
         if bundle.code_dir:
             label = "bundle_" + hashlib.sha256(bundle.code_dir.encode()).hexdigest()[:10]
@@ -204,7 +207,16 @@ class ModelService:
 
         install_requirements(code_dir, target)
         module = f"tfservo_user_inference_{label.replace('.', '_').replace('-', '_')}"
-        return load_handlers(code_dir, module_name=module)
+        return load_handlers(code_dir, module_name=module, shown_as=self._shown(code_dir))
+
+    def _shown(self, code_dir: str) -> str | None:
+        """How the user knows `code_dir`/inference.py: ARCHIVE:code/inference.py when it came out
+        of their archive (None: its own path is theirs)."""
+        script = os.path.join(os.path.abspath(code_dir), "inference.py")
+        for root, archive in self._archives.items():
+            if script.startswith(os.path.abspath(root) + os.sep):
+                return f"{archive}:{os.path.relpath(script, root)}"
+        return None
 
     # -- queries -----------------------------------------------------------------------------
 
