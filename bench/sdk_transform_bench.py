@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import logging
 import os
 import statistics
 import subprocess
@@ -79,6 +80,7 @@ def main() -> None:
     import boto3
     import moto.server
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server: no line per request
     server = moto.server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
