@@ -84,6 +84,51 @@ def test_tritonclient_infer_several_dtypes(triton, binary):
     assert [bytes(v) if not isinstance(v, str) else v.encode() for v in result.as_numpy("upper")] == [b"AB", b"CD"]
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_request_compression(triton, algorithm, binary):
+    """tritonclient's request_compression_algorithm: Content-Encoding undone before the binary
+    header length (which counts the uncompressed JSON) is read."""
+    import tritonclient.http as httpclient
+
+    a = httpclient.InferInput("a", [2, 2], "FP32")
+    a.set_data_from_numpy(np.array([[1, 2], [3, 4]], np.float32), binary_data=binary)
+    b = httpclient.InferInput("b", [2], "INT64")
+    b.set_data_from_numpy(np.array([5, 6], np.int64), binary_data=binary)
+    s = httpclient.InferInput("s", [2], "BYTES")
+    s.set_data_from_numpy(np.array([b"ab", b"cd"], dtype=object), binary_data=binary)
+    result = triton.infer("mixed", [a, b, s], request_compression_algorithm=algorithm,
+                          response_compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("total"), [3.0, 7.0])
+    np.testing.assert_array_equal(result.as_numpy("doubled"), [10, 12])
+
+
+def test_compressed_bodies_are_undone_once_or_refused(server):
+    import gzip
+    import zlib
+
+    body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1.0, 3.0]}]}'
+    path = f"/v2/models/{HALF_PLUS_TWO}/infer"
+    with server.client() as http:
+        for encoded, encoding in ((gzip.compress(body), "gzip"), (zlib.compress(body), "deflate"),
+                                  (zlib.compress(body)[2:-4], "deflate"), (body, "identity")):
+            got = http.post(path, content=encoded, headers={"Content-Encoding": encoding})
+            assert got.status_code == 200 and got.json()["outputs"][0]["data"] == [2.5, 3.5], (encoding, got.text)
+        # the same body through TF Serving's door and /invocations: one place undoes it
+        tfs = http.post(f"/v1/models/{HALF_PLUS_TWO}:predict", content=gzip.compress(b'{"instances": [1.0]}'),
+                        headers={"Content-Encoding": "gzip"})
+        assert tfs.json() == {"predictions": [2.5]}
+        unknown = http.post(path, content=body, headers={"Content-Encoding": "br"})
+        assert unknown.status_code == 415 and "Content-Encoding 'br' is not supported" in unknown.json()["error"]
+        broken = http.post(path, content=b"not gzip at all", headers={"Content-Encoding": "gzip"})
+        assert broken.status_code == 400 and "not valid gzip" in broken.json()["error"]
+        cut = http.post(path, content=gzip.compress(body)[:20], headers={"Content-Encoding": "gzip"})
+        assert cut.status_code == 400, cut.text
+        bomb = gzip.compress(b"0" * (101 * 2**20))  # ~100 KB that expands past the 100 MB limit
+        refused = http.post(path, content=bomb, headers={"Content-Encoding": "gzip"})
+        assert refused.status_code == 413 and "expands past the limit" in refused.json()["error"]
+
+
 def test_answers_equal_tf_servings_rest(server):
     with server.client() as http:
         tfs = http.post(f"/v1/models/{HALF_PLUS_TWO}:predict", json={"instances": [[1.0], [2.0], [5.0]]}).json()

@@ -25,6 +25,7 @@ from tfservo.async_inference.intake import AsyncCall, AsyncIntake
 from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
 from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, PayloadTooLarge, ServingError
+from tfservo.http.content_encoding import decoded
 from tfservo.http.request_context import context_of, lone_request
 from tfservo.http.runtime_api import (
     RuntimeError_,
@@ -79,7 +80,8 @@ class ClientDisconnected(Exception):
 
 
 async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
-    """The request body, refusing (413) anything over the limit before reading it all."""
+    """The request body, refusing (413) anything over the limit before reading it all, with its
+    Content-Encoding undone (content_encoding: gzip, deflate; else 415)."""
     declared = request_header(scope, b"content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -99,7 +101,9 @@ async def read_body(scope: Scope, receive: Receive, limit_bytes: int) -> bytes:
                 raise PayloadTooLarge(_too_large(size, limit_bytes))
             chunks.append(chunk)
         if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            encoding = request_header(scope, b"content-encoding")
+            return body if encoding is None else decoded(body, encoding, limit_bytes)
 
 
 def _too_large(size: int, limit: int) -> str:
