@@ -224,6 +224,7 @@ def test_grpc_metadata_readiness_and_infer(triton_grpc):
         triton_grpc.infer("nope", inputs)
     assert "StatusCode.NOT_FOUND" in str(caught.value.status()) or "NOT_FOUND" in str(caught.value)
 
+
 def test_grpc_bad_tensors_are_invalid_argument(server):
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -235,6 +236,36 @@ def test_grpc_bad_tensors_are_invalid_argument(server):
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "4 bytes for shape [2] of FP32" in caught.value.details()
+
+
+def test_triton_words_on_the_v2_door(server, triton_grpc):
+    """What tritonclient's callers check: unknown models and version strings in Triton's words,
+    a model that is not loaded reads as not ready over gRPC, and raw contents exclude contents."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.utils import InferenceServerException
+
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+    with server.client() as http:
+        got = http.post("/v2/models/nope/infer", json=body)
+        assert got.status_code == 404 and got.json()["error"] == "Request for unknown model: 'nope' is not found"
+        got = http.post(f"/v2/models/{HALF_PLUS_TWO}/versions/x1/infer", json=body)
+        assert got.status_code == 400
+        assert got.json()["error"] == "failed to get model version from specified version string 'x1'"
+        assert http.get("/v2/models/nope/ready").status_code == 404
+    assert triton_grpc.is_model_ready("nope") is False  # Triton: ready false, not NOT_FOUND
+    assert triton_grpc.is_model_ready(HALF_PLUS_TWO, "999") is False
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
+        triton_grpc.get_model_metadata("nope")
+    request = service_pb2.ModelInferRequest(model_name=HALF_PLUS_TWO, raw_input_contents=[b"\x00\x00\x80\x3f"])
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1])
+    tensor.contents.fp32_contents.append(1.0)  # both: the protocol says contents must not be given
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == (f"contents field must not be specified when using raw_input_contents for 'x' "
+                                      f"for model '{HALF_PLUS_TWO}'")
 
 
 # -- the model repository extension (multi-model mode) ----------------------------------------

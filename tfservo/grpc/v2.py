@@ -13,14 +13,15 @@ import numpy as np
 from tfservo.auth.audit import ManagementGate
 from tfservo.capture.taps import Taps
 from tfservo.codecs.v2 import DTYPE_OF_V2, V2Error, decode_inputs, encode_outputs
+from tfservo.core.errors import NotFound
 from tfservo.core.request_labels import RequestScope, plain_scope
 from tfservo.grpc.methods import Method, SyncContext, service_handler
 from tfservo.grpc.tfserving import GrpcCalls
 from tfservo.grpc.v2_protocol import SERVICE, messages
-from tfservo.models.calls import Answer, InferRequest, parse_version
+from tfservo.models.calls import Answer, InferRequest
 from tfservo.service.call_placement import CallPlacement
 from tfservo.service.queued_calls import Prepared, QueuedCalls
-from tfservo.service.v2_dataplane import V2DataPlane
+from tfservo.service.v2_dataplane import V2DataPlane, parse_v2_version
 
 __all__ = ["V2_METHODS", "V2Servicer", "v2_handler"]
 
@@ -59,7 +60,10 @@ class V2Servicer:
 
     def ModelReady(self, request: Any, context: SyncContext) -> Any:
         def run() -> object:
-            ready = self.plane.model_ready(request.name, parse_version(request.version))
+            try:
+                ready = self.plane.model_ready(request.name, parse_v2_version(request.version))
+            except NotFound:  # as Triton answers: not loaded is not ready (REST's 404 reads so too)
+                ready = False
             return messages["ModelReadyResponse"](ready=ready)
 
         return self._calls.run("ModelReady", "ready", context, run, request)
@@ -70,7 +74,7 @@ class V2Servicer:
 
     def ModelMetadata(self, request: Any, context: SyncContext) -> Any:
         def run() -> object:
-            meta = self.plane.model_metadata(request.name, parse_version(request.version))
+            meta = self.plane.model_metadata(request.name, parse_v2_version(request.version))
             answer = messages["ModelMetadataResponse"](name=meta["name"], versions=meta["versions"],
                                                        platform=meta["platform"])
             for side in ("inputs", "outputs"):
@@ -138,6 +142,9 @@ class V2Servicer:
         tensors, binary = [], b""
         for i, tensor in enumerate(request.inputs):
             doc: dict[str, object] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+            if raw and tensor.HasField("contents") and tensor.contents.ByteSize():
+                raise V2Error(f"contents field must not be specified when using raw_input_contents for "
+                              f"'{tensor.name}' for model '{request.model_name}'")
             if raw:
                 doc["parameters"] = {"binary_data_size": len(raw[i])}
                 binary += raw[i]
@@ -157,7 +164,7 @@ class V2Servicer:
                     array[:] = list(tensor.contents.bytes_contents)
                     inputs[tensor.name] = array.reshape(list(tensor.shape))
         names = [o.name for o in request.outputs] or None
-        return InferRequest(request.model_name, parse_version(request.model_version), inputs, request.id or None,
+        return InferRequest(request.model_name, parse_v2_version(request.model_version), inputs, request.id or None,
                             _parameters(request.parameters), names)
 
 

@@ -40,6 +40,7 @@ from tfservo.service.call_placement import CallPlacement
 from tfservo.service.custom_attributes import CustomAttributes, parse_custom_attributes, requested_model
 from tfservo.service.invocation import InvocationResult, error_result
 from tfservo.service.queued_calls import Prepared, QueuedCalls
+from tfservo.service.v2_dataplane import parse_v2_version
 
 if TYPE_CHECKING:
     from tfservo.auth.access import Access
@@ -275,7 +276,7 @@ class HotRoutes:
         header_length = request_header(scope, HEADER_LENGTH.encode())
 
         def prepare(body: bytes) -> Prepared[tuple[bytes, int | None]]:
-            request, as_binary = decode_infer_request(body, header_length, name, parse_version(params.get("version")))
+            request, as_binary = decode_infer_request(body, header_length, name, parse_v2_version(params.get("version")))
             binary_output = bool(request.parameters.get("binary_data_output"))
 
             def finish(answer: Answer) -> tuple[bytes, int | None]:

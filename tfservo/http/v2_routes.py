@@ -13,8 +13,7 @@ from starlette.responses import Response
 
 from tfservo.core.errors import ServingError
 from tfservo.http.responses import error_json, error_response, json_response
-from tfservo.models.calls import parse_version
-from tfservo.service.v2_dataplane import V2DataPlane
+from tfservo.service.v2_dataplane import V2DataPlane, parse_v2_version
 
 __all__ = ["V2Routes"]
 
@@ -43,7 +42,7 @@ class V2Routes:
     async def model_metadata(self, request: Request) -> Response:
         name = request.path_params["name"]
         try:
-            version = parse_version(request.path_params.get("version"))
+            version = parse_v2_version(request.path_params.get("version"))
             signature = request.query_params.get("signature_name")
             return json_response(await _in_thread(lambda: self.plane.model_metadata(name, version, signature)))
         except ServingError as exc:
@@ -52,7 +51,7 @@ class V2Routes:
     async def model_ready(self, request: Request) -> Response:
         name = request.path_params["name"]
         try:
-            version = parse_version(request.path_params.get("version"))
+            version = parse_v2_version(request.path_params.get("version"))
             is_ready = await _in_thread(lambda: self.plane.model_ready(name, version))
         except ServingError as exc:
             return error_response(exc)

@@ -9,18 +9,32 @@ from collections.abc import Callable
 from typing import Any
 
 from tfservo.codecs.v2 import V2_OF_TF, V2Error
-from tfservo.core.errors import AlreadyExists, FailedPrecondition, NotFound
+from tfservo.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from tfservo.core.version import __version__
 from tfservo.models.bundle import is_model_name
-from tfservo.models.calls import Answer, InferRequest, InferResponse, PredictCall, Prediction
+from tfservo.models.calls import Answer, InferRequest, InferResponse, PredictCall, Prediction, parse_version
 from tfservo.models.servables import ServableHandle, State
 from tfservo.models.signatures import DEFAULT_SIGNATURE
 from tfservo.service.api import TFServingAPI
 
-__all__ = ["EXTENSIONS", "V2DataPlane"]
+__all__ = ["EXTENSIONS", "V2DataPlane", "parse_v2_version", "unknown_model"]
 
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 PLATFORM = "tensorflow_savedmodel"
+
+
+def parse_v2_version(text: str | None) -> int | None:
+    """A V2 model version (URL or message): `parse_version`'s rule, in Triton's words, which
+    tritonclient's callers check."""
+    try:
+        return parse_version(text)
+    except InvalidArgument:
+        raise InvalidArgument(f"failed to get model version from specified version string '{text}'") from None
+
+
+def unknown_model(name: str) -> NotFound:
+    """A model the server has no such name for, in Triton's words on the V2 door."""
+    return NotFound(f"Request for unknown model: '{name}' is not found")
 
 
 class V2DataPlane:
@@ -41,7 +55,7 @@ class V2DataPlane:
 
     def model_ready(self, name: str, version: int | None) -> bool:
         if not self.api.manager.has_model(name):
-            raise NotFound(f"model {name} is not served")
+            raise unknown_model(name)
         versions = self.api.manager.model(name).versions
         if version is not None:
             sv = versions.get(version)
@@ -52,6 +66,7 @@ class V2DataPlane:
 
     def model_metadata(self, name: str, version: int | None, signature_name: str | None = None) -> dict[str, Any]:
         """Inputs and outputs of the signature (serving_default unless named), V2 datatypes."""
+        self._known(name)
         with self.api.manager.acquire(name, version, None) as sv:
             signature = sv.signature(signature_name or DEFAULT_SIGNATURE)
             versions = [str(v) for v, s in sorted(self.api.manager.model(name).versions.items())
@@ -108,11 +123,16 @@ class V2DataPlane:
         """The request as its model call on its signature (`signature_name` parameter, else
         serving_default), the version it names held for it (the caller runs the call, e.g.
         queued for its batch by `TFServingAPI.submit`, and releases the handle)."""
+        self._known(request.model)
         signature_name = request.parameters.get("signature_name") or DEFAULT_SIGNATURE
         if not isinstance(signature_name, str):
             raise V2Error("parameter signature_name must be a string")
         return self.api.prepare_predict(request.model, request.version, None, signature_name, request.inputs,
                                         request.outputs)
+
+    def _known(self, name: str) -> None:
+        if not self.api.manager.has_model(name):
+            raise unknown_model(name)
 
     @staticmethod
     def response(request: InferRequest, answer: Answer) -> InferResponse:
