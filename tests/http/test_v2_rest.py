@@ -317,6 +317,36 @@ def test_repository_index_load_unload_over_rest_and_grpc(repository):
         rpc.close()
 
 
+def test_repository_load_parameters_are_checked_not_ignored(repository):
+    """Triton's load parameters over REST and gRPC: a config that is not the model's JSON, model
+    contents in the request and unknown parameters fail, and the model stays as it was."""
+    import httpx
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    rest = httpclient.InferenceServerClient(repository.url.removeprefix("http://"))
+    rpc = grpcclient.InferenceServerClient(repository.grpc_target)
+    try:
+        for client in (rest, rpc):
+            with pytest.raises(InferenceServerException, match="the 'config' parameter is not JSON"):
+                client.load_model("two", config="{not json")
+            with pytest.raises(InferenceServerException, match="its config names model 'three'"):
+                client.load_model("two", config='{"name": "three"}')
+            with pytest.raises(InferenceServerException, match="model contents in the request"):
+                client.load_model("two", config='{"name": "two"}', files={"file:1/saved_model.pb": b"not a model"})
+            assert not client.is_model_ready("two")
+        with httpx.Client(base_url=repository.url) as http:
+            got = http.post("/v2/repository/models/two/load", json={"parameters": {"no_such_parameter": 1}})
+            assert got.status_code == 400 and "unexpected parameter 'no_such_parameter'" in got.json()["error"]
+        rest.load_model("two", config='{"name": "two", "platform": "tensorflow_savedmodel", "max_batch_size": 8}')
+        assert rest.is_model_ready("two")
+        rest.unload_model("two")
+    finally:
+        rest.close()
+        rpc.close()
+
+
 # -- the KServe Python client (REST V1 and V2, gRPC V2) ------------------------------------------
 # In its own process: kserve's generated V2 protos and tritonclient's define the same symbols
 # in protobuf's default pool, so the two clients cannot be imported into one interpreter.

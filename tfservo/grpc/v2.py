@@ -95,7 +95,9 @@ class V2Servicer:
 
     def RepositoryModelLoad(self, request: Any, context: SyncContext) -> Any:
         def run() -> object:
-            self.plane.repository_load(request.model_name)
+            parameters = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+                          for key, value in request.parameters.items()}
+            self.plane.repository_load(request.model_name, parameters)
             return messages["RepositoryModelLoadResponse"]()
 
         return self._calls.run("RepositoryModelLoad", "load", context, run, request)

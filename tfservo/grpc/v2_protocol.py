@@ -53,8 +53,9 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
     "ModelIndex": [("name", 1, "string", False), ("version", 2, "string", False), ("state", 3, "string", False),
                    ("reason", 4, "string", False)],
     "RepositoryIndexResponse": [("models", 1, "ModelIndex", True)],
-    # the load/unload parameters (field 3) are not read: unknown fields are skipped
-    "RepositoryModelLoadRequest": [("repository_name", 1, "string", False), ("model_name", 2, "string", False)],
+    # map<string, ModelRepositoryParameter>: a load's config and file: contents (service.v2_dataplane checks them)
+    "RepositoryModelLoadRequest": [("repository_name", 1, "string", False), ("model_name", 2, "string", False),
+                                   ("parameters", 3, "repository_map", True)],
     "RepositoryModelLoadResponse": [],
     "RepositoryModelUnloadRequest": [("repository_name", 1, "string", False), ("model_name", 2, "string", False)],
     "RepositoryModelUnloadResponse": [],
@@ -68,6 +69,16 @@ _NESTED = {"InferInputTensor": "ModelInferRequest", "InferRequestedOutputTensor"
            "ModelIndex": "RepositoryIndexResponse"}
 
 
+_MAPS = {"map": "InferParameter", "repository_map": "ModelRepositoryParameter"}  # a map field's value type
+# the parameter messages: (field, number, type) of their one oneof, parameter_choice
+_PARAMETERS = {
+    "InferParameter": (("bool_param", 1, "bool"), ("int64_param", 2, "int64"), ("string_param", 3, "string"),
+                       ("double_param", 4, "double"), ("uint64_param", 5, "uint64")),
+    "ModelRepositoryParameter": (("bool_param", 1, "bool"), ("int64_param", 2, "int64"),
+                                 ("string_param", 3, "string"), ("bytes_param", 4, "bytes")),
+}
+
+
 def _full(name: str) -> str:
     return f".inference.{_NESTED[name]}.{name}" if name in _NESTED else f".inference.{name}"
 
@@ -77,12 +88,12 @@ def _message(name: str, fields: list[tuple[str, int, str, bool]]) -> descriptor_
     for field_name, number, kind, repeated in fields:
         field = proto.field.add(name=field_name, number=number,
                                 label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
-        if kind == "map":  # map<string, InferParameter>: a nested entry message
+        if kind in _MAPS:  # map<string, InferParameter or ModelRepositoryParameter>: a nested entry message
             entry = proto.nested_type.add(name="ParametersEntry")
             entry.options.map_entry = True
             entry.field.add(name="key", number=1, label=_F.LABEL_OPTIONAL, type=_F.TYPE_STRING)
             entry.field.add(name="value", number=2, label=_F.LABEL_OPTIONAL, type=_F.TYPE_MESSAGE,
-                            type_name=".inference.InferParameter")
+                            type_name=f".inference.{_MAPS[kind]}")
             field.type, field.type_name = _F.TYPE_MESSAGE, f"{_full(name)}.ParametersEntry"
         elif kind in _SCALARS:
             field.type = _SCALARS[kind]
@@ -93,12 +104,12 @@ def _message(name: str, fields: list[tuple[str, int, str, bool]]) -> descriptor_
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
     file = descriptor_pb2.FileDescriptorProto(name="tfservo_v2_inference.proto", package="inference", syntax="proto3")
-    parameter = file.message_type.add(name="InferParameter")
-    parameter.oneof_decl.add(name="parameter_choice")
-    for field_name, number, kind in (("bool_param", 1, "bool"), ("int64_param", 2, "int64"),
-                                     ("string_param", 3, "string"), ("double_param", 4, "double"),
-                                     ("uint64_param", 5, "uint64")):
-        parameter.field.add(name=field_name, number=number, label=_F.LABEL_OPTIONAL, type=_SCALARS[kind], oneof_index=0)
+    for message, choices in _PARAMETERS.items():
+        parameter = file.message_type.add(name=message)
+        parameter.oneof_decl.add(name="parameter_choice")
+        for field_name, number, kind in choices:
+            parameter.field.add(name=field_name, number=number, label=_F.LABEL_OPTIONAL, type=_SCALARS[kind],
+                                oneof_index=0)
     built = {name: _message(name, fields) for name, fields in _MESSAGES.items()}
     for name, proto in built.items():
         if name in _NESTED:
@@ -114,7 +125,7 @@ def _classes() -> dict[str, Any]:
     pool.AddSerializedFile(_file().SerializeToString())
     return {
         name: message_factory.GetMessageClass(pool.FindMessageTypeByName(_full(name)[1:]))
-        for name in [*_MESSAGES, "InferParameter"]
+        for name in [*_MESSAGES, *_PARAMETERS]
     }
 
 

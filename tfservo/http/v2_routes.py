@@ -69,7 +69,15 @@ class V2Routes:
             return error_response(exc)
 
     async def repository_load(self, request: Request) -> Response:
-        return await self._change(self.plane.repository_load, request.path_params["name"])
+        body = await request.body()
+        try:
+            doc = orjson.loads(body) if body.strip() else {}
+        except orjson.JSONDecodeError:
+            return error_json('the body must be JSON: {"parameters": {...}} or nothing', 400)
+        parameters = doc.get("parameters", {}) if isinstance(doc, dict) else None
+        if not isinstance(parameters, dict):
+            return error_json('"parameters" must be a JSON object', 400)
+        return await self._change(lambda name: self.plane.repository_load(name, parameters), request.path_params["name"])
 
     async def repository_unload(self, request: Request) -> Response:
         return await self._change(self.plane.repository_unload, request.path_params["name"])

@@ -5,11 +5,13 @@ and gRPC both call it; neither knows the other."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
+
 from tfservo.codecs.v2 import V2_OF_TF, V2Error
-from tfservo.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from tfservo.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unimplemented
 from tfservo.core.version import __version__
 from tfservo.models.bundle import is_model_name
 from tfservo.models.calls import Answer, InferRequest, InferResponse, PredictCall, Prediction, parse_version
@@ -17,7 +19,7 @@ from tfservo.models.servables import ServableHandle, State
 from tfservo.models.signatures import DEFAULT_SIGNATURE
 from tfservo.service.api import TFServingAPI
 
-__all__ = ["EXTENSIONS", "V2DataPlane", "parse_v2_version", "unknown_model"]
+__all__ = ["EXTENSIONS", "V2DataPlane", "check_load_parameters", "parse_v2_version", "unknown_model"]
 
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 PLATFORM = "tensorflow_savedmodel"
@@ -35,6 +37,41 @@ def parse_v2_version(text: str | None) -> int | None:
 def unknown_model(name: str) -> NotFound:
     """A model the server has no such name for, in Triton's words on the V2 door."""
     return NotFound(f"Request for unknown model: '{name}' is not found")
+
+
+_PLATFORMS = ("tensorflow_savedmodel", "tensorflow", "tensorflow_graphdef", "tflite")
+
+
+def check_load_parameters(name: str, parameters: Mapping[str, object]) -> None:
+    """A repository load's parameters as Triton defines them, refused where they would be
+    silently ignored: `config` must be the model configuration as a JSON object (its `name`,
+    if given, the model's; its platform or backend TensorFlow's); `file:<path>` contents (a model
+    sent in the request) are not taken — tfservo loads models from its model root; anything
+    else is an unexpected parameter."""
+    for key in parameters:
+        if key != "config" and not key.startswith("file:"):
+            raise InvalidArgument(f"failed to load '{name}': unexpected parameter '{key}'; a load takes 'config' "
+                                  "(the model configuration as JSON)")
+    files = [key for key in parameters if key.startswith("file:")]
+    if files:
+        raise Unimplemented(f"failed to load '{name}': model contents in the request ({files[0]!r}) are not "
+                            "supported; put the model's version dirs under the model root and load it by name")
+    if "config" not in parameters:
+        return
+    text = parameters["config"]
+    try:
+        config = orjson.loads(text) if isinstance(text, (str, bytes)) else None
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"failed to load '{name}': the 'config' parameter is not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON object, the "
+                              "model configuration")
+    if config.get("name") not in (None, "", name):
+        raise InvalidArgument(f"failed to load '{name}': its config names model {config['name']!r}")
+    platform = config.get("platform") or config.get("backend")
+    if platform not in (None, "", *_PLATFORMS):
+        raise InvalidArgument(f"failed to load '{name}': platform {platform!r} is not one tfservo serves "
+                              f"({', '.join(_PLATFORMS)})")
 
 
 class V2DataPlane:
@@ -106,8 +143,10 @@ class V2DataPlane:
                 index.append(entry)
         return index
 
-    def repository_load(self, name: str) -> None:
-        """Load the model dir `name` under the root (already loaded: nothing to do, as Triton)."""
+    def repository_load(self, name: str, parameters: Mapping[str, object] | None = None) -> None:
+        """Load the model dir `name` under the root (already loaded: nothing to do, as Triton),
+        its load `parameters` checked first (`check_load_parameters`)."""
+        check_load_parameters(name, parameters or {})
         endpoint = self._root()
         if endpoint.is_loaded(name):
             return
