@@ -238,6 +238,45 @@ def test_grpc_bad_tensors_are_invalid_argument(server):
     assert "4 bytes for shape [2] of FP32" in caught.value.details()
 
 
+def test_statistics_extension_over_rest_and_grpc(server, triton, triton_grpc):
+    """Triton's get_inference_statistics on both doors: every inference counts, whichever door
+    it came through, with its time; the model's executions (here batched) with theirs."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    def stats() -> dict:
+        (entry,) = triton.get_inference_statistics(HALF_PLUS_TWO)["model_stats"]
+        return entry
+
+    before = stats()
+    x = httpclient.InferInput("x", [2], "FP32")
+    x.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+    for _ in range(3):
+        triton.infer(HALF_PLUS_TWO, [x])
+    y = grpcclient.InferInput("x", [2], "FP32")
+    y.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+    for _ in range(2):
+        triton_grpc.infer(HALF_PLUS_TWO, [y])
+    with server.client() as http:  # TF Serving's door counts too: one model, one set of statistics
+        assert http.post(f"/v1/models/{HALF_PLUS_TWO}:predict", json={"instances": [1.0]}).status_code == 200
+    after = stats()
+    assert after["name"] == HALF_PLUS_TWO and after["version"] == "123"
+    success = after["inference_stats"]["success"]
+    assert int(success["count"]) - int(before["inference_stats"]["success"]["count"]) == 6
+    assert int(success["ns"]) > int(before["inference_stats"]["success"]["ns"])
+    assert int(after["execution_count"]) > int(before["execution_count"])
+    assert int(after["last_inference"]) > 0
+    rpc = triton_grpc.get_inference_statistics(HALF_PLUS_TWO, as_json=True)["model_stats"][0]
+    assert int(rpc["inference_stats"]["success"]["count"]) == int(success["count"])
+    every = {(m["name"], m["version"]) for m in triton.get_inference_statistics()["model_stats"]}
+    assert {(HALF_PLUS_TWO, "123"), ("mixed", "1")} <= every
+    assert "statistics" in triton.get_server_metadata()["extensions"]
+    for client in (triton, triton_grpc):
+        with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
+            client.get_inference_statistics("nope")
+
+
 def test_triton_words_on_the_v2_door(server, triton_grpc):
     """What tritonclient's callers check: unknown models and version strings in Triton's words,
     a model that is not loaded reads as not ready over gRPC, and raw contents exclude contents."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from tfservo.auth.audit import ManagementGate
 from tfservo.capture.taps import Taps
@@ -67,6 +68,13 @@ class V2Servicer:
             return messages["ModelReadyResponse"](ready=ready)
 
         return self._calls.run("ModelReady", "ready", context, run, request)
+
+    def ModelStatistics(self, request: Any, context: SyncContext) -> Any:
+        def run() -> object:
+            doc = self.plane.model_statistics(request.name or None, parse_v2_version(request.version))
+            return json_format.ParseDict(doc, messages["ModelStatisticsResponse"]())
+
+        return self._calls.run("ModelStatistics", "statistics", context, run, request)
 
     def ServerMetadata(self, request: object, context: SyncContext) -> object:
         return self._calls.run("ServerMetadata", "metadata", context,
@@ -173,7 +181,7 @@ class V2Servicer:
 V2_METHODS = (
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], None) for name in ("ServerLive", "ServerReady")),
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"])
-      for name in ("ModelReady", "ServerMetadata", "ModelMetadata", "RepositoryIndex")),
+      for name in ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelStatistics", "RepositoryIndex")),
     Method("ModelInfer", messages["ModelInferRequest"], messages["ModelInferResponse"], "invoke", inference=True),
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], "manage")
       for name in ("RepositoryModelLoad", "RepositoryModelUnload")),

@@ -187,6 +187,11 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(("GET",), "/v2", lambda e: e.v2.server_metadata, doc=Doc("V2 server metadata", _V2, errors=())),
     RouteSpec(("GET",), "/v2/health/live", lambda e: e.v2.live, scope=None, doc=Doc("V2 liveness", _V2, errors=())),
     RouteSpec(("GET",), "/v2/health/ready", lambda e: e.v2.ready, scope=None, doc=Doc("V2 readiness", _V2, errors=(503,))),
+    RouteSpec(("GET",), "/v2/models/stats", lambda e: e.v2.model_statistics,
+              doc=Doc("V2 statistics of every model", _V2, errors=())),  # before {name}: "stats" is no model
+    RouteSpec(("GET",), "/v2/models/{name}/stats", lambda e: e.v2.model_statistics,
+              doc=Doc("V2 statistics of {name}'s versions", per_model=True)),
+    RouteSpec(("GET",), "/v2/models/{name}/versions/{version}/stats", lambda e: e.v2.model_statistics),
     RouteSpec(("GET",), "/v2/models/{name}", lambda e: e.v2.model_metadata, doc=Doc("V2 metadata of {name}", per_model=True)),
     RouteSpec(("GET",), "/v2/models/{name}/versions/{version}", lambda e: e.v2.model_metadata),
     RouteSpec(("GET",), "/v2/models/{name}/ready", lambda e: e.v2.model_ready, doc=Doc("Whether {name} is ready", per_model=True)),

@@ -48,6 +48,15 @@ class V2Routes:
         except ServingError as exc:
             return error_response(exc)
 
+    async def model_statistics(self, request: Request) -> Response:
+        """GET /v2/models[/{name}[/versions/{version}]]/stats: the statistics extension."""
+        try:
+            version = parse_v2_version(request.path_params.get("version"))
+            name = request.path_params.get("name")
+            return json_response(await _in_thread(lambda: self.plane.model_statistics(name, version)))
+        except ServingError as exc:
+            return error_response(exc)
+
     async def model_ready(self, request: Request) -> Response:
         name = request.path_params["name"]
         try:

@@ -30,6 +30,7 @@ from tfservo.core.request_labels import current as current_labels
 from tfservo.core.status import http_status
 from tfservo.models.servables import ServableVersion, State
 from tfservo.service.metric_tally import Tally
+from tfservo.service.model_statistics import INFERENCE_METHODS, ModelStatistics
 from tfservo.service.tfs_metrics import TFServingMetrics
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class Metrics:
     """The Prometheus metrics of one server (of all its workers, in multiprocess mode)."""
 
     def __init__(self, multiprocess_dir: str | None = None) -> None:
+        self.statistics = ModelStatistics()  # V2's statistics extension, from the same records
         self.multiprocess_dir = multiprocess_dir if multiprocess_dir is not None else environment.variable(MULTIPROC_ENV)
         if self.multiprocess_dir:
             if not os.path.isdir(self.multiprocess_dir):
@@ -294,6 +296,7 @@ class Metrics:
                 self.batch_size.labels(model), self.batch_padding.labels(model), self.batch_seconds.labels(model),
             )
         tally = self.tally
+        self.statistics.executed(model, None, real, seconds, queued)
         tally.observe(children[0], real)
         if padded > real:
             tally.inc(children[1], padded - real)
@@ -304,8 +307,9 @@ class Metrics:
 
     def run_hook(self, model: str, seconds: float) -> None:
         """One unbatched model call of `model` took `seconds` (TF Serving's runtime latency)."""
+        labels = current_labels()
+        self.statistics.executed(model, (labels.version or None) if labels is not None else None, 0, seconds)
         if self.tfs is not None:
-            labels = current_labels()
             self.tfs.runtime(model, (labels.method if labels is not None else None) or "predict", seconds)
 
     def timeout(self, route: str, model: str | None, seconds: float) -> None:
@@ -344,6 +348,8 @@ class Metrics:
             children = self._answered[key] = (self.requests.labels(*key), self.latency.labels(*key[:5]))
         self.tally.inc(children[0])
         self.tally.observe(children[1], seconds)
+        if labels.model and labels.method in INFERENCE_METHODS:
+            self.statistics.answered(labels.model, labels.version, labels.status in ("200", "OK"), seconds)
         if self.tfs is not None and labels.model:
             self.tfs.request(
                 labels.model, labels.method or "predict", "GRPC" if transport == "grpc" else "REST",

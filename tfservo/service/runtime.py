@@ -121,7 +121,7 @@ def build_runtime(
         ManagementGate(settings, metrics.management_action),
         _access(settings, metrics, shared_dir),
         _taps(settings, service, port, metrics),
-        V2DataPlane(service.api, service.unavailable_models, repository=multi_model),
+        V2DataPlane(service.api, service.unavailable_models, repository=multi_model, statistics=metrics.statistics),
         placements_for(settings, service.batches),
         _budget(settings, shared_dir),
         multi_model,
@@ -136,7 +136,7 @@ def runtime_of(service: ModelService) -> Runtime:
     metrics = Metrics(multiprocess_dir="")
     return Runtime(
         service, metrics, ManagementGate(service.settings.replace(management="off")), Access(FailureThrottle()), Taps(),
-        V2DataPlane(service.api, service.unavailable_models),
+        V2DataPlane(service.api, service.unavailable_models, statistics=metrics.statistics),
         placements_for(service.settings, service.batches),
         _budget(service.settings, None),
     )

@@ -18,10 +18,11 @@ from tfservo.models.calls import Answer, InferRequest, InferResponse, PredictCal
 from tfservo.models.servables import ServableHandle, State
 from tfservo.models.signatures import DEFAULT_SIGNATURE
 from tfservo.service.api import TFServingAPI
+from tfservo.service.model_statistics import ModelStatistics, VersionStatistics
 
 __all__ = ["EXTENSIONS", "V2DataPlane", "check_load_parameters", "parse_v2_version", "unknown_model"]
 
-EXTENSIONS = ["binary_tensor_data", "model_repository"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics"]
 PLATFORM = "tensorflow_savedmodel"
 
 
@@ -78,9 +79,11 @@ class V2DataPlane:
     """What V2 asks of a server, answered from the model manager and TF Serving's API."""
 
     def __init__(
-        self, api: TFServingAPI, unavailable: Callable[[], list[str]] | None = None, repository: object = None
+        self, api: TFServingAPI, unavailable: Callable[[], list[str]] | None = None, repository: object = None,
+        statistics: ModelStatistics | None = None,
     ) -> None:
         self.api = api
+        self.statistics = statistics or ModelStatistics()  # the runtime's metrics' (every door records there)
         self._unavailable: Callable[[], list[str]] = unavailable or (lambda: [])
         self.repository = repository  # multi-model mode's MultiModelEndpoint: the model repository extension
 
@@ -169,6 +172,23 @@ class V2DataPlane:
         return self.api.prepare_predict(request.model, request.version, None, signature_name, request.inputs,
                                         request.outputs)
 
+    def model_statistics(self, name: str | None, version: int | None) -> dict[str, object]:
+        """V2's statistics extension: every served version of `name` (every model when None), or
+        the one `version`, with its counts (statistics.ModelStatistics; zeros before traffic)."""
+        if name:
+            self._known(name)
+        names = [name] if name else sorted(self.api.manager.model_names())
+        entries = []
+        for model in names:
+            versions = self.api.manager.model(model).versions
+            if version is not None and version not in versions:
+                raise NotFound(f"Request for unknown model: '{model}' version {version} is not found")
+            for number, sv in sorted(versions.items()):
+                if (version is not None and number != version) or (version is None and sv.state is not State.AVAILABLE):
+                    continue
+                entries.append(_statistics_doc(model, str(number), self.statistics.of(model, str(number))))
+        return {"model_stats": entries}
+
     def _known(self, name: str) -> None:
         if not self.api.manager.has_model(name):
             raise unknown_model(name)
@@ -178,3 +198,23 @@ class V2DataPlane:
         """A predict's answer as the request's V2 response."""
         assert isinstance(answer, Prediction)
         return InferResponse(answer.model_name, answer.version, request.id, answer.outputs)
+
+
+def _statistics_doc(model: str, version: str, stats: VersionStatistics) -> dict[str, object]:
+    """One version's counts in the extension's JSON (the gRPC door writes the same fields)."""
+    zero = {"count": 0, "ns": 0}
+    return {
+        "name": model, "version": version, "last_inference": stats.last_inference,
+        "inference_count": stats.inference_count, "execution_count": stats.execution_count,
+        "inference_stats": {
+            "success": stats.success.doc(), "fail": stats.fail.doc(), "queue": stats.queue.doc(),
+            "compute_input": zero, "compute_infer": stats.compute_infer.doc(), "compute_output": zero,
+            "cache_hit": zero, "cache_miss": zero,
+        },
+        "batch_stats": [
+            {"batch_size": size, "compute_input": {"count": d.count, "ns": 0}, "compute_infer": d.doc(),
+             "compute_output": {"count": d.count, "ns": 0}}
+            for size, d in sorted(stats.batches.items())
+        ],
+    }
+
