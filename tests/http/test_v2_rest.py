@@ -277,6 +277,22 @@ def test_statistics_extension_over_rest_and_grpc(server, triton, triton_grpc):
             client.get_inference_statistics("nope")
 
 
+def test_model_configuration_extension_over_rest_and_grpc(triton, triton_grpc):
+    """Triton's get_model_config: the signature's tensors in ModelConfig's fields and types."""
+    rest = triton.get_model_config("mixed")
+    assert (rest["name"], rest["platform"], rest["backend"], rest["max_batch_size"]) == \
+        ("mixed", "tensorflow_savedmodel", "tensorflow", 0)
+    assert {(t["name"], t["data_type"], tuple(t["dims"])) for t in rest["input"]} == {
+        ("a", "TYPE_FP32", (-1, 2)), ("b", "TYPE_INT64", (-1,)), ("s", "TYPE_STRING", (-1,))}
+    assert {(t["name"], t["data_type"]) for t in rest["output"]} == {
+        ("total", "TYPE_FP32"), ("doubled", "TYPE_INT64"), ("upper", "TYPE_STRING")}
+    rpc = triton_grpc.get_model_config("mixed", as_json=True)["config"]  # read through tritonclient's own proto
+    assert {(t["name"], t["data_type"], tuple(int(d) for d in t["dims"])) for t in rpc["input"]} == {
+        ("a", "TYPE_FP32", (-1, 2)), ("b", "TYPE_INT64", (-1,)), ("s", "TYPE_STRING", (-1,))}
+    assert rpc["name"] == "mixed" and rpc["platform"] == "tensorflow_savedmodel"
+    assert triton.get_model_config(HALF_PLUS_TWO, "123")["input"][0]["name"] == "x"
+
+
 def test_triton_words_on_the_v2_door(server, triton_grpc):
     """What tritonclient's callers check: unknown models and version strings in Triton's words,
     a model that is not loaded reads as not ready over gRPC, and raw contents exclude contents."""

@@ -22,7 +22,7 @@ from tfservo.grpc.v2_protocol import SERVICE, messages
 from tfservo.models.calls import Answer, InferRequest
 from tfservo.service.call_placement import CallPlacement
 from tfservo.service.queued_calls import Prepared, QueuedCalls
-from tfservo.service.v2_dataplane import V2DataPlane, parse_v2_version
+from tfservo.service.v2_dataplane import TRITON_TYPE_NUMBERS, V2DataPlane, parse_v2_version
 
 __all__ = ["V2_METHODS", "V2Servicer", "v2_handler"]
 
@@ -68,6 +68,19 @@ class V2Servicer:
             return messages["ModelReadyResponse"](ready=ready)
 
         return self._calls.run("ModelReady", "ready", context, run, request)
+
+    def ModelConfig(self, request: Any, context: SyncContext) -> Any:
+        def run() -> object:
+            doc = self.plane.model_config(request.name, parse_v2_version(request.version))
+            config = messages["ModelConfig"](name=doc["name"], platform=doc["platform"], backend=doc["backend"],
+                                              max_batch_size=doc["max_batch_size"])
+            for key, field in (("input", config.input), ("output", config.output)):
+                for tensor in doc[key]:
+                    field.add(name=tensor["name"], dims=tensor["dims"],
+                              data_type=TRITON_TYPE_NUMBERS.get(tensor["data_type"].removeprefix("TYPE_"), 0))
+            return messages["ModelConfigResponse"](config=config)
+
+        return self._calls.run("ModelConfig", "metadata", context, run, request)
 
     def ModelStatistics(self, request: Any, context: SyncContext) -> Any:
         def run() -> object:
@@ -181,7 +194,8 @@ class V2Servicer:
 V2_METHODS = (
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], None) for name in ("ServerLive", "ServerReady")),
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"])
-      for name in ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelStatistics", "RepositoryIndex")),
+      for name in ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
+                   "RepositoryIndex")),
     Method("ModelInfer", messages["ModelInferRequest"], messages["ModelInferResponse"], "invoke", inference=True),
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], "manage")
       for name in ("RepositoryModelLoad", "RepositoryModelUnload")),

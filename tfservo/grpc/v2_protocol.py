@@ -49,6 +49,15 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
                           ("raw_input_contents", 7, "bytes", True)],
     "InferOutputTensor": [("name", 1, "string", False), ("datatype", 2, "string", False), ("shape", 3, "int64", True),
                           ("parameters", 4, "map", True), ("contents", 5, "InferTensorContents", False)],
+    # the model configuration extension: the fields of Triton's ModelConfig tfservo fills
+    # (data_type is Triton's DataType enum, the same varint on the wire as int32)
+    "ModelConfigRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
+    "ModelInput": [("name", 1, "string", False), ("data_type", 2, "int32", False), ("dims", 4, "int64", True)],
+    "ModelOutput": [("name", 1, "string", False), ("data_type", 2, "int32", False), ("dims", 3, "int64", True)],
+    "ModelConfig": [("name", 1, "string", False), ("platform", 2, "string", False),
+                    ("max_batch_size", 4, "int32", False), ("input", 5, "ModelInput", True),
+                    ("output", 6, "ModelOutput", True), ("backend", 17, "string", False)],
+    "ModelConfigResponse": [("config", 1, "ModelConfig", False)],
     # the statistics extension
     "ModelStatisticsRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
     "StatisticDuration": [("count", 1, "uint64", False), ("ns", 2, "uint64", False)],

@@ -48,6 +48,15 @@ class V2Routes:
         except ServingError as exc:
             return error_response(exc)
 
+    async def model_config(self, request: Request) -> Response:
+        """GET /v2/models/{name}[/versions/{version}]/config: the model configuration extension."""
+        try:
+            version = parse_v2_version(request.path_params.get("version"))
+            name = request.path_params["name"]
+            return json_response(await _in_thread(lambda: self.plane.model_config(name, version)))
+        except ServingError as exc:
+            return error_response(exc)
+
     async def model_statistics(self, request: Request) -> Response:
         """GET /v2/models[/{name}[/versions/{version}]]/stats: the statistics extension."""
         try:

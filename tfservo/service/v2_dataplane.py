@@ -20,10 +20,15 @@ from tfservo.models.signatures import DEFAULT_SIGNATURE
 from tfservo.service.api import TFServingAPI
 from tfservo.service.model_statistics import ModelStatistics, VersionStatistics
 
-__all__ = ["EXTENSIONS", "V2DataPlane", "check_load_parameters", "parse_v2_version", "unknown_model"]
+__all__ = ["EXTENSIONS", "TRITON_TYPE_NUMBERS", "V2DataPlane", "check_load_parameters", "parse_v2_version", "unknown_model"]
 
-EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
 PLATFORM = "tensorflow_savedmodel"
+_TRITON_TYPE = {"BYTES": "STRING"}  # a V2 datatype's name in Triton's DataType (TYPE_…), where it differs
+# Triton's DataType enum numbers, for the gRPC door's ModelConfig (TYPE_ + the name)
+TRITON_TYPE_NUMBERS = {name: number for number, name in enumerate(
+    ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
+     "FP64", "STRING", "BF16"))}
 
 
 def parse_v2_version(text: str | None) -> int | None:
@@ -171,6 +176,19 @@ class V2DataPlane:
             raise V2Error("parameter signature_name must be a string")
         return self.api.prepare_predict(request.model, request.version, None, signature_name, request.inputs,
                                         request.outputs)
+
+    def model_config(self, name: str, version: int | None) -> dict[str, Any]:
+        """V2's model configuration extension, in Triton's ModelConfig fields: the serving_default
+        signature's inputs and outputs with Triton's data types and dims (-1: any size; the batch
+        dimension is one of them, so max_batch_size is 0)."""
+        meta = self.model_metadata(name, version)
+
+        def tensors(specs: Any, with_format: bool) -> list[dict[str, object]]:
+            return [{"name": t["name"], "data_type": f"TYPE_{_TRITON_TYPE.get(t['datatype'], t['datatype'])}",
+                     **({"format": "FORMAT_NONE"} if with_format else {}), "dims": list(t["shape"])} for t in specs]
+
+        return {"name": name, "platform": PLATFORM, "backend": "tensorflow", "max_batch_size": 0,
+                "input": tensors(meta["inputs"], True), "output": tensors(meta["outputs"], False)}
 
     def model_statistics(self, name: str | None, version: int | None) -> dict[str, object]:
         """V2's statistics extension: every served version of `name` (every model when None), or
