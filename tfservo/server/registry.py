@@ -41,12 +41,18 @@ def _folder() -> str:
 def register(url: str, paths: tuple[str, ...], reload: bool) -> str:
     """Say that this process serves local `paths` at `url`; the file's path (for `unregister`)."""
     folder = _folder()
-    os.makedirs(folder, mode=0o700, exist_ok=True)
     entry = Registered(os.getpid(), url, tuple(_absolute(p) for p in paths if "://" not in p), reload, time.time())
     path = os.path.join(folder, f"{entry.pid}.json")
     staged = f"{path}.tmp"
-    with open(staged, "w") as f:
-        json.dump(asdict(entry), f)
+    for attempt in range(2):  # a server that stops may remove the folder between the two steps
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        try:
+            with open(staged, "w") as f:
+                json.dump(asdict(entry), f)
+            break
+        except FileNotFoundError:
+            if attempt:
+                raise
     os.replace(staged, path)
     return path
 
@@ -64,9 +70,15 @@ def register_server(settings: Settings, port: int) -> str | None:
 
 
 def unregister(path: str) -> None:
+    """Remove a server's file, and the folder once no server is left in it (a stopped server
+    leaves nothing in the temporary folder)."""
     try:
         os.remove(path)
     except OSError:
+        pass
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError:  # other servers' files are still there
         pass
 
 
