@@ -262,8 +262,13 @@ class MultiModelEndpoint:
                     )
 
     def _inside_or_refuse(self, name: str, url: str, path: str) -> str:
-        """realpath(`path`) if it lies inside the model root, else PermissionDenied naming the link."""
-        real = os.path.realpath(path)
+        """realpath(`path`) if it lies inside the model root, else PermissionDenied naming the link
+        (NotFound if a link under it changes while it is resolved: nothing is loaded from it)."""
+        try:
+            real = os.path.realpath(path)
+        except OSError as exc:  # a link removed between realpath's lstat and its readlink
+            raise NotFound(f"model {name} (url {url}): {path} changed while it was checked ({exc.strerror}); "
+                           "load it again once its files stay put") from None
         if not _inside(real, self.model_root):
             raise PermissionDenied(
                 f"model {name} (url {url}) has {path}, a link to {real}, outside the model root "
