@@ -18,7 +18,7 @@ from tfservo.auth.keys import NotAllowed, Unauthenticated, bearer
 from tfservo.codecs.media_types import JSON
 from tfservo.core.status import error_body, error_status
 from tfservo.http.hot_routes import invoked_model, request_header, retry_after_header, send_response
-from tfservo.http.request_context import context_of
+from tfservo.http.request_context import context_of, peer_of
 from tfservo.http.routes import RouteScopes
 
 __all__ = ["KeyCheck"]
@@ -41,7 +41,7 @@ class KeyCheck:
         if needed is None:
             await self.app(scope, receive, send)
             return
-        peer = (scope.get("client") or ("-", 0))[0]
+        peer = peer_of(scope)
         model = params.get("name")
         try:
             key = self.access.check_key(

@@ -26,7 +26,7 @@ from tfservo.codecs.media_types import JSON
 from tfservo.core import deadlines
 from tfservo.core.errors import InvalidArgument, NotFound, Overloaded, PayloadTooLarge, ServingError
 from tfservo.http.content_encoding import decoded
-from tfservo.http.request_context import context_of, lone_request
+from tfservo.http.request_context import context_of, lone_request, peer_of
 from tfservo.http.runtime_api import (
     RuntimeError_,
     RuntimeRequest,
@@ -170,7 +170,7 @@ def check_runtime_caller(access: Access, scope: Scope, body: bytes, default_mode
     """Who calls the runtime API, checked by the server's access check: its SigV4 signature or
     bearer key (Throttled, SignatureRefused, Unauthenticated or NotAllowed after its audit
     line; never the signature or the key)."""
-    peer = (scope.get("client") or ("-", 0))[0]
+    peer = peer_of(scope)
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
     raw_path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string", b"").decode("latin-1")
@@ -397,7 +397,7 @@ class HotRoutes:
             targets = self.targets
             name = targets.loaded_name(target)
             if name is None:  # a load: the archive's code will run
-                self.access.check_load(self.gate, context_of(scope).caller, (scope.get("client") or ("-", 0))[0],
+                self.access.check_load(self.gate, context_of(scope).caller, peer_of(scope),
                                        f"{scope['method']} {scope['path']}", target)
                 name = await anyio.to_thread.run_sync(lambda: targets.resolve(target))
 

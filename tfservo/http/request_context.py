@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tfservo.auth.access import Caller
 
-__all__ = ["RequestContext", "context_of", "lone_request", "new_context"]
+__all__ = ["RequestContext", "context_of", "lone_request", "new_context", "peer_of"]
 
 _KEY = "tfservo"
 
@@ -55,3 +55,11 @@ def lone_request(scope: MutableMapping[str, Any]) -> bool:
 def new_context(scope: MutableMapping[str, Any], in_progress: Callable[[], int]) -> None:
     """The protocol's part: the context, with the server's count of requests in progress."""
     scope[_KEY] = RequestContext(in_progress=in_progress)
+
+
+def peer_of(scope: MutableMapping[str, Any]) -> str:
+    """The client's address (what the throttle counts and audit lines name), "-" where the
+    server does not know it (a Unix socket)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "-"
+
