@@ -113,6 +113,9 @@ def grpc_status(code: Code | int) -> grpc.StatusCode:
         return grpc.StatusCode.UNKNOWN
 
 
+_DEADLINE_SLACK = 0.05  # seconds: a call cancelled this close to its deadline was cancelled by it
+
+
 class GrpcCalls:
     """Runs one RPC inside a request scope and turns ServingErrors into gRPC statuses: `run` in
     a thread (a SyncContext), `run_async` on the loop."""
@@ -145,7 +148,7 @@ class GrpcCalls:
                 response = await work()
             except asyncio.CancelledError:  # grpc.aio ended the call: its deadline passed, or the client left
                 remaining = context.time_remaining()
-                passed = remaining is not None and remaining <= 0
+                passed = remaining is not None and remaining <= _DEADLINE_SLACK
                 labels.status = (grpc.StatusCode.DEADLINE_EXCEEDED if passed else grpc.StatusCode.CANCELLED).name
                 raise
             except Exception as exc:
