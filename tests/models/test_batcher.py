@@ -565,7 +565,10 @@ def test_adaptive_batches_a_quick_models_calls_on_their_event_loop_and_a_slow_on
         batcher.close()
     threads = [name for name, _ in answers]
     assert loop_thread not in threads[: quick - 1] and threads[quick - 1] == loop_thread, threads
-    assert threads[quick:slow] == [loop_thread] * 13, threads
+    assert threads[quick:quick + 5] == [loop_thread] * 5, threads  # the five, one batch, on the loop
+    # The slow turns stay on the loop until 8 batches measured slow; on a loaded machine the
+    # quick batch of five may itself measure slow, which brings the switch one turn early.
+    assert threads[quick + 5:slow - 1] == [loop_thread] * 7, threads
     assert loop_thread not in threads[slow:-1] and threads[-1] == loop_thread, threads
     sizes, singles = model.batch_sizes, len(threads) - slow - 2  # the one-call turns after the turn of two
     assert sizes[: quick + 9] == [1] * quick + [5] + [1] * 8 and sum(sizes[quick + 9 : -singles]) == 2, sizes
