@@ -44,23 +44,10 @@ def cifar_example():
 def build(work: Path, images: int) -> tuple[Path, list[tuple[str, bytes]]]:
     """model.tar.gz (the notebook's CNN as a SavedModel, code/inference.py) and `images` PNGs."""
     import numpy as np
-    import tensorflow as tf
 
     example = cifar_example()
-    model = example.cnn()
-
-    class Serving(tf.Module):
-        def __init__(self, net) -> None:
-            super().__init__()
-            self.net = net
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 32, 32, 3], tf.float32, name="inputs")])
-        def serve(self, inputs):
-            return {"probabilities": self.net(inputs, training=False)}
-
     bundle = work / "bundle"
-    module = Serving(model)
-    tf.saved_model.save(module, str(bundle / "cifar10" / "1"), signatures={"serving_default": module.serve.get_concrete_function()})
+    example.export(example.cnn(), bundle / "cifar10" / "1")
     (bundle / "code").mkdir(parents=True, exist_ok=True)
     (bundle / "code" / "inference.py").write_text(example.INFERENCE)
     archive = work / "model.tar.gz"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -144,7 +145,31 @@ def run_cli(args: Sequence[str], input: bytes | None = None, env: Mapping[str, s
     )
 
 
-__all__ = ["ServerProcess", "run_cli"]
+# One tfservo command line in a fresh interpreter, then a last line saying how it ended: its exit
+# code, whether TensorFlow was imported, its pid.
+_OBSERVED = """
+import json, os, sys
+from tfservo.cli.commands import main
+code = 0
+try:
+    main(sys.argv[1:], prog_name="tfservo", standalone_mode=True)
+except SystemExit as exc:
+    code = exc.code
+sys.stdout.flush()
+print("\\nOBSERVED " + json.dumps({"code": code, "tensorflow": "tensorflow" in sys.modules, "pid": os.getpid()}))
+"""
+
+
+def run_observed(args: Sequence[str], input: bytes = b"", cwd: str | os.PathLike[str] | None = None,
+                 timeout: float = 300) -> tuple[str, str, dict]:
+    """Run `tfservo ARGS` in a fresh interpreter: (its stdout, its stderr, {code, tensorflow, pid})."""
+    done = subprocess.run([sys.executable, "-c", _OBSERVED, *args], input=input, capture_output=True,
+                          timeout=timeout, cwd=cwd)
+    out, _, outcome = done.stdout.decode().rpartition("\nOBSERVED ")
+    return out.strip(), done.stderr.decode(), json.loads(outcome)
+
+
+__all__ = ["ServerProcess", "run_cli", "run_observed"]
 
 
 def answers_ping(base_url: str, proc: subprocess.Popen, timeout: float) -> bool:

@@ -166,6 +166,14 @@ def train_worker(work: Path, index: int, ports: list[int], epochs: int, batch: i
             print(f"epoch {epoch}/{epochs}: loss {total_loss / steps:.4f}, "
                   f"training accuracy {total_hits / (steps * global_batch):.3f}", flush=True)
 
+    # Every worker saves (collectives need all of them); only the chief's copy is the bundle's.
+    export(model, work / "bundle" / "cifar10" / "1" if index == 0 else Path(tempfile.mkdtemp()) / "1")
+
+
+def export(model, target: Path) -> None:
+    """The CNN as a SavedModel version dir: 32x32x3 floats in, class probabilities out."""
+    import tensorflow as tf
+
     class Serving(tf.Module):
         def __init__(self, net) -> None:
             super().__init__()
@@ -175,8 +183,6 @@ def train_worker(work: Path, index: int, ports: list[int], epochs: int, batch: i
         def serve(self, inputs):
             return {"probabilities": self.net(inputs, training=False)}
 
-    # Every worker saves (collectives need all of them); only the chief's copy is the bundle's.
-    target = work / "bundle" / "cifar10" / "1" if index == 0 else Path(tempfile.mkdtemp()) / "1"
     module = Serving(model)
     tf.saved_model.save(module, str(target), signatures={"serving_default": module.serve.get_concrete_function()})
 

@@ -4,7 +4,6 @@ would answer with code older than the bundle's, or --no-reuse; a stopped server 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TFS, handler_bundle
-from server_process import ServerProcess, serving_pids
+from server_process import ServerProcess, run_observed, serving_pids
 
 from tfservo.server.registry import registered
 
@@ -24,26 +23,9 @@ WHOAMI = """
         return f"{os.getpid()} {data.read().decode()}", "text/plain"
 """
 
-# One `tfservo invoke` in a fresh interpreter: its stdout, stderr, and whether TensorFlow was imported.
-_RUN = """
-import json, sys
-from tfservo.cli.commands import main
-code = 0
-try:
-    main(sys.argv[1:], prog_name="tfservo", standalone_mode=True)
-except SystemExit as exc:
-    code = exc.code
-sys.stdout.flush()
-print("\\nINVOKED " + json.dumps({"code": code, "tensorflow": "tensorflow" in sys.modules, "pid": __import__("os").getpid()}))
-"""
-
-
 def invoke(bundle: Path, *flags: str) -> tuple[str, str, dict]:
-    done = subprocess.run([sys.executable, "-c", _RUN, "invoke", str(bundle), "-t", "text/plain", *flags],
-                          input=b"hello", capture_output=True, timeout=300)
-    out = done.stdout.decode()
-    answer, _, outcome = out.rpartition("\nINVOKED ")
-    return answer.strip(), done.stderr.decode(), json.loads(outcome)
+    """One `tfservo invoke` in a fresh interpreter: its answer, stderr, and {code, tensorflow, pid}."""
+    return run_observed(["invoke", str(bundle), "-t", "text/plain", *flags], input=b"hello")
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ bench/time_to_error_bench.py; here, that TensorFlow was never imported."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -15,31 +14,16 @@ from pathlib import Path
 
 import pytest
 from conftest import TFS
+from server_process import run_observed
 
 from tfservo.core.errors import BundleError
 from tfservo.service.preflight import check_handler_source
 
 HALF_PLUS_TWO = TFS / "saved_model_half_plus_two_cpu"
 
-# Runs one tfservo command line in a fresh interpreter and reports whether TensorFlow was imported.
-_RUN = """
-import json, sys
-from tfservo.cli.commands import main
-code = 0
-try:
-    main(sys.argv[1:], prog_name="tfservo", standalone_mode=True)
-except SystemExit as exc:
-    code = exc.code
-print("PREFLIGHT " + json.dumps({"code": code, "tensorflow": "tensorflow" in sys.modules}))
-"""
-
-
 def run_cli(*args: str, tmp_path: Path) -> tuple[int, str, bool]:
-    done = subprocess.run([sys.executable, "-c", _RUN, *args], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path, stdin=subprocess.DEVNULL)
-    line = next(x for x in done.stdout.splitlines() if x.startswith("PREFLIGHT "))
-    outcome = json.loads(line.removeprefix("PREFLIGHT "))
-    return outcome["code"], done.stderr, outcome["tensorflow"]
+    _, err, outcome = run_observed(args, cwd=tmp_path, timeout=120)
+    return outcome["code"], err, outcome["tensorflow"]
 
 
 def bundle_with(tmp_path: Path, source: str, name: str = "bundle") -> Path:
