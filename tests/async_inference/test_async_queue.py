@@ -103,3 +103,26 @@ def test_the_config_is_read_as_sagemaker_writes_it(tmp_path):
         "MaxConcurrentInvocationsPerInstance": 0}}))
     with pytest.raises(ConfigError, match="MaxConcurrentInvocationsPerInstance is 1 to 1000"):
         read_async_config(str(path))
+
+
+
+def _open_queues(folders: list[str], barrier) -> None:  # type: ignore[no-untyped-def]
+    for folder in folders:
+        barrier.wait(60)
+        AsyncQueue(folder).close()
+
+
+def test_processes_opening_a_new_state_folder_at_once_all_open_it(tmp_path):
+    """Workers of one server open the queue together at start; switching the file to WAL must not
+    fail any of them with "database is locked" (it did, once in a CI run)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    folders = [str(tmp_path / f"state{n}") for n in range(30)]
+    barrier = context.Barrier(6)
+    processes = [context.Process(target=_open_queues, args=(folders, barrier)) for _ in range(6)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    assert [p.exitcode for p in processes] == [0] * 6

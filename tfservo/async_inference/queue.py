@@ -9,6 +9,7 @@ Its answer is keyed by its InferenceId, so a second run writes the same object, 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import threading
@@ -101,9 +102,13 @@ class AsyncQueue:
         self.me = process_identity()
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # Switching to WAL takes the file's exclusive lock without waiting on the busy timeout, so
+        # workers opening the folder at once would see "database is locked": one at a time here.
+        with open(self.path + ".open-lock", "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
         self._db.execute("PRAGMA synchronous=FULL")  # a 202 is sent only after the request is on disk
-        self._db.executescript(_SCHEMA)
 
     def submit(self, request: Submission, now: float | None = None) -> AsyncRequest:
         """Store a request (committed before this returns). The same InferenceId for the same
