@@ -1,5 +1,5 @@
-"""Run TF Serving's and the SageMaker TF Serving container's own test suites, unmodified, against
-tfservo: only the server start is swapped.
+"""Run TF Serving's and the SageMaker TF Serving container's own test suites, and Triton's Python
+client examples, unmodified, against tfservo: only the server start is swapped.
 
     scripts/upstream-suites tf-serving SRC [TEST_NAME...]
         SRC: a checkout of github.com/tensorflow/serving. Its
@@ -10,6 +10,12 @@ tfservo: only the server start is swapped.
         SRC: a checkout of github.com/aws/sagemaker-tensorflow-serving-container. Its
         test/integration/local tests run against the tfservo image (scripts/build-image
         tfservo:upstream, built if missing) in place of theirs: `docker run IMAGE serve`.
+    scripts/upstream-suites triton-client SRC [EXAMPLE...]
+        SRC: a checkout of github.com/triton-inference-server/client. Each of its
+        src/python/examples that needs no GPU, image dataset, sequence batching or decoupled model
+        runs as it is (plus the compression variants) against `tfservo serve` on Triton's default
+        ports 8000 (HTTP) and 8001 (gRPC), with the models they call built from code
+        (examples/triton/build_models.py); the model-control examples against multi-model servers.
 
 Exits with the suite's status. What is expected not to pass is listed in EXPECTED_FAILURES
 with the reason, and docs/compatibility.md says the same.
@@ -18,9 +24,13 @@ with the reason, and docs/compatibility.md says the same.
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -58,6 +68,39 @@ CONTAINER_EXPECTED = {
     "importable, but tfservo's TensorFlow (Keras) and matplotlib bring Pillow into the server",
     "test/integration/local/test_pre_post_processing.py::*[[]5]": "the same handler: Pillow is there",
 }
+
+# Triton's examples that cannot apply here, and why; every other example must pass.
+TRITON_NOT_RUN = {
+    "grpc_client.py": "calls densenet_onnx, an ONNX image model (tfservo serves TensorFlow)",
+    "grpc_image_client.py": "an image-classification client: needs an image model and image files",
+    "image_client.py": "an image-classification client: needs an image model and image files",
+    "ensemble_image_client.py": "needs Triton's ensemble scheduler and an image model",
+    "simple_grpc_cudashm_client.py": "CUDA shared memory: no GPU (tfservo answers 501 / UNIMPLEMENTED)",
+    "simple_http_cudashm_client.py": "CUDA shared memory: no GPU (tfservo answers 501 / UNIMPLEMENTED)",
+    "simple_grpc_custom_repeat.py": "needs a decoupled model (repeat_int32: many responses to one request)",
+    "simple_grpc_aio_sequence_stream_infer_client.py": "needs Triton's sequence batcher (stateful models)",
+    "simple_grpc_sequence_stream_infer_client.py": "needs Triton's sequence batcher (stateful models)",
+    "simple_grpc_sequence_sync_infer_client.py": "needs Triton's sequence batcher (stateful models)",
+    "simple_http_sequence_sync_infer_client.py": "needs Triton's sequence batcher (stateful models)",
+}
+# Examples that fail only on a check of Triton's own server name (allowed by the issue).
+TRITON_EXPECTED = {
+    "simple_http_health_metadata.py": "checks get_server_metadata()['name'] == 'triton' (tfservo's is 'tfservo')",
+    "simple_grpc_health_metadata.py": "checks the server metadata's name is 'triton' (tfservo's is 'tfservo')",
+}
+# More runs of one example: its compression options.
+TRITON_VARIANTS = {
+    "simple_http_infer_client.py": [[], *(["--request-compression-algorithm", a, "--response-compression-algorithm", a]
+                                         for a in ("gzip", "deflate"))],
+    "simple_http_aio_infer_client.py": [[], *(["--request-compression-algorithm", a,
+                                               "--response-compression-algorithm", a] for a in ("gzip", "deflate"))],
+    "simple_grpc_infer_client.py": [[], ["-C", "gzip"], ["-C", "deflate"]],
+    "simple_grpc_aio_infer_client.py": [[], ["-C", "gzip"], ["-C", "deflate"]],
+    "memory_growth_test.py": [["-i", "http"], ["-i", "grpc"]],
+}
+# The model-control examples load and unload models: each gets a multi-model server whose root
+# holds as many models as the example counts in Triton's repository (7 over HTTP, 8 over gRPC).
+TRITON_MODEL_CONTROL = {"simple_http_model_control.py": ("http", 7), "simple_grpc_model_control.py": ("grpc", 8)}
 
 # TF Serving runs its Keras tests with Keras 2 (tf_keras); installed beside the suite only.
 _RUNNER = """
@@ -140,13 +183,98 @@ def sagemaker_container(src: Path, args: list[str]) -> int:
     return 0
 
 
+class _Server:
+    """`tfservo serve ARGS...` in the background until `stop()`; ready when /v2/health/ready is 200."""
+
+    def __init__(self, args: list[str], http_port: int, log: Path) -> None:
+        self.log = log
+        self.proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "tfservo"), "serve", *args], stdout=log.open("wb"),
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                sys.exit(f"upstream-suites: tfservo serve {' '.join(args)} exited; its log: {log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/live", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        sys.exit(f"upstream-suites: tfservo serve {' '.join(args)} was not ready in 180 s; its log: {log}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def triton_client(src: Path, chosen: list[str]) -> int:
+    examples = src / "src" / "python" / "examples"
+    if not (examples / "simple_http_infer_client.py").is_file():
+        sys.exit(f"upstream-suites: {examples} not found; give a checkout of github.com/triton-inference-server/client")
+    for port in (8000, 8001, 8010, 8011, 8020, 8021):
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                sys.exit(f"upstream-suites: port {port} is taken; Triton's examples call 8000 and 8001 (stop what "
+                         "listens there)")
+    work = Path(tempfile.mkdtemp(prefix="tfservo-upstream-triton-"))
+    every, seven = work / "models", work / "models7"
+    subprocess.run([str(PYTHON), str(REPO / "examples" / "triton" / "build_models.py"), str(every)], check=True,
+                   stdout=subprocess.DEVNULL)
+    shutil.copytree(every, seven, ignore=lambda folder, names: ["simple_int64"] if Path(folder) == every else [])
+    names = sorted(p.name for p in examples.glob("*.py") if not chosen or p.name in chosen)
+    print("upstream-suites: Triton's Python client examples from", examples, "; not run: "
+          + "; ".join(f"{name} ({why})" for name, why in TRITON_NOT_RUN.items()), flush=True)
+    servers = [_Server([str(every), "--port", "8000", "--grpc-port", "8001"], 8000, work / "serve.log")]
+    control = {"http": _Server(["--multi-model", "--model-root", str(seven), "--port", "8020", "--grpc-port", "8021"],
+                               8020, work / "control-http.log"),
+               "grpc": _Server(["--multi-model", "--model-root", str(every), "--port", "8010", "--grpc-port", "8011"],
+                               8010, work / "control-grpc.log")}
+    servers += control.values()
+    passed, failed, expected = [], [], []
+    try:
+        for name in names:
+            if name in TRITON_NOT_RUN:
+                continue
+            for extra in TRITON_VARIANTS.get(name, [[]]):
+                if name in TRITON_MODEL_CONTROL:
+                    extra = ["-u", {"http": "localhost:8020", "grpc": "localhost:8011"}[TRITON_MODEL_CONTROL[name][0]]]
+                run = " ".join([name, *extra])
+                done = subprocess.run([str(PYTHON), str(examples / name), *extra], cwd=examples, capture_output=True,
+                                      text=True, timeout=300)
+                if done.returncode == 0:
+                    passed.append(run)
+                elif name in TRITON_EXPECTED:
+                    expected.append(f"{run}: {TRITON_EXPECTED[name]}")
+                else:
+                    failed.append(run)
+                    print(f"upstream-suites: FAILED {run} (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+    finally:
+        for server in servers:
+            server.stop()
+    for run in passed:
+        print(f"upstream-suites: passed {run}")
+    for line in expected:
+        print(f"upstream-suites: expected: {line}")
+    if failed:
+        print(f"upstream-suites: unexpected failures: {', '.join(failed)} (servers' logs under {work})")
+        return 1
+    print(f"upstream-suites: Triton's examples: {len(passed)} runs passed, {len(expected)} failed as expected")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("tf-serving", "sagemaker-container"):
+    if len(argv) < 2 or argv[0] not in ("tf-serving", "sagemaker-container", "triton-client"):
         print(__doc__)
         return 2
     src = Path(argv[1]).resolve()
     if argv[0] == "tf-serving":
         return tf_serving(src, argv[2:])
+    if argv[0] == "triton-client":
+        return triton_client(src, argv[2:])
     return sagemaker_container(src, argv[2:])
 
 

@@ -333,6 +333,7 @@ def repository(tmp_path_factory):
     root = tmp_path_factory.mktemp("repository")
     shutil.copytree(TFS / HALF_PLUS_TWO, root / "two")
     shutil.copytree(TFS / "saved_model_half_plus_three", root / "three")
+    shutil.copytree(TFS / "saved_model_half_plus_two_2_versions", root / "versions")
     outside = tmp_path_factory.mktemp("outside")
     shutil.copytree(TFS / HALF_PLUS_TWO, outside / "secret")
     (root / "escape").symlink_to(outside / "secret")
@@ -350,7 +351,7 @@ def test_repository_index_load_unload_over_rest_and_grpc(repository):
     rpc = grpcclient.InferenceServerClient(repository.grpc_target)
     try:
         assert {(m["name"], m["state"]) for m in rest.get_model_repository_index()} == {
-            ("escape", "UNAVAILABLE"), ("two", "UNAVAILABLE"), ("three", "UNAVAILABLE")}
+            ("escape", "UNAVAILABLE"), ("two", "UNAVAILABLE"), ("three", "UNAVAILABLE"), ("versions", "UNAVAILABLE")}
         rest.load_model("two")
         assert rest.is_model_ready("two")
         rpc.load_model("three")
@@ -397,6 +398,49 @@ def test_repository_load_parameters_are_checked_not_ignored(repository):
         rest.load_model("two", config='{"name": "two", "platform": "tensorflow_savedmodel", "max_batch_size": 8}')
         assert rest.is_model_ready("two")
         rest.unload_model("two")
+    finally:
+        rest.close()
+        rpc.close()
+
+
+def test_a_load_config_is_honoured_where_it_maps_and_refused_where_not(repository):
+    """Triton's model-control example's config (max_batch_size as protobuf's JSON writes it) and
+    a version policy change what the configuration extension reports and what is served; fields
+    tfservo has no setting for are refused by name; Triton's words where its examples read them."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    rest = httpclient.InferenceServerClient(repository.url.removeprefix("http://"))
+    rpc = grpcclient.InferenceServerClient(repository.grpc_target)
+    try:
+        rest.load_model("two")
+        assert rest.get_model_config("two")["max_batch_size"] == 0
+        assert rest.get_model_config("two")["input"][0]["dims"] == [-1, 1]
+        rpc.load_model("two", config='{"max_batch_size":"16", "dynamic_batching": {"max_queue_delay_microseconds": 500}}')
+        config = rpc.get_model_config("two", as_json=True)["config"]
+        assert (config["max_batch_size"], config["dynamic_batching"]["max_queue_delay_microseconds"]) == (16, "500")
+        assert rest.get_model_config("two")["input"][0]["dims"] == [1]  # the batch dim is max_batch_size's
+        x = httpclient.InferInput("x", [3, 1], "FP32")
+        x.set_data_from_numpy(np.array([[1], [2], [3]], np.float32))
+        assert rest.infer("two", [x]).as_numpy("y").tolist() == [[2.5], [3.0], [3.5]]
+        with pytest.raises(InferenceServerException, match="failed to load 'two': config field.*'instance_group'"):
+            rest.load_model("two", config='{"instance_group": [{"kind": "KIND_GPU"}]}')
+        with pytest.raises(InferenceServerException, match="failed to load"):  # the example's malformed config
+            rest.load_model("two", config='"parameters": {"config": {{"max_batch_size": "16"}}}')
+        assert rest.get_model_config("two")["max_batch_size"] == 16  # a refused load leaves the model as it was
+        rest.unload_model("two")
+        rest.load_model("versions", config='{"version_policy": {"specific": {"versions": [123]}}}')
+        assert rest.is_model_ready("versions", "123") and not rest.is_model_ready("versions", "124")
+        assert rest.get_model_config("versions")["version_policy"] == {"specific": {"versions": [123]}}
+        rest.load_model("versions", config='{"version_policy": {"latest": {"num_versions": 1}}}')
+        assert rest.is_model_ready("versions", "124") and not rest.is_model_ready("versions", "123")
+        rest.unload_model("versions")
+        with pytest.raises(InferenceServerException, match="failed to load 'wrong_model_name'"):
+            rpc.load_model("wrong_model_name")
+        with pytest.raises(InferenceServerException, match="failed to poll from model repository") as refused:
+            rpc.load_model("two", config="{}", files={"file:" + "A" * 256: b"a"})
+        assert refused.value.status() == "StatusCode.INTERNAL" and rpc.is_server_live()
     finally:
         rest.close()
         rpc.close()

@@ -5,14 +5,16 @@ by their length as a 4-byte little-endian integer)."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from tfservo.codecs.dims import element_count
 from tfservo.core.errors import InvalidArgument
 
-__all__ = ["DTYPE_OF_V2", "V2_OF_TF", "V2Error", "decode_inputs", "encode_outputs", "v2_datatype"]
+__all__ = ["DTYPE_OF_V2", "V2_OF_TF", "SharedRead", "SharedSpan", "SharedWrite", "V2Error", "decode_inputs",
+           "encode_outputs", "shared_span", "v2_datatype"]
 
 
 class V2Error(InvalidArgument):
@@ -31,6 +33,36 @@ V2_OF_TF = {
     "DT_INT8": "INT8", "DT_INT16": "INT16", "DT_INT32": "INT32", "DT_INT64": "INT64", "DT_HALF": "FP16",
     "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64", "DT_STRING": "BYTES", "DT_BFLOAT16": "BF16",
 }
+
+
+@dataclass(frozen=True)
+class SharedSpan:
+    """Where a tensor lies in a registered shared-memory region (the system shared-memory
+    extension's `shared_memory_region`, `shared_memory_offset`, `shared_memory_byte_size`)."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+# Read or write a span of a registered region for the tensor named last (the data plane's regions).
+SharedRead = Callable[[SharedSpan, str], bytes]
+SharedWrite = Callable[[SharedSpan, bytes, str], None]
+
+
+def shared_span(params: Mapping[str, object], what: str) -> SharedSpan | None:
+    """The shared-memory span a tensor's parameters name, None when they name none."""
+    region = params.get("shared_memory_region")
+    if region is None:
+        return None
+    size, offset = params.get("shared_memory_byte_size"), params.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not region:
+        raise V2Error(f"{what}: shared_memory_region must be a region's name, got {region!r}")
+    for field, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise V2Error(f"{what}: {field} must be a non-negative integer with shared_memory_region, got {value!r}")
+    assert isinstance(offset, int) and isinstance(size, int)
+    return SharedSpan(region, offset, size)
 
 
 def v2_datatype(array: np.ndarray) -> str:
@@ -52,8 +84,9 @@ def parameters_of(holder: dict[str, object], what: str) -> dict[str, object]:
     return params
 
 
-def decode_inputs(inputs: object, binary: bytes = b"") -> dict[str, np.ndarray]:
-    """The request's `inputs` list (and the binary part after its JSON) → {name: array}."""
+def decode_inputs(inputs: object, binary: bytes = b"", shared: SharedRead | None = None) -> dict[str, np.ndarray]:
+    """The request's `inputs` list (and the binary part after its JSON) → {name: array}; an
+    input in shared memory is read through `shared` (None: the server has the extension off)."""
     if not isinstance(inputs, list) or not inputs:
         raise V2Error('"inputs" must be a non-empty list of tensors ({"name", "shape", "datatype", "data"})')
     arrays: dict[str, np.ndarray] = {}
@@ -69,8 +102,18 @@ def decode_inputs(inputs: object, binary: bytes = b"") -> dict[str, np.ndarray]:
         element_count(shape, f"input {name}")
         if not isinstance(datatype, str) or datatype not in DTYPE_OF_V2:
             raise V2Error(f"input {name}: datatype {datatype!r} is not one tfservo takes; use one of {', '.join(DTYPE_OF_V2)}")
-        size = parameters_of(tensor, f"input {name}").get("binary_data_size")
-        if size is not None:
+        params = parameters_of(tensor, f"input {name}")
+        size = params.get("binary_data_size")
+        span = shared_span(params, f"input {name}")
+        if span is not None:
+            if size is not None or "data" in tensor:
+                raise V2Error(f"input {name}: data in shared memory must not also come in the request "
+                              "(data or binary_data_size)")
+            if shared is None:
+                raise V2Error(f"input {name}: this server does not take shared memory (--shared-memory off); "
+                              "send the tensor in the request")
+            arrays[name] = _from_binary(name, shared(span, f"input {name}"), shape, datatype)
+        elif size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
                 raise V2Error(f"input {name}: binary_data_size {size!r} runs past the {len(binary)} binary bytes sent")
             arrays[name] = _from_binary(name, binary[offset:offset + size], shape, datatype)
@@ -149,16 +192,29 @@ def _from_binary(name: str, raw: bytes, shape: list[int], datatype: str) -> np.n
 
 
 def encode_outputs(
-    outputs: Mapping[str, np.ndarray], binary: Mapping[str, bool]
-) -> tuple[list[dict[str, object]], list[bytes]]:
+    outputs: Mapping[str, np.ndarray], binary: Mapping[str, bool],
+    parameters: Mapping[str, Mapping[str, object]] | None = None, write: SharedWrite | None = None,
+) -> tuple[list[dict[str, object]], list[bytes | None]]:
     """{name: array} → the response's `outputs` list, and the binary parts (in order) of the
-    outputs whose `binary[name]` is true."""
-    listed, parts = [], []
+    outputs whose `binary[name]` is true; an output whose requested `parameters` name a
+    shared-memory span is written there through `write` instead (its part None), its entry naming
+    the region and the bytes written."""
+    listed: list[dict[str, object]] = []
+    parts: list[bytes | None] = []
     for name, value in outputs.items():
         array = np.asarray(value)
         datatype = v2_datatype(array)
         entry: dict[str, object] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if binary.get(name):
+        span = shared_span(parameters[name], f"output {name}") if parameters and name in parameters else None
+        if span is not None:
+            if write is None:
+                raise V2Error(f"output {name}: this server does not take shared memory (--shared-memory off)")
+            raw = _to_binary(array, datatype)
+            write(span, raw, name)
+            entry["parameters"] = {"shared_memory_region": span.region, "shared_memory_byte_size": len(raw)}
+            if binary.get(name):
+                parts.append(None)  # keeps gRPC's raw_output_contents one per output
+        elif binary.get(name):
             raw = _to_binary(array, datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             parts.append(raw)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import orjson
 
-from tfservo.codecs.v2 import V2Error, decode_inputs, encode_outputs, parameters_of
+from tfservo.codecs.v2 import (
+    SharedRead,
+    SharedWrite,
+    V2Error,
+    decode_inputs,
+    encode_outputs,
+    parameters_of,
+    shared_span,
+)
 from tfservo.models.calls import InferRequest, InferResponse
 
 __all__ = ["HEADER_LENGTH", "decode_infer_request", "encode_infer_response"]
@@ -14,9 +22,10 @@ HEADER_LENGTH = "inference-header-content-length"
 
 
 def decode_infer_request(
-    body: bytes, header_length: str | None, model: str, version: int | None
+    body: bytes, header_length: str | None, model: str, version: int | None, shared: SharedRead | None = None,
 ) -> tuple[InferRequest, dict[str, bool]]:
-    """The request, and per output whether it is wanted as binary data."""
+    """The request, and per output whether it is wanted as binary data (inputs in shared memory
+    read through `shared`)."""
     binary = b""
     if header_length is not None:
         if not header_length.isdigit() or int(header_length) > len(body):
@@ -33,7 +42,7 @@ def decode_infer_request(
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise V2Error('"id" must be a string')
-    inputs = decode_inputs(doc.get("inputs"), binary)
+    inputs = decode_inputs(doc.get("inputs"), binary, shared)
     wanted = doc.get("outputs")
     names: list[str] | None = None
     as_binary: dict[str, bool] = {}
@@ -45,6 +54,7 @@ def decode_infer_request(
         names = [o["name"] for o in wanted]
         for o in wanted:
             params = parameters_of(o, f"output {o['name']}")
+            shared_span(params, f"output {o['name']}")  # a malformed span fails before the model runs
             output_parameters[o["name"]] = params
             as_binary[o["name"]] = bool(params.get("binary_data", default_binary))
     request = InferRequest(model, version, inputs, request_id, parameters, names, output_parameters)
@@ -52,10 +62,15 @@ def decode_infer_request(
     return request, as_binary
 
 
-def encode_infer_response(response: InferResponse, as_binary: dict[str, bool], default_binary: bool) -> tuple[bytes, int | None]:
-    """The response body, and the JSON header's length when binary tensors follow it."""
+def encode_infer_response(
+    response: InferResponse, as_binary: dict[str, bool], default_binary: bool,
+    output_parameters: dict[str, dict[str, object]] | None = None, write: SharedWrite | None = None,
+) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when binary tensors follow it (outputs
+    asked for in shared memory written through `write`)."""
     wanted = {name: as_binary.get(name, default_binary) for name in response.outputs}
-    outputs, parts = encode_outputs(response.outputs, wanted)
+    outputs, written = encode_outputs(response.outputs, wanted, output_parameters, write)
+    parts = [part for part in written if part is not None]
     doc: dict[str, object] = {"model_name": response.model, "model_version": str(response.version), "outputs": outputs}
     if response.id is not None:
         doc["id"] = response.id

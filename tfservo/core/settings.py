@@ -328,6 +328,12 @@ class Settings:
         "HandleReloadConfigRequest). auto: on when listening on loopback only, with --api-keys (scope manage) "
         "or in SageMaker's multi-model container (SAGEMAKER_MULTI_MODEL=true), else off; on; off "
         "[default: $TFSERVO_MANAGEMENT or auto].")
+    shared_memory: str = setting(
+        "system", "--shared-memory", env="TFSERVO_SHARED_MEMORY", choices=("system", "off"),
+        help="Triton's system shared-memory extension (/v2/systemsharedmemory, gRPC's SystemSharedMemory*): "
+        "clients on this host register POSIX shared-memory regions and name them for inputs and outputs "
+        "instead of sending the bytes. system: on, for loopback and Unix-socket callers only; off "
+        "[default: $TFSERVO_SHARED_MEMORY or system].")
     # SAGEMAKER_MULTI_MODEL=true: SageMaker's multi-model contract, where the platform loads models
     # and authenticates callers (management stays on under --management auto)
     sagemaker_multi_model: bool = False
@@ -531,7 +537,7 @@ GROUPS: tuple[Group, ...] = (
         "grpc_max_connection_age", "grpc_channel_arguments", "profiler")),
     Group("security", "Security", (
         "api_keys", "open_runtime_api", "sigv4_credentials", "sigv4_replay_window", "auth_failure_limit",
-        "management", "tls_cert", "tls_key", "tls_ca", "ssl_config_file")),
+        "management", "shared_memory", "tls_cert", "tls_key", "tls_ca", "ssl_config_file")),
     Group("observability", "Logs, metrics and capture", (
         "log_level", "log_format", "access_log", "monitoring_config_file", "data_capture_config",
         "data_capture_routes", "data_capture_buffer", "data_capture_file_seconds", "data_capture_max_disk_percent",

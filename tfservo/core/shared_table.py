@@ -23,12 +23,16 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["SharedTable", "create_table"]
+__all__ = ["SharedTable", "TableFull", "create_table"]
 
 _DIGEST = 16
 _PROBE = 64  # slots tried from a key's home slot
 _FREE = bytes(_DIGEST)  # never used: a probe for a key stops here
 _GONE = b"\xff" * _DIGEST  # a deleted record: probes go on past it, a new record may take it
+
+
+class TableFull(Exception):
+    """No probed slot is free for a new record and the caller lets none be evicted."""
 
 
 def create_table(path: str, slots: int, record: struct.Struct) -> None:
@@ -82,9 +86,11 @@ class SharedTable:
         offset = slot * self._slot_size + _DIGEST
         return self.record.unpack_from(self._map, offset)
 
-    def put(self, key: str, values: tuple[object, ...], evictable: Callable[[tuple[object, ...]], float]) -> None:
+    def put(
+        self, key: str, values: tuple[object, ...], evictable: Callable[[tuple[object, ...]], float] | None
+    ) -> None:
         """Write the record of `key`, taking a free slot, or else the probed record with the
-        lowest `evictable(record)`; call it holding `locked()`."""
+        lowest `evictable(record)` (None: none may go, TableFull); call it holding `locked()`."""
         digest = _digest(key)
         slot = self._find(digest)
         if slot is None:
@@ -128,15 +134,19 @@ class SharedTable:
                 return None
         return None
 
-    def _free_or_evicted(self, digest: bytes, evictable: Callable[[tuple[object, ...]], float]) -> int:
+    def _free_or_evicted(self, digest: bytes, evictable: Callable[[tuple[object, ...]], float] | None) -> int:
         lowest, chosen = float("inf"), -1
         for slot in self._probe(digest):
             base = slot * self._slot_size
             if self._map[base : base + _DIGEST] in (_FREE, _GONE):
                 return slot
+            if evictable is None:
+                continue
             score = evictable(self.record.unpack_from(self._map, base + _DIGEST))
             if score < lowest:
                 lowest, chosen = score, slot
+        if chosen < 0:
+            raise TableFull(f"no free slot among the {_PROBE} probed")
         return chosen
 
 

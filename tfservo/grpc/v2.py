@@ -13,10 +13,10 @@ from google.protobuf import json_format
 
 from tfservo.auth.audit import ManagementGate
 from tfservo.capture.taps import Taps
-from tfservo.codecs.v2 import DTYPE_OF_V2, V2Error, decode_inputs, encode_outputs
+from tfservo.codecs.v2 import DTYPE_OF_V2, SharedRead, V2Error, decode_inputs, encode_outputs, shared_span
 from tfservo.core.errors import NotFound
 from tfservo.core.request_labels import RequestScope, plain_scope
-from tfservo.grpc.methods import Method, SyncContext, service_handler
+from tfservo.grpc.methods import Method, SyncContext, peer_address, service_handler
 from tfservo.grpc.tfserving import GrpcCalls
 from tfservo.grpc.v2_protocol import SERVICE, messages
 from tfservo.models.calls import Answer, InferRequest
@@ -78,6 +78,10 @@ class V2Servicer:
                 for tensor in doc[key]:
                     field.add(name=tensor["name"], dims=tensor["dims"],
                               data_type=TRITON_TYPE_NUMBERS.get(tensor["data_type"].removeprefix("TYPE_"), 0))
+            if "dynamic_batching" in doc:
+                json_format.ParseDict(doc["dynamic_batching"], config.dynamic_batching)
+            if "version_policy" in doc:
+                json_format.ParseDict(doc["version_policy"], config.version_policy)
             return messages["ModelConfigResponse"](config=config)
 
         return self._calls.run("ModelConfig", "metadata", context, run, request)
@@ -130,6 +134,48 @@ class V2Servicer:
 
         return self._calls.run("RepositoryModelUnload", "unload", context, run, request)
 
+    def SystemSharedMemoryStatus(self, request: Any, context: SyncContext) -> Any:
+        def run() -> object:
+            answer = messages["SystemSharedMemoryStatusResponse"]()
+            for region in self.plane.shm_status(request.name or None):
+                answer.regions[str(region["name"])].CopyFrom(messages["SystemSharedMemoryRegionStatus"](**region))
+            return answer
+
+        return self._calls.run("SystemSharedMemoryStatus", "shared_memory", context, run, request)
+
+    def SystemSharedMemoryRegister(self, request: Any, context: SyncContext) -> Any:
+        def run() -> object:
+            self.plane.shm_register(request.name, request.key, request.offset, request.byte_size,
+                                    peer_address(context.peer()))
+            return messages["SystemSharedMemoryRegisterResponse"]()
+
+        return self._calls.run("SystemSharedMemoryRegister", "shared_memory", context, run, request)
+
+    def SystemSharedMemoryUnregister(self, request: Any, context: SyncContext) -> Any:
+        def run() -> object:
+            self.plane.shm_unregister(request.name or None)
+            return messages["SystemSharedMemoryUnregisterResponse"]()
+
+        return self._calls.run("SystemSharedMemoryUnregister", "shared_memory", context, run, request)
+
+    def CudaSharedMemoryStatus(self, request: Any, context: SyncContext) -> Any:
+        def run() -> object:
+            self.plane.cuda_shm_status(request.name or None)
+            return messages["CudaSharedMemoryStatusResponse"]()
+
+        return self._calls.run("CudaSharedMemoryStatus", "shared_memory", context, run, request)
+
+    def CudaSharedMemoryRegister(self, request: Any, context: SyncContext) -> Any:
+        def run() -> object:
+            self.plane.cuda_shm_register()
+            return messages["CudaSharedMemoryRegisterResponse"]()
+
+        return self._calls.run("CudaSharedMemoryRegister", "shared_memory", context, run, request)
+
+    def CudaSharedMemoryUnregister(self, request: Any, context: SyncContext) -> Any:
+        return self._calls.run("CudaSharedMemoryUnregister", "shared_memory", context,
+                               messages["CudaSharedMemoryUnregisterResponse"], request)
+
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> object:
         return await self._calls.run_async("ModelInfer", "predict", context, lambda: self._infer(request), request)
 
@@ -141,36 +187,48 @@ class V2Servicer:
     def _prepare(self, request: Any) -> Prepared[Any]:
         """The request as the data plane's call (its version held), and how its answer becomes
         a ModelInferResponse."""
-        infer = self._infer_request(request)
+        read, write = self.plane.shared_io
+        infer = self._infer_request(request, read)
         handle, call = self.plane.prepare(infer)
 
         def finish(answer: Answer) -> Any:
             response = self.plane.response(infer, answer)
-            listed, parts = encode_outputs(response.outputs, {name: True for name in response.outputs})
+            listed, parts = encode_outputs(response.outputs, {name: True for name in response.outputs},
+                                           infer.output_parameters, write)
             message = messages["ModelInferResponse"](model_name=response.model, model_version=str(response.version),
                                                      id=request.id)
             for entry in listed:
-                message.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
-            message.raw_output_contents.extend(parts)
+                tensor = message.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
+                placed = entry.get("parameters")
+                if isinstance(placed, dict) and "shared_memory_region" in placed:
+                    tensor.parameters["shared_memory_region"].string_param = placed["shared_memory_region"]
+                    tensor.parameters["shared_memory_byte_size"].int64_param = placed["shared_memory_byte_size"]
+            message.raw_output_contents.extend(part or b"" for part in parts)
             return message
 
         return handle, call, finish
 
     @staticmethod
-    def _infer_request(request: Any) -> InferRequest:
-        """A ModelInferRequest's tensors (`contents` or `raw_input_contents`) as the data plane's request."""
+    def _infer_request(request: Any, shared: SharedRead | None = None) -> InferRequest:
+        """A ModelInferRequest's tensors (`contents`, `raw_input_contents` or a shared-memory
+        region, read through `shared`) as the data plane's request."""
+        in_shared = [bool(tensor.parameters.get("shared_memory_region")) for tensor in request.inputs]
         raw = list(request.raw_input_contents)
-        if raw and len(raw) != len(request.inputs):
-            raise V2Error(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: send one per input")
-        tensors, binary = [], b""
-        for i, tensor in enumerate(request.inputs):
+        if raw and len(raw) != in_shared.count(False):
+            raise V2Error(f"{len(raw)} raw_input_contents for {in_shared.count(False)} inputs outside shared memory: "
+                          "send one per input")
+        tensors, binary, next_raw = [], b"", 0
+        for tensor, shared_input in zip(request.inputs, in_shared):
             doc: dict[str, object] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
             if raw and tensor.HasField("contents") and tensor.contents.ByteSize():
                 raise V2Error(f"contents field must not be specified when using raw_input_contents for "
                               f"'{tensor.name}' for model '{request.model_name}'")
-            if raw:
-                doc["parameters"] = {"binary_data_size": len(raw[i])}
-                binary += raw[i]
+            if shared_input:
+                doc["parameters"] = _parameters(tensor.parameters)
+            elif raw:
+                doc["parameters"] = {"binary_data_size": len(raw[next_raw])}
+                binary += raw[next_raw]
+                next_raw += 1
             else:
                 field = _CONTENTS.get(tensor.datatype)
                 if field is None:
@@ -179,23 +237,29 @@ class V2Servicer:
                 values = list(getattr(tensor.contents, field))
                 doc["data"] = [v.decode("utf-8", "surrogateescape") for v in values] if field == "bytes_contents" else values
             tensors.append(doc)
-        inputs = decode_inputs(tensors, binary)
+        inputs = decode_inputs(tensors, binary, shared)
         if not raw:  # BYTES from contents: keep the exact bytes
-            for tensor in request.inputs:
-                if tensor.datatype == "BYTES":
+            for tensor, shared_input in zip(request.inputs, in_shared):
+                if tensor.datatype == "BYTES" and not shared_input:
                     array = np.empty(len(tensor.contents.bytes_contents), dtype=object)
                     array[:] = list(tensor.contents.bytes_contents)
                     inputs[tensor.name] = array.reshape(list(tensor.shape))
         names = [o.name for o in request.outputs] or None
+        output_parameters = {o.name: _parameters(o.parameters) for o in request.outputs if o.parameters}
+        for name, params in output_parameters.items():
+            shared_span(params, f"output {name}")  # a malformed span fails before the model runs
         return InferRequest(request.model_name, parse_v2_version(request.model_version), inputs, request.id or None,
-                            _parameters(request.parameters), names)
+                            _parameters(request.parameters), names, output_parameters)
 
 
 V2_METHODS = (
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], None) for name in ("ServerLive", "ServerReady")),
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"])
       for name in ("ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
-                   "RepositoryIndex")),
+                   "RepositoryIndex", "SystemSharedMemoryStatus", "CudaSharedMemoryStatus")),
+    *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], "invoke")
+      for name in ("SystemSharedMemoryRegister", "SystemSharedMemoryUnregister", "CudaSharedMemoryRegister",
+                   "CudaSharedMemoryUnregister")),
     Method("ModelInfer", messages["ModelInferRequest"], messages["ModelInferResponse"], "invoke", inference=True),
     *(Method(name, messages[f"{name}Request"], messages[f"{name}Response"], "manage")
       for name in ("RepositoryModelLoad", "RepositoryModelUnload")),

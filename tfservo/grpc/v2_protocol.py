@@ -54,9 +54,17 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
     "ModelConfigRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
     "ModelInput": [("name", 1, "string", False), ("data_type", 2, "int32", False), ("dims", 4, "int64", True)],
     "ModelOutput": [("name", 1, "string", False), ("data_type", 2, "int32", False), ("dims", 3, "int64", True)],
+    "ModelVersionPolicyLatest": [("num_versions", 1, "uint32", False)],
+    "ModelVersionPolicyAll": [],
+    "ModelVersionPolicySpecific": [("versions", 1, "int64", True)],
+    "ModelVersionPolicy": [("latest", 1, "ModelVersionPolicyLatest", False), ("all", 2, "ModelVersionPolicyAll", False),
+                           ("specific", 3, "ModelVersionPolicySpecific", False)],
+    "ModelDynamicBatching": [("preferred_batch_size", 1, "int32", True),
+                             ("max_queue_delay_microseconds", 2, "uint64", False)],
     "ModelConfig": [("name", 1, "string", False), ("platform", 2, "string", False),
-                    ("max_batch_size", 4, "int32", False), ("input", 5, "ModelInput", True),
-                    ("output", 6, "ModelOutput", True), ("backend", 17, "string", False)],
+                    ("version_policy", 3, "ModelVersionPolicy", False), ("max_batch_size", 4, "int32", False),
+                    ("input", 5, "ModelInput", True), ("output", 6, "ModelOutput", True),
+                    ("dynamic_batching", 11, "ModelDynamicBatching", False), ("backend", 17, "string", False)],
     "ModelConfigResponse": [("config", 1, "ModelConfig", False)],
     # the statistics extension
     "ModelStatisticsRequest": [("name", 1, "string", False), ("version", 2, "string", False)],
@@ -81,6 +89,26 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
     "RepositoryModelLoadResponse": [],
     "RepositoryModelUnloadRequest": [("repository_name", 1, "string", False), ("model_name", 2, "string", False)],
     "RepositoryModelUnloadResponse": [],
+    # the shared-memory extensions (the status maps' value messages are nested in the spec; the
+    # wire does not see message names, so they stand at the top here)
+    "SystemSharedMemoryRegionStatus": [("name", 1, "string", False), ("key", 2, "string", False),
+                                       ("offset", 3, "uint64", False), ("byte_size", 4, "uint64", False)],
+    "SystemSharedMemoryStatusRequest": [("name", 1, "string", False)],
+    "SystemSharedMemoryStatusResponse": [("regions", 1, "system_regions", True)],
+    "SystemSharedMemoryRegisterRequest": [("name", 1, "string", False), ("key", 2, "string", False),
+                                          ("offset", 3, "uint64", False), ("byte_size", 4, "uint64", False)],
+    "SystemSharedMemoryRegisterResponse": [],
+    "SystemSharedMemoryUnregisterRequest": [("name", 1, "string", False)],
+    "SystemSharedMemoryUnregisterResponse": [],
+    "CudaSharedMemoryRegionStatus": [("name", 1, "string", False), ("device_id", 2, "uint64", False),
+                                     ("byte_size", 3, "uint64", False)],
+    "CudaSharedMemoryStatusRequest": [("name", 1, "string", False)],
+    "CudaSharedMemoryStatusResponse": [("regions", 1, "cuda_regions", True)],
+    "CudaSharedMemoryRegisterRequest": [("name", 1, "string", False), ("raw_handle", 2, "bytes", False),
+                                        ("device_id", 3, "int64", False), ("byte_size", 4, "uint64", False)],
+    "CudaSharedMemoryRegisterResponse": [],
+    "CudaSharedMemoryUnregisterRequest": [("name", 1, "string", False)],
+    "CudaSharedMemoryUnregisterResponse": [],
     "ModelInferResponse": [("model_name", 1, "string", False), ("model_version", 2, "string", False),
                            ("id", 3, "string", False), ("parameters", 4, "map", True),
                            ("outputs", 5, "InferOutputTensor", True), ("raw_output_contents", 6, "bytes", True)],
@@ -91,7 +119,8 @@ _NESTED = {"InferInputTensor": "ModelInferRequest", "InferRequestedOutputTensor"
            "ModelIndex": "RepositoryIndexResponse"}
 
 
-_MAPS = {"map": "InferParameter", "repository_map": "ModelRepositoryParameter"}  # a map field's value type
+_MAPS = {"map": "InferParameter", "repository_map": "ModelRepositoryParameter",  # a map field's value type
+         "system_regions": "SystemSharedMemoryRegionStatus", "cuda_regions": "CudaSharedMemoryRegionStatus"}
 # the parameter messages: (field, number, type) of their one oneof, parameter_choice
 _PARAMETERS = {
     "InferParameter": (("bool_param", 1, "bool"), ("int64_param", 2, "int64"), ("string_param", 3, "string"),
@@ -111,12 +140,13 @@ def _message(name: str, fields: list[tuple[str, int, str, bool]]) -> descriptor_
         field = proto.field.add(name=field_name, number=number,
                                 label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
         if kind in _MAPS:  # map<string, InferParameter or ModelRepositoryParameter>: a nested entry message
-            entry = proto.nested_type.add(name="ParametersEntry")
+            entry_name = field_name.title().replace("_", "") + "Entry"  # protoc's name for a map's entry
+            entry = proto.nested_type.add(name=entry_name)
             entry.options.map_entry = True
             entry.field.add(name="key", number=1, label=_F.LABEL_OPTIONAL, type=_F.TYPE_STRING)
             entry.field.add(name="value", number=2, label=_F.LABEL_OPTIONAL, type=_F.TYPE_MESSAGE,
                             type_name=f".inference.{_MAPS[kind]}")
-            field.type, field.type_name = _F.TYPE_MESSAGE, f"{_full(name)}.ParametersEntry"
+            field.type, field.type_name = _F.TYPE_MESSAGE, f"{_full(name)}.{entry_name}"
         elif kind in _SCALARS:
             field.type = _SCALARS[kind]
         else:

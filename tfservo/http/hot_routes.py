@@ -276,11 +276,14 @@ class HotRoutes:
         header_length = request_header(scope, HEADER_LENGTH.encode())
 
         def prepare(body: bytes) -> Prepared[tuple[bytes, int | None]]:
-            request, as_binary = decode_infer_request(body, header_length, name, parse_v2_version(params.get("version")))
+            read, write = self.v2.shared_io
+            request, as_binary = decode_infer_request(body, header_length, name, parse_v2_version(params.get("version")),
+                                                      read)
             binary_output = bool(request.parameters.get("binary_data_output"))
 
             def finish(answer: Answer) -> tuple[bytes, int | None]:
-                return encode_infer_response(self.v2.response(request, answer), as_binary, binary_output)
+                return encode_infer_response(self.v2.response(request, answer), as_binary, binary_output,
+                                             request.output_parameters, write)
 
             return (*self.v2.prepare(request), finish)
 

@@ -151,6 +151,8 @@ def _ok(kind: str) -> dict[str, object] | None:
         return {"description": "Healthy"}
     if kind == "text":
         return {"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    if kind == "list":
+        return {"description": "A JSON list", "content": {"application/json": {"schema": {"type": "array"}}}}
     if kind == "html":
         return {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}
     return None

@@ -199,6 +199,16 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(("GET",), "/v2/models/{name}/versions/{version}", lambda e: e.v2.model_metadata),
     RouteSpec(("GET",), "/v2/models/{name}/ready", lambda e: e.v2.model_ready, doc=Doc("Whether {name} is ready", per_model=True)),
     RouteSpec(("GET",), "/v2/models/{name}/versions/{version}/ready", lambda e: e.v2.model_ready),
+    *(route for kind in ("system", "cuda") for route in (
+        RouteSpec(("GET",), f"/v2/{kind}sharedmemory/status", lambda e: e.v2.shm_status, doc=Doc(
+            f"V2 {kind} shared-memory regions registered", _V2, errors=(501,), ok="list")),
+        RouteSpec(("GET",), f"/v2/{kind}sharedmemory/region/{{name}}/status", lambda e: e.v2.shm_status),
+        RouteSpec(("POST",), f"/v2/{kind}sharedmemory/region/{{name}}/register", lambda e: e.v2.shm_register,
+                  scope="invoke", doc=Doc(f"Register a {kind} shared-memory region", _V2, errors=(400, 403, 501))),
+        RouteSpec(("POST",), f"/v2/{kind}sharedmemory/unregister", lambda e: e.v2.shm_unregister, scope="invoke"),
+        RouteSpec(("POST",), f"/v2/{kind}sharedmemory/region/{{name}}/unregister", lambda e: e.v2.shm_unregister,
+                  scope="invoke"),
+    )),
     RouteSpec(("POST",), "/v2/models/{name}/infer", lambda e: e.hot.v2_infer, hot=True, metric_method="predict",
               capture="inference", scope="invoke", doc=Doc(
         "V2 inference with {name}", per_model=True, needs="signature", body="v2")),

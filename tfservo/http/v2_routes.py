@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tfservo.core.errors import ServingError
+from tfservo.http.request_context import peer_of
 from tfservo.http.responses import error_json, error_response, json_response
 from tfservo.service.v2_dataplane import V2DataPlane, parse_v2_version
 
@@ -103,6 +104,47 @@ class V2Routes:
     async def _change(self, change: Any, name: str) -> Response:
         try:
             await anyio.to_thread.run_sync(lambda: change(name), limiter=self._loads)
+        except ServingError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    # -- the shared-memory extensions ----------------------------------------------------------
+
+    async def shm_status(self, request: Request) -> Response:
+        """GET /v2/{system,cuda}sharedmemory[/region/{name}]/status."""
+        name = request.path_params.get("name")
+        try:
+            if request.url.path.startswith("/v2/cudasharedmemory"):
+                return json_response(self.plane.cuda_shm_status(name))
+            return json_response(await _in_thread(lambda: self.plane.shm_status(name)))
+        except ServingError as exc:
+            return error_response(exc)
+
+    async def shm_register(self, request: Request) -> Response:
+        """POST /v2/{system,cuda}sharedmemory/region/{name}/register: {"key", "offset", "byte_size"}."""
+        name = request.path_params["name"]
+        try:
+            doc = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return error_json('the body must be JSON: {"key": "/name", "offset": 0, "byte_size": N}', 400)
+        if not isinstance(doc, dict):
+            return error_json('the body must be a JSON object: {"key": "/name", "offset": 0, "byte_size": N}', 400)
+        try:
+            if request.url.path.startswith("/v2/cudasharedmemory"):
+                self.plane.cuda_shm_register()
+            peer = peer_of(request.scope)
+            await _in_thread(lambda: self.plane.shm_register(name, doc.get("key"), doc.get("offset", 0),
+                                                             doc.get("byte_size"), peer))
+        except ServingError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def shm_unregister(self, request: Request) -> Response:
+        """POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister (all of them without a name)."""
+        name = request.path_params.get("name")
+        try:
+            if not request.url.path.startswith("/v2/cudasharedmemory"):
+                self.plane.shm_unregister(name)
         except ServingError as exc:
             return error_response(exc)
         return json_response({})

@@ -48,6 +48,7 @@ from tfservo.server.listener import bind_socket, grpc_port_settings
 from tfservo.server.registry import register_server, unregister
 from tfservo.service.decode_budget import BUDGET_TABLE, create_budget_table
 from tfservo.service.metrics import MULTIPROC_ENV, mark_worker_dead
+from tfservo.service.shared_memory import REGIONS_TABLE, create_regions_table
 
 __all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
 
@@ -215,6 +216,7 @@ class Supervisor:
             self.state_dir = tempfile.mkdtemp(prefix="tfservo-server-")
             create_throttle_table(os.path.join(self.state_dir, THROTTLE_TABLE))
             create_budget_table(os.path.join(self.state_dir, BUDGET_TABLE))
+            create_regions_table(os.path.join(self.state_dir, REGIONS_TABLE))
             if self.settings.sigv4_replay_window > 0:
                 create_replay_table(os.path.join(self.state_dir, REPLAY_TABLE))
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}

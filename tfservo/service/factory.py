@@ -29,12 +29,13 @@ from tfservo.models.bundle import Bundle, ModelSource, open_bundle, serves_tflit
 from tfservo.models.config_reloader import ModelConfigReloader
 from tfservo.models.lifecycle import ModelLifecycle
 from tfservo.models.model_config import VersionPolicy
-from tfservo.models.servables import ModelManager, RunnerFactory, ServableVersion
+from tfservo.models.servables import ModelManager, ServableVersion
 from tfservo.service.api import TFServingAPI
 from tfservo.service.invocation import Invoker
 from tfservo.service.warmup import replay_warmup
 
 if TYPE_CHECKING:
+    from tfservo.models.batching import BatchingRunnerFactory
     from tfservo.models.savedmodel import LoadedModel
 
 __all__ = ["BatchHook", "ModelService", "build_service"]
@@ -63,9 +64,10 @@ class ModelService:
     ) -> None:
         self.settings = settings or Settings()
         loader = functools.partial(_load_model, self.settings)
+        self.runners = _runner_factory(self.settings, on_batch)  # the batchers' maker; None: no batching
         self.manager = ModelManager(
             loader,
-            runner_factory=_runner_factory(self.settings, on_batch),
+            runner_factory=self.runners,
             on_event=on_event,
             on_run=on_run,
             warmup=(lambda sv: replay_warmup(self.api, sv)) if self.settings.warmup else None,
@@ -306,7 +308,7 @@ def _check_selection(service: ModelService, settings: Settings) -> None:
         )
 
 
-def _runner_factory(settings: Settings, on_batch: BatchHook | None) -> RunnerFactory | None:
+def _runner_factory(settings: Settings, on_batch: BatchHook | None) -> BatchingRunnerFactory | None:
     if settings.batching is None:
         return None
     from tfservo.models.batching import make_runner_factory

@@ -37,6 +37,7 @@ from tfservo.core.memory import available_memory_bytes, tree_bytes
 from tfservo.core.scratch import make_scratch_dir
 from tfservo.core.settings import DEFAULT_MEMORY_FACTOR, DEFAULT_MODEL_ROOT
 from tfservo.models.bundle import CODE_DIR_NAME, ModelSource, discover_versions, is_model_name
+from tfservo.models.model_config import VersionPolicy
 from tfservo.models.servables import State
 from tfservo.models.snapshot import copy_confined
 from tfservo.service.factory import ModelService
@@ -87,8 +88,9 @@ class MultiModelEndpoint:
         with self._lock:
             return name in self._urls
 
-    def load(self, name: str, url: str) -> dict[str, str]:
-        """Load the model dir at `url` (inside the model root) as `name`; all of it or nothing."""
+    def load(self, name: str, url: str, policy: VersionPolicy | None = None) -> dict[str, str]:
+        """Load the model dir at `url` (inside the model root) as `name`; all of it or nothing
+        (the versions `policy` selects; every version without one)."""
         if not isinstance(name, str) or not is_model_name(name):
             raise InvalidArgument(
                 f"model_name {name!r} is not valid: use letters, digits, '.', '_' and '-', "
@@ -120,7 +122,8 @@ class MultiModelEndpoint:
                 if not versions:
                     raise NotFound(f"Could not find valid base path {url} for servable {name}")
                 code_copy = os.path.join(copy, CODE_DIR_NAME)
-                self._load(name, url, ModelSource(name, copy, versions, code_copy if os.path.isdir(code_copy) else None))
+                self._load(name, url, ModelSource(name, copy, versions, code_copy if os.path.isdir(code_copy) else None),
+                           policy)
             except BaseException:
                 shutil.rmtree(copy, ignore_errors=True)
                 raise
@@ -303,9 +306,9 @@ class MultiModelEndpoint:
                 f"or use an instance with more memory"
             )
 
-    def _load(self, name: str, url: str, source: ModelSource) -> None:
-        """Load all versions; if any fails, unload the rest and report every failure."""
-        self.service.add_model(source)
+    def _load(self, name: str, url: str, source: ModelSource, policy: VersionPolicy | None = None) -> None:
+        """Load all versions (those `policy` selects); if any fails, unload the rest and report every failure."""
+        self.service.add_model(source, policy)
         served = self.service.manager.model(name)
         failed = [v for v in served.versions.values() if v.state is not State.AVAILABLE]
         if failed:

@@ -23,6 +23,7 @@ from tfservo.service.call_placement import CallPlacement
 from tfservo.service.decode_budget import BUDGET_TABLE, DecodeBudget, default_decoding_bytes
 from tfservo.service.factory import ModelService, build_service
 from tfservo.service.metrics import Metrics
+from tfservo.service.shared_memory import REGIONS_TABLE, SharedMemoryRegions
 from tfservo.service.v2_dataplane import V2DataPlane
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class Runtime:
         self.access.close()
         self.placements.close()
         self.budget.close()
+        self.v2.close()
 
 
 def build_runtime(
@@ -121,7 +123,8 @@ def build_runtime(
         ManagementGate(settings, metrics.management_action),
         _access(settings, metrics, shared_dir),
         _taps(settings, service, port, metrics),
-        V2DataPlane(service.api, service.unavailable_models, repository=multi_model, statistics=metrics.statistics),
+        V2DataPlane(service.api, service.unavailable_models, repository=multi_model, statistics=metrics.statistics,
+                    regions=_regions(settings, shared_dir), batching=service.runners),
         placements_for(settings, service.batches),
         _budget(settings, shared_dir),
         multi_model,
@@ -140,6 +143,14 @@ def runtime_of(service: ModelService) -> Runtime:
         placements_for(service.settings, service.batches),
         _budget(service.settings, None),
     )
+
+
+def _regions(settings: Settings, shared_dir: str | None) -> SharedMemoryRegions | None:
+    """The system shared-memory registrations: the server's, in the supervisor's table when it
+    has several workers (else this process's); None with --shared-memory off."""
+    if settings.shared_memory == "off":
+        return None
+    return SharedMemoryRegions(os.path.join(shared_dir, REGIONS_TABLE) if shared_dir else None)
 
 
 def _budget(settings: Settings, shared_dir: str | None) -> DecodeBudget:

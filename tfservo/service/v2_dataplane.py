@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from tfservo.codecs.v2 import V2_OF_TF, V2Error
-from tfservo.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unimplemented
+from tfservo.codecs.v2 import V2_OF_TF, SharedRead, SharedSpan, SharedWrite, V2Error
+from tfservo.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ServingError,
+    Unimplemented,
+)
 from tfservo.core.version import __version__
 from tfservo.models.bundle import is_model_name
 from tfservo.models.calls import Answer, InferRequest, InferResponse, PredictCall, Prediction, parse_version
@@ -19,12 +24,16 @@ from tfservo.models.servables import ServableHandle, State
 from tfservo.models.signatures import DEFAULT_SIGNATURE
 from tfservo.service.api import TFServingAPI
 from tfservo.service.model_statistics import ModelStatistics, VersionStatistics
+from tfservo.service.shared_memory import SharedMemoryRegions
+from tfservo.service.triton_config import PLATFORM, LoadConfig, check_load_parameters, model_config_doc
 
-__all__ = ["EXTENSIONS", "TRITON_TYPE_NUMBERS", "V2DataPlane", "check_load_parameters", "parse_v2_version", "unknown_model"]
+if TYPE_CHECKING:
+    from tfservo.models.batching import BatchingRunnerFactory
+
+__all__ = ["EXTENSIONS", "TRITON_TYPE_NUMBERS", "V2DataPlane", "parse_v2_version", "unknown_model"]
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
-PLATFORM = "tensorflow_savedmodel"
-_TRITON_TYPE = {"BYTES": "STRING"}  # a V2 datatype's name in Triton's DataType (TYPE_…), where it differs
+SHARED_MEMORY_EXTENSION = "system_shared_memory"  # listed when --shared-memory system; CUDA's never (no GPU)
 # Triton's DataType enum numbers, for the gRPC door's ModelConfig (TYPE_ + the name)
 TRITON_TYPE_NUMBERS = {name: number for number, name in enumerate(
     ("INVALID", "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
@@ -45,39 +54,6 @@ def unknown_model(name: str) -> NotFound:
     return NotFound(f"Request for unknown model: '{name}' is not found")
 
 
-_PLATFORMS = ("tensorflow_savedmodel", "tensorflow", "tensorflow_graphdef", "tflite")
-
-
-def check_load_parameters(name: str, parameters: Mapping[str, object]) -> None:
-    """A repository load's parameters as Triton defines them, refused where they would be
-    silently ignored: `config` must be the model configuration as a JSON object (its `name`,
-    if given, the model's; its platform or backend TensorFlow's); `file:<path>` contents (a model
-    sent in the request) are not taken — tfservo loads models from its model root; anything
-    else is an unexpected parameter."""
-    for key in parameters:
-        if key != "config" and not key.startswith("file:"):
-            raise InvalidArgument(f"failed to load '{name}': unexpected parameter '{key}'; a load takes 'config' "
-                                  "(the model configuration as JSON)")
-    files = [key for key in parameters if key.startswith("file:")]
-    if files:
-        raise Unimplemented(f"failed to load '{name}': model contents in the request ({files[0]!r}) are not "
-                            "supported; put the model's version dirs under the model root and load it by name")
-    if "config" not in parameters:
-        return
-    text = parameters["config"]
-    try:
-        config = orjson.loads(text) if isinstance(text, (str, bytes)) else None
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"failed to load '{name}': the 'config' parameter is not JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise InvalidArgument(f"failed to load '{name}': the 'config' parameter must be a JSON object, the "
-                              "model configuration")
-    if config.get("name") not in (None, "", name):
-        raise InvalidArgument(f"failed to load '{name}': its config names model {config['name']!r}")
-    platform = config.get("platform") or config.get("backend")
-    if platform not in (None, "", *_PLATFORMS):
-        raise InvalidArgument(f"failed to load '{name}': platform {platform!r} is not one tfservo serves "
-                              f"({', '.join(_PLATFORMS)})")
 
 
 class V2DataPlane:
@@ -85,15 +61,20 @@ class V2DataPlane:
 
     def __init__(
         self, api: TFServingAPI, unavailable: Callable[[], list[str]] | None = None, repository: object = None,
-        statistics: ModelStatistics | None = None,
+        statistics: ModelStatistics | None = None, regions: SharedMemoryRegions | None = None,
+        batching: BatchingRunnerFactory | None = None,
     ) -> None:
         self.api = api
+        self.batching = batching  # the service's batchers' options, per model (None: no batching)
+        self.regions = regions  # the system shared-memory extension's registrations (None: off)
         self.statistics = statistics or ModelStatistics()  # the runtime's metrics' (every door records there)
         self._unavailable: Callable[[], list[str]] = unavailable or (lambda: [])
         self.repository = repository  # multi-model mode's MultiModelEndpoint: the model repository extension
+        self._configs: dict[str, LoadConfig] = {}  # what each model's repository load asked (one worker then)
 
     def server_metadata(self) -> dict[str, object]:
-        return {"name": "tfservo", "version": __version__, "extensions": EXTENSIONS}
+        extensions = sorted([*EXTENSIONS, *([SHARED_MEMORY_EXTENSION] if self.regions is not None else [])])
+        return {"name": "tfservo", "version": __version__, "extensions": extensions}
 
     def server_ready(self) -> bool:
         return not self._unavailable()
@@ -152,19 +133,84 @@ class V2DataPlane:
         return index
 
     def repository_load(self, name: str, parameters: Mapping[str, object] | None = None) -> None:
-        """Load the model dir `name` under the root (already loaded: nothing to do, as Triton),
-        its load `parameters` checked first (`check_load_parameters`)."""
-        check_load_parameters(name, parameters or {})
+        """Load the model dir `name` under the root, its load `parameters` checked first
+        (`check_load_parameters`). Already loaded: nothing to do without a config, as in Triton;
+        with one, the model is loaded again under it (its batching and version policy)."""
+        config = check_load_parameters(name, parameters or {})
         endpoint = self._root()
+        batching = config.batching(name, self.batching.options_for(None) if self.batching else None) if config else None
         if endpoint.is_loaded(name):
-            return
+            if config is None:
+                return
+            endpoint.unload(name)
+        if self.batching is not None:
+            self.batching.set_model_options(name, batching)
         try:
-            endpoint.load(name, name)
+            endpoint.load(name, name, policy=config.version_policy if config else None)
         except AlreadyExists:
-            pass
+            return
+        except BaseException as exc:
+            if self.batching is not None:
+                self.batching.set_model_options(name, None)
+            self._configs.pop(name, None)
+            if isinstance(exc, ServingError) and not exc.message.startswith("failed to load"):
+                raise ServingError(f"failed to load '{name}': {exc.message}", exc.code) from None  # Triton's words
+            raise
+        if config is None:
+            self._configs.pop(name, None)
+        else:
+            self._configs[name] = config
 
     def repository_unload(self, name: str) -> None:
         self._root().unload(name)
+
+    # -- the shared-memory extensions: system (POSIX) regions; CUDA's refused -------------------
+
+    def _shared(self) -> SharedMemoryRegions:
+        if self.regions is None:
+            raise Unimplemented("system shared memory is off on this server (--shared-memory off); send tensors "
+                                "in the request")
+        return self.regions
+
+    def shm_register(self, name: object, key: object, offset: object, byte_size: object, peer: str) -> None:
+        self._shared().register(name, key, offset, byte_size, peer)
+
+    def shm_unregister(self, name: str | None) -> None:
+        self._shared().unregister(name)
+
+    def shm_status(self, name: str | None) -> list[dict[str, object]]:
+        return self._shared().status(name)
+
+    @staticmethod
+    def cuda_shm_register() -> None:
+        raise Unimplemented("CUDA shared memory is not supported: tfservo serves on CPU; use system shared memory "
+                            "(register_system_shared_memory) or send tensors in the request")
+
+    @staticmethod
+    def cuda_shm_status(name: str | None) -> list[dict[str, object]]:
+        """Nothing is ever registered (an unregister of everything is no error, as clients call it)."""
+        if name:
+            raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+        return []
+
+    @property
+    def shared_io(self) -> tuple[SharedRead | None, SharedWrite | None]:
+        """What the codecs read inputs and write outputs in shared memory through (None: off)."""
+        if self.regions is None:
+            return None, None
+        return self.shared_read, self.shared_write
+
+    def shared_read(self, span: SharedSpan, what: str) -> bytes:
+        """An input's bytes from its registered region (codecs.v2.SharedRead)."""
+        return self._shared().read(span.region, span.offset, span.byte_size, what)
+
+    def shared_write(self, span: SharedSpan, data: bytes, what: str) -> None:
+        """An output's bytes into its registered region (codecs.v2.SharedWrite)."""
+        self._shared().write(span.region, span.offset, span.byte_size, data, what)
+
+    def close(self) -> None:
+        if self.regions is not None:
+            self.regions.close()
 
     def prepare(self, request: InferRequest) -> tuple[ServableHandle, PredictCall]:
         """The request as its model call on its signature (`signature_name` parameter, else
@@ -179,16 +225,14 @@ class V2DataPlane:
 
     def model_config(self, name: str, version: int | None) -> dict[str, Any]:
         """V2's model configuration extension, in Triton's ModelConfig fields: the serving_default
-        signature's inputs and outputs with Triton's data types and dims (-1: any size; the batch
-        dimension is one of them, so max_batch_size is 0)."""
+        signature's tensors with Triton's data types and dims, the batching the model runs under
+        and, after a repository load with a config, what that config set."""
         meta = self.model_metadata(name, version)
-
-        def tensors(specs: Any, with_format: bool) -> list[dict[str, object]]:
-            return [{"name": t["name"], "data_type": f"TYPE_{_TRITON_TYPE.get(t['datatype'], t['datatype'])}",
-                     **({"format": "FORMAT_NONE"} if with_format else {}), "dims": list(t["shape"])} for t in specs]
-
-        return {"name": name, "platform": PLATFORM, "backend": "tensorflow", "max_batch_size": 0,
-                "input": tensors(meta["inputs"], True), "output": tensors(meta["outputs"], False)}
+        config = self._configs.get(name)
+        batched = config is not None and config.max_batch_size is not None
+        batching = self.batching.options_for(name) if self.batching else None
+        return model_config_doc(name, meta["inputs"], meta["outputs"], batching, batched,
+                                config.version_policy if config else None)
 
     def model_statistics(self, name: str | None, version: int | None) -> dict[str, object]:
         """V2's statistics extension: every served version of `name` (every model when None), or

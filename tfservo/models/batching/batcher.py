@@ -712,7 +712,22 @@ class BatchingRunnerFactory:
         self.options = options
         self.on_batch = on_batch
         self._scheduler: BatchScheduler | None = None
+        self._per_model: dict[str, BatchingOptions] = {}  # a model's own (a V2 repository load's config)
         self._lock = threading.Lock()
+
+    def options_for(self, name: str | None) -> BatchingOptions:
+        """The options the versions of model `name` are batched with (None: the server's)."""
+        with self._lock:
+            return self._per_model.get(name, self.options) if name is not None else self.options
+
+    def set_model_options(self, name: str, options: BatchingOptions | None) -> None:
+        """Batch the versions of `name` loaded from now on with `options` (None: the server's);
+        the batch threads stay the server's."""
+        with self._lock:
+            if options is None:
+                self._per_model.pop(name, None)
+            else:
+                self._per_model[name] = options
 
     def __call__(self, sv: ServableVersion) -> Batcher:
         with self._lock:
@@ -723,7 +738,7 @@ class BatchingRunnerFactory:
         assert model is not None, "a runner is made right after the version loaded"
         return Batcher(
             model.run,
-            self.options,
+            self.options_for(sv.model_name),
             name=f"{sv.model_name} version {sv.version}",
             on_batch=functools.partial(self.on_batch, sv.model_name) if self.on_batch else None,
             scheduler=scheduler,
