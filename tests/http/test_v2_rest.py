@@ -103,6 +103,40 @@ def test_tritonclient_request_compression(triton, algorithm, binary):
     np.testing.assert_array_equal(result.as_numpy("doubled"), [10, 12])
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("binary", [True, False])
+def test_answers_are_compressed_when_asked_and_large_enough(triton, server, algorithm, binary):
+    """Accept-Encoding (tritonclient's response_compression_algorithm): an answer of 1,400 bytes
+    or more comes compressed and reads back the same, binary tensors included; a small one and
+    one nobody asked to compress come as they are."""
+    import httpx
+    import tritonclient.http as httpclient
+
+    a = httpclient.InferInput("a", [600, 2], "FP32")
+    values = np.arange(1200, dtype=np.float32).reshape(600, 2)
+    a.set_data_from_numpy(values, binary_data=binary)
+    b = httpclient.InferInput("b", [600], "INT64")
+    b.set_data_from_numpy(np.arange(600, dtype=np.int64), binary_data=binary)
+    s = httpclient.InferInput("s", [600], "BYTES")
+    s.set_data_from_numpy(np.array([b"ab"] * 600, dtype=object), binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("total", "doubled", "upper")]
+    result = triton.infer("mixed", [a, b, s], outputs=outputs, response_compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("total"), values.sum(axis=1))
+    with httpx.Client(base_url=server.url) as http:
+        big = http.post(f"/v1/models/{HALF_PLUS_TWO}:predict", json={"instances": [[float(i)] for i in range(400)]},
+                        headers={"Accept-Encoding": algorithm})
+        assert big.headers["content-encoding"] == algorithm and int(big.headers["content-length"]) < len(big.content)
+        assert big.json()["predictions"][:2] == [[2.0], [2.5]]
+        small = http.post(f"/v1/models/{HALF_PLUS_TWO}:predict", json={"instances": [[1.0]]},
+                          headers={"Accept-Encoding": algorithm})
+        plain = http.post(f"/v1/models/{HALF_PLUS_TWO}:predict", json={"instances": [[float(i)] for i in range(400)]},
+                          headers={"Accept-Encoding": "identity"})
+        refused = http.post(f"/v1/models/{HALF_PLUS_TWO}:predict", json={"instances": [[float(i)] for i in range(400)]},
+                            headers={"Accept-Encoding": f"{algorithm};q=0"})
+    assert "content-encoding" not in small.headers and small.json() == {"predictions": [[2.5]]}
+    assert "content-encoding" not in plain.headers and "content-encoding" not in refused.headers
+
+
 def test_compressed_bodies_are_undone_once_or_refused(server):
     import gzip
     import zlib

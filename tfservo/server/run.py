@@ -52,6 +52,7 @@ def start_worker(
     (with /metrics and the key check) and the serving app inside it (its call placements)."""
     from tfservo.http.app import build_app
     from tfservo.http.metrics_edge import instrument
+    from tfservo.http.response_encoding import ResponseEncoding
     from tfservo.service.runtime import build_runtime
 
     runtime = build_runtime(settings, port, metrics=metrics, shared_dir=shared_dir)
@@ -83,7 +84,7 @@ def start_worker(
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app
-    served = instrument(outer, metrics, service, routes)
+    served: ASGIApp = ResponseEncoding(instrument(outer, metrics, service, routes))  # /metrics' answers too
     if runtime.access.ring is not None:
         from tfservo.http.auth_edge import KeyCheck
         from tfservo.http.routes import RouteScopes
