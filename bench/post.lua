@@ -5,6 +5,11 @@ wrk.method = "POST"
 wrk.body = f:read("*a")
 f:close()
 wrk.headers["Content-Type"] = os.getenv("BENCH_CONTENT_TYPE") or "application/json"
+-- $BENCH_DELAY_MS: each connection waits that long between requests (a paced, below-saturation load)
+local pause = tonumber(os.getenv("BENCH_DELAY_MS") or "0")
+if pause > 0 then
+  delay = function() return pause end
+end
 if os.getenv("BENCH_AUTHORIZATION") then
   wrk.headers["Authorization"] = os.getenv("BENCH_AUTHORIZATION")
 end

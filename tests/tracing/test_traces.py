@@ -49,10 +49,13 @@ HANDLERS = """
 """
 
 
-def otel_env(endpoint: str, protocol: str = "grpc") -> dict[str, str]:
+def otel_env(endpoint: str, protocol: str = "grpc", *, phases: bool = False) -> dict[str, str]:
+    """The variables that trace to the test's receiver; `phases`: the phases' spans too
+    (TFSERVO_TRACE_DETAIL=phases), where a test follows decode, encode and the batch."""
     return {
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
         "OTEL_SERVICE_NAME": "tfservo-under-test", "OTEL_BSP_SCHEDULE_DELAY": "100",
+        **({"TFSERVO_TRACE_DETAIL": "phases"} if phases else {}),
     }
 
 
@@ -95,7 +98,8 @@ def test_one_trace_from_the_callers_traceparent_through_the_handlers_rest_call(r
     assert [s.name for s in chain][-5:] == [
         [s.name for s in chain][-5], "POST /v1/models/{name}:predict", "POST", "handler", "POST /invocations"]
     assert model.attributes["tfservo.model.name"] == "half_plus_three" and model.attributes["tfservo.model.version"] == 124
-    assert {"decode", "encode"} <= {by_id[s].name for s in by_id if by_id[s].parent_id == inner.span_id}
+    # by default a request's spans are the door's, the model's and the handler's: no phases
+    assert {by_id[s].name for s in by_id if by_id[s].parent_id == inner.span_id} == {"model"}
 
 
 def test_input_and_output_handler_spans_and_batching_over_otlp_http(tmp_path) -> None:
@@ -103,7 +107,7 @@ def test_input_and_output_handler_spans_and_batching_over_otlp_http(tmp_path) ->
     http_server, endpoint = start_http(received)
     try:
         bundle = handler_bundle(tmp_path, HANDLERS)
-        with ServerProcess([str(bundle), "--enable-batching"], env=otel_env(endpoint, "http/protobuf")) as server:
+        with ServerProcess([str(bundle), "--enable-batching"], env=otel_env(endpoint, "http/protobuf", phases=True)) as server:
             answer = httpx.post(f"{server.url}/invocations", json={"values": [1.0]},
                                 headers={"traceparent": TRACEPARENT}, timeout=30)
             assert answer.json() == {"predictions": [3.5]}
@@ -151,7 +155,7 @@ def test_spans_past_the_export_queue_are_dropped_with_a_line_that_counts_them(re
     a line with the count when the worker stops; the spans that were queued are still exported."""
     received, endpoint = receiver
     trace_id = "5b8aa5a2d2c872e8321cf37308d69df2"
-    env = {**otel_env(endpoint), "OTEL_BSP_MAX_QUEUE_SIZE": "3", "OTEL_BSP_SCHEDULE_DELAY": "600000"}
+    env = {**otel_env(endpoint, phases=True), "OTEL_BSP_MAX_QUEUE_SIZE": "3", "OTEL_BSP_SCHEDULE_DELAY": "600000"}
     with ServerProcess([str(SMC / "resources" / "models" / "half_plus_three")], env=env) as server:
         for _ in range(3):  # four or more spans each: the first request alone fills the queue
             answer = httpx.post(f"{server.url}/invocations", json={"instances": [1.0]},
@@ -284,7 +288,8 @@ def test_sampled_and_unsampled_requests_batched_together_keep_to_their_own_trace
             assert sock.recv(65536).startswith(b"HTTP/1.1 200")
             sock.close()
 
-    with ServerProcess([str(TFS / "saved_model_half_plus_two_cpu"), "--workers", "1"], env=otel_env(endpoint)) as server:
+    with ServerProcess([str(TFS / "saved_model_half_plus_two_cpu"), "--workers", "1"],
+                       env=otel_env(endpoint, phases=True)) as server:
         for _ in range(3):  # untraced first: the model's batches prove quick, so they gather on the loop
             burst(server, [None] * 40)
         for chunk in range(0, len(sampled), 40):
@@ -304,7 +309,7 @@ from tfservo.core import tracing
 tracing.configure()
 for flags in ("01", "00"):
     carrier = {"traceparent": f"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}"}
-    with tracing.server_span("POST", carrier, {"url.path": "/x"}) as span:
+    with tracing.server_span("POST", carrier, lambda: {"url.path": "/x"}) as span:
         span.update_name(f"POST /x {flags}")
         span.set_attribute("http.response.status_code", 503)
         span.set_status(tracing.error_status("503"))
@@ -338,7 +343,7 @@ import json, sys
 from tfservo.core import tracing
 tracing.configure()
 for _ in range(400):  # no traceparent: new traces, sampled by their ids at the ratio
-    with tracing.server_span("POST", {}, {"url.path": "/x"}):
+    with tracing.server_span("POST", {}, lambda: {"url.path": "/x"}):
         with tracing.span("decode"):
             pass
 tracing.flush()
@@ -371,7 +376,7 @@ def test_every_inference_door_makes_the_same_spans(receiver) -> None:
     def parent(door: str) -> str:
         return f"00-{traces[door]}-{CALLER}-01"
 
-    with ServerProcess([str(model)], env=otel_env(endpoint)) as server:
+    with ServerProcess([str(model)], env=otel_env(endpoint, phases=True)) as server:
         with httpx.Client(base_url=server.url, timeout=30) as http:
             assert http.post(f"/v1/models/{name}:predict", json={"instances": [1.0]},
                              headers={"traceparent": parent("tfs rest")}).status_code == 200
@@ -396,3 +401,88 @@ def test_every_inference_door_makes_the_same_spans(receiver) -> None:
         # batch.queue / batch.run come only when the call waited for a batch (a lone one runs at once)
         phases[door] = sorted(s.name for s in trace if s.kind != SERVER and not s.name.startswith("batch."))
     assert all(names == ["decode", "encode", "model"] for names in phases.values()), phases
+
+
+UNSAMPLED = """
+import asyncio, json, sys
+import httpx
+from opentelemetry import trace as api
+from opentelemetry.sdk import trace as sdk
+
+made = {"span objects": 0, "span contexts": 0}
+def counting(cls, key):
+    original = cls.__init__
+    def init(self, *args, **kwargs):
+        made[key] += 1
+        original(self, *args, **kwargs)
+    cls.__init__ = init
+counting(sdk.ReadableSpan, "span objects")       # every SDK span (sdk.Span is one) and every span of ours
+counting(api.NonRecordingSpan, "span objects")   # what an unsampled SDK span, or a context of ours, would be
+original_new = api.SpanContext.__new__
+def new(cls, *args, **kwargs):
+    made["span contexts"] += 1
+    return original_new(cls, *args, **kwargs)
+api.SpanContext.__new__ = new
+
+class Counter(sdk.SpanProcessor):  # the SDK's own hooks: any span the SDK starts or ends passes here
+    started = ended = 0
+    def on_start(self, span, parent_context=None): Counter.started += 1
+    def on_end(self, span): Counter.ended += 1
+
+from tfservo.core import tracing
+from tfservo.core.settings import resolve_settings
+from tfservo.http.app import build_app
+from tfservo.service.runtime import build_runtime
+
+assert tracing.configure()
+api.get_tracer_provider().add_span_processor(Counter())
+runtime = build_runtime(resolve_settings(paths=[sys.argv[1]], env={}), 8080)
+app = build_app(runtime)
+
+async def main():
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://tfservo") as client:
+        for _ in range(3):  # warm: the first calls build what every later one shares
+            await client.post("/invocations", json={"instances": [1.0]})
+        before = dict(made)
+        for _ in range(50):
+            got = await client.post("/invocations", json={"instances": [1.0]})
+            assert got.status_code == 200, got.text
+        unsampled = {key: made[key] - before[key] for key in made}
+        got = await client.post("/invocations", json={"instances": [1.0]},
+                                headers={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+        assert got.status_code == 200
+    print(json.dumps({"unsampled": unsampled, "sdk_started": Counter.started, "sdk_ended": Counter.ended}),
+          file=sys.stderr)
+
+asyncio.run(main())
+tracing.flush()
+runtime.close()
+runtime.service.close()
+"""
+
+
+def test_an_unsampled_request_makes_no_span_and_a_sampled_child_keeps_its_parent() -> None:
+    """Fifty requests the sampler (ratio 0) does not sample create no span object, span context
+    or SDK span (counted through the SDK's classes and its span-processor hooks); a request with
+    a sampled traceparent is still exported, as the caller's child, with the model's span under it."""
+    done = subprocess.run(
+        [sys.executable, "-c", UNSAMPLED, str(SMC / "resources" / "models" / "half_plus_three")],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+             "OTEL_TRACES_SAMPLER_ARG": "0.0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(next(line for line in done.stderr.splitlines() if line.startswith('{"unsampled"')))
+    assert counts["unsampled"] == {"span objects": 0, "span contexts": 0}, counts
+    assert counts["sdk_started"] == 0  # not one SDK span either, sampled or not: ours are recorded directly
+    decoder = json.JSONDecoder()
+    spans, text = [], done.stdout
+    while text.strip():
+        span, end = decoder.raw_decode(text.strip())
+        spans.append(span)
+        text = text.strip()[end:]
+    server = next(s for s in spans if s["kind"] == "SpanKind.SERVER")
+    assert server["context"]["trace_id"] == f"0x{TRACE_ID}" and server["parent_id"] == f"0x{CALLER}"
+    model = next(s for s in spans if s["name"] == "model")
+    assert model["parent_id"] == server["context"]["span_id"]
+    assert len(spans) == 2, [s["name"] for s in spans]  # the default: the door's span and the model's

@@ -5,6 +5,13 @@ tracing on when `OTEL_TRACES_EXPORTER` names an exporter or an OTLP endpoint var
 and `OTEL_SDK_DISABLED` is not true. The SDK itself reads the rest: the endpoint, protocol,
 headers and timeouts of the OTLP exporter, `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`,
 `OTEL_TRACES_SAMPLER` and its argument, the batch processor's `OTEL_BSP_*`.
+`TFSERVO_TRACE_DETAIL=phases` adds the spans of each request's phases (decode, encode, the
+batch queue's wait and the batched run) to the default three: the door's server span, the model
+call and the handler's own functions.
+
+A request the sampler does not sample costs the decision and nothing else: no span object, no
+attributes, no context of ours (a caller's traceparent is still made current, so the handler's
+own calls carry it on).
 
 Everything else in tfservo opens spans through this module's functions, which return a shared
 no-op when tracing is off: one global check per call. Only this module reads OTEL_*, and passes
@@ -44,10 +51,10 @@ __all__ = [
     "enabled",
     "error_status",
     "flush",
-    "grpc_server_interceptors",
     "header_carrier",
     "now_ns",
     "parent",
+    "phases",
     "record",
     "server_span",
     "span",
@@ -69,6 +76,8 @@ _NULL: AbstractContextManager[None] = nullcontext()
 # (gRPC's interceptor spans, batch threads, transforms): there the current span tells.
 _SAMPLED: ContextVar[bool | None] = ContextVar("tfservo_trace_sampled", default=None)
 _ON = ("otlp", "console")
+DETAIL_VARIABLE = "TFSERVO_TRACE_DETAIL"  # "phases": the spans of each request's phases too
+_DETAIL = False
 
 Parent: TypeAlias = "Context | None"  # captured by `parent()`; None when tracing is off
 Attributes: TypeAlias = "Mapping[str, AttributeValue]"
@@ -76,6 +85,11 @@ Attributes: TypeAlias = "Mapping[str, AttributeValue]"
 
 def enabled() -> bool:
     return _TRACER is not None
+
+
+def phases() -> bool:
+    """Whether the spans of each request's phases are recorded (TFSERVO_TRACE_DETAIL=phases)."""
+    return _DETAIL
 
 
 def wanted(environ: Mapping[str, str]) -> list[str]:
@@ -100,7 +114,7 @@ def wanted(environ: Mapping[str, str]) -> list[str]:
 def configure(environ: Mapping[str, str] | None = None) -> bool:
     """Turn tracing on in this process if the environment asks for it (once; later calls only
     answer whether it is on)."""
-    global _TRACER, _PROVIDER, _CONFIGURED, _PHASES
+    global _TRACER, _PROVIDER, _CONFIGURED, _PHASES, _DETAIL
     with _LOCK:
         if _CONFIGURED:
             return _TRACER is not None
@@ -109,6 +123,11 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         exporters = wanted(env)
         if not exporters:
             return False
+        detail = env.get(DETAIL_VARIABLE, "requests").strip().lower() or "requests"
+        if detail not in ("requests", "phases"):
+            raise ValueError(f"{DETAIL_VARIABLE}={detail!r}: use requests (the default: server, model and handler "
+                             "spans) or phases (also decode, encode and the batch's queue and run)")
+        _DETAIL = detail == "phases"
         from tfservo.core.extras import require
 
         for module in ("opentelemetry.sdk", "opentelemetry.instrumentation.requests"):
@@ -162,8 +181,9 @@ def flush(timeout_seconds: float = 5.0) -> None:
 def span(name: str, attributes: Attributes | None = None, *, leaf: bool = False) -> AbstractContextManager[None]:
     """A child span of the current one for the duration of a `with` block (a no-op when off,
     or when the current trace is not sampled). `leaf`: nothing inside opens a span (decoding,
-    encoding), so it is recorded without being made current — at half the cost."""
-    if _PHASES is None or _SAMPLED.get() is False:
+    encoding), so it is recorded without being made current — at half the cost; the phases'
+    spans are only recorded with TFSERVO_TRACE_DETAIL=phases."""
+    if _PHASES is None or _SAMPLED.get() is False or (leaf and not _DETAIL):
         return _NULL
     if leaf and _PHASES.child is not None and not _PHASES.processors:
         return _Leaf(_PHASES, name, attributes)
@@ -277,14 +297,15 @@ class _Leaf:
 
 
 def server_span(
-    name: str, carrier: Mapping[str, str], attributes: dict[str, AttributeValue]
+    name: str, carrier: Mapping[str, str], attributes: Callable[[], dict[str, AttributeValue]]
 ) -> _ServerSpan:
-    """A SERVER span continuing the caller's trace from its W3C `traceparent` in `carrier`
-    (`attributes` is taken over: the span adds to it).
+    """A SERVER span continuing the caller's trace from its W3C `traceparent` in `carrier`, its
+    attributes from `attributes()` (called only for a sampled request; the span adds to them).
 
-    The provider's sampler (OTEL_TRACES_SAMPLER) decides, through its public `should_sample`,
-    and the span is recorded as the phases are, at a third of the SDK's cost per request; a
-    request it does not sample costs a context and no span."""
+    The provider's sampler (OTEL_TRACES_SAMPLER) decides first, through its public
+    `should_sample` (without attributes: the standard samplers decide on the trace id and the
+    parent), and the span is recorded as the phases are, at a third of the SDK's cost per
+    request; a request it does not sample makes no span, attributes or context of ours."""
     recorder = _PHASES
     assert recorder is not None  # only called with tracing on
     return _ServerSpan(recorder, name, carrier, attributes)
@@ -294,13 +315,14 @@ class _ServerSpan:
     """A recorded SERVER span (see server_span), and what the HTTP edge sets on it: attributes,
     an error status, its final name; `sampled` once entered."""
 
-    __slots__ = ("recorder", "name", "carrier", "attributes", "error", "parent", "context", "sampled", "token",
-                 "sampled_token", "start_ns")
+    __slots__ = ("recorder", "name", "carrier", "make_attributes", "attributes", "error", "parent", "context",
+                 "sampled", "token", "sampled_token", "start_ns")
 
     def __init__(self, recorder: _PhaseRecorder, name: str, carrier: Mapping[str, str],
-                 attributes: dict[str, AttributeValue]) -> None:
-        self.recorder, self.name, self.carrier, self.attributes = recorder, name, carrier, attributes
+                 attributes: Callable[[], dict[str, AttributeValue]]) -> None:
+        self.recorder, self.name, self.carrier, self.make_attributes = recorder, name, carrier, attributes
         self.error: str | None = None
+        self.attributes: dict[str, AttributeValue] = {}
 
     def __enter__(self) -> _ServerSpan:
         recorder = self.recorder
@@ -314,8 +336,13 @@ class _ServerSpan:
             self.parent, trace_id, state = parent, parent.trace_id, parent.trace_state
         else:
             within, self.parent, trace_id, state = recorder.root, None, random.getrandbits(128) or 1, recorder.no_state
-        decided = recorder.sampler.should_sample(within, trace_id, self.name, recorder.server_kind, self.attributes)
+        decided = recorder.sampler.should_sample(within, trace_id, self.name, recorder.server_kind, None)
         self.sampled = decided.decision is recorder.sample
+        if not self.sampled:  # the caller's context goes on to the handler's calls; nothing of ours is made
+            self.token = recorder.context.attach(within) if self.parent is not None else None
+            self.sampled_token = _SAMPLED.set(False)
+            return self
+        self.attributes = self.make_attributes()
         if decided.attributes:
             self.attributes.update(decided.attributes)
         flags = recorder.sampled_flags if self.sampled else recorder.unsampled_flags
@@ -327,11 +354,15 @@ class _ServerSpan:
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        recorder = self.recorder
+        _SAMPLED.reset(self.sampled_token)
+        if not self.sampled:
+            if self.token is not None:
+                recorder.context.detach(self.token)
+            return
         end_ns = time.time_ns()
         if error is not None:
             self.error = f"{type(error).__name__}: {error}"
-        recorder = self.recorder
-        _SAMPLED.reset(self.sampled_token)
         recorder.context.detach(self.token)
         if self.sampled:
             recorder.finish(self.name, self.context, self.parent, self.attributes, self.start_ns, end_ns,
@@ -365,10 +396,13 @@ def parent() -> Parent:
     return current
 
 
-def record(name: str, within: Parent, start_ns: int, end_ns: int, attributes: Attributes) -> Parent:
+def record(
+    name: str, within: Parent, start_ns: int, end_ns: int, attributes: Attributes, *, phase: bool = False,
+) -> Parent:
     """A span already over (the batch queue's wait, a batched model run), under `within`; the
-    context to record its own children under (None when off or not sampled)."""
-    if _PHASES is None or within is None:
+    context to record its own children under (None when off or not sampled). `phase`: one of
+    a request's phases, recorded only with TFSERVO_TRACE_DETAIL=phases."""
+    if _PHASES is None or within is None or (phase and not _DETAIL):
         return None
     parent = _PHASES.trace.get_current_span(within).get_span_context()
     child = _PHASES.child_of(parent)
@@ -454,17 +488,6 @@ def from_traceparent(value: str | None) -> Parent:
     from opentelemetry import propagate
 
     return propagate.extract({"traceparent": value})
-
-
-def grpc_server_interceptors() -> list[grpc.aio.ServerInterceptor]:
-    """The asyncio gRPC server interceptor that continues callers' traces ([] when tracing is off)."""
-    if _TRACER is None:
-        return []
-    from opentelemetry.instrumentation import grpc as instrumentation
-
-    interceptor: grpc.aio.ServerInterceptor = instrumentation.aio_server_interceptor(  # type: ignore[no-untyped-call, unused-ignore]
-        tracer_provider=_PROVIDER)
-    return [interceptor]
 
 
 def traced_channel(channel: grpc.Channel) -> grpc.Channel:

@@ -90,6 +90,9 @@ class SyncContext:
     def peer(self) -> str:
         return self._context.peer()  # type: ignore[no-any-return, unused-ignore]
 
+    def invocation_metadata(self) -> Any:
+        return self._context.invocation_metadata()
+
 
 def threaded(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     """A plain method as an asyncio one: run in the loop's thread pool (in the caller's context:

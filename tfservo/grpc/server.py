@@ -20,7 +20,6 @@ import grpc
 from tfservo.auth.audit import ManagementGate
 from tfservo.capture.taps import Taps
 from tfservo.codecs.tensor_proto import MAX_FILL_BYTES
-from tfservo.core import tracing
 from tfservo.core.errors import Unavailable
 from tfservo.core.request_labels import RequestScope, plain_scope
 from tfservo.grpc.methods import service_handler
@@ -90,8 +89,8 @@ class GrpcServer:
             # load each would be a batch of one on the loop, one at a time.
             self.queue = QueuedCalls(api, batched=batched, gather=False)
             self._server: grpc.aio.Server = self._on_loop(self._create(
-                # callers' traces continued (tracing on), then the callers' keys checked (--api-keys)
-                interceptors=[*tracing.grpc_server_interceptors(), *interceptors],
+                # the callers' keys checked (--api-keys); each call's span is GrpcCalls'
+                interceptors=list(interceptors),
                 options=[
                     ("grpc.max_receive_message_length", max_message_bytes),
                     ("grpc.max_send_message_length", -1),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import grpc
@@ -30,7 +31,7 @@ from tensorflow_serving.apis import (
 
 from tfservo.codecs.results import classification_result_proto, regression_result_proto
 from tfservo.codecs.tensor_proto import MAX_FILL_BYTES, to_ndarray, write_tensor_proto
-from tfservo.core import deadlines
+from tfservo.core import deadlines, tracing
 from tfservo.core.errors import Code, InvalidArgument, ServingError, Unimplemented
 from tfservo.core.request_labels import RequestScope, plain_scope
 from tfservo.grpc.methods import Method, SyncContext, UndecodableRequest
@@ -124,16 +125,38 @@ class GrpcCalls:
         self._service = service
         self._scope = scope
 
+    def _span(self, rpc: str, context: SyncContext | grpc.aio.ServicerContext) -> AbstractContextManager[Any]:
+        """The call's SERVER span, continuing the caller's trace from its metadata (the HTTP
+        door's `server_span`: a call not sampled makes nothing but the decision)."""
+        if not tracing.enabled():
+            return nullcontext()
+        carrier = {key: value for key, value in context.invocation_metadata() or ()
+                   if key in ("traceparent", "tracestate") and isinstance(value, str)}
+        return tracing.server_span(f"/{self._service}/{rpc}", carrier, lambda: {
+            "rpc.system": "grpc", "rpc.service": self._service, "rpc.method": rpc})
+
+    @staticmethod
+    def _ended(span: Any, status: grpc.StatusCode) -> None:
+        if span is not None and span.sampled:
+            span.set_attribute("rpc.grpc.status_code", status.value[0])
+            if status not in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                              grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
+                              grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                span.set_status(tracing.error_status(status.name))
+
     def run(self, rpc: str, method: str, context: SyncContext, fn: Callable[[], object], request: object = None) -> object:
-        with self._scope(f"/{self._service}/{rpc}", method) as labels, deadlines.within(context.time_remaining()):
+        with self._span(rpc, context) as span, self._scope(f"/{self._service}/{rpc}", method) as labels, \
+                deadlines.within(context.time_remaining()):
             try:
                 self._check(rpc, context, request)
                 response = fn()
             except Exception as exc:
                 code, message = self._failure(rpc, exc)
                 labels.status = code.name
+                self._ended(span, code)
             else:
                 labels.status = grpc.StatusCode.OK.name
+                self._ended(span, grpc.StatusCode.OK)
                 return response
         context.abort(code, message)  # after the scope: counted and logged before the client hears
         raise AssertionError("unreachable: abort raises")
@@ -142,20 +165,25 @@ class GrpcCalls:
         self, rpc: str, method: str, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[object]],
         request: object = None,
     ) -> object:
-        with self._scope(f"/{self._service}/{rpc}", method) as labels, deadlines.within(context.time_remaining()):
+        with self._span(rpc, context) as span, self._scope(f"/{self._service}/{rpc}", method) as labels, \
+                deadlines.within(context.time_remaining()):
             try:
                 self._check(rpc, context, request)
                 response = await work()
             except asyncio.CancelledError:  # grpc.aio ended the call: its deadline passed, or the client left
                 remaining = context.time_remaining()
                 passed = remaining is not None and remaining <= _DEADLINE_SLACK
-                labels.status = (grpc.StatusCode.DEADLINE_EXCEEDED if passed else grpc.StatusCode.CANCELLED).name
+                ended = grpc.StatusCode.DEADLINE_EXCEEDED if passed else grpc.StatusCode.CANCELLED
+                labels.status = ended.name
+                self._ended(span, ended)
                 raise
             except Exception as exc:
                 code, message = self._failure(rpc, exc)
                 labels.status = code.name
+                self._ended(span, code)
             else:
                 labels.status = grpc.StatusCode.OK.name
+                self._ended(span, grpc.StatusCode.OK)
                 return response
         # After the scope: grpc.aio's abort sends the status before it raises, so a client could
         # otherwise read /metrics before this call was counted.

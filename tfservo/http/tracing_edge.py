@@ -22,23 +22,7 @@ __all__ = ["traced"]
 async def traced(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
     """`app(scope, receive, send)` inside a SERVER span."""
     method = scope["method"]
-    attributes: dict[str, AttributeValue] = {
-        "http.request.method": method,
-        "url.path": scope["path"],
-        "url.scheme": scope.get("scheme", "http"),
-        "network.protocol.version": scope.get("http_version", "1.1"),
-    }
-    server, client = scope.get("server"), scope.get("client")
-    if server:
-        attributes["server.address"], attributes["server.port"] = server[0], server[1]
-    if client:
-        attributes["client.address"] = client[0]
-    if scope.get("query_string"):
-        attributes["url.query"] = scope["query_string"].decode("latin-1")
-    for key, value in scope["headers"]:
-        if key == b"user-agent":
-            attributes["user_agent.original"] = value.decode("latin-1")
-    with tracing.server_span(method, tracing.header_carrier(scope["headers"]), attributes) as span:
+    with tracing.server_span(method, tracing.header_carrier(scope["headers"]), lambda: _attributes(scope)) as span:
         if not span.sampled:  # its context still goes to the handler's calls; nothing more is noted
             await app(scope, receive, send)
             return
@@ -60,6 +44,27 @@ async def traced(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> No
             if route:
                 span.set_attribute("http.route", route)
                 span.update_name(f"{method} {route}")
+
+
+def _attributes(scope: Scope) -> dict[str, AttributeValue]:
+    """HTTP's semantic-convention attributes of the request (made only for a sampled one)."""
+    attributes: dict[str, AttributeValue] = {
+        "http.request.method": scope["method"],
+        "url.path": scope["path"],
+        "url.scheme": scope.get("scheme", "http"),
+        "network.protocol.version": scope.get("http_version", "1.1"),
+    }
+    server, client = scope.get("server"), scope.get("client")
+    if server:
+        attributes["server.address"], attributes["server.port"] = server[0], server[1]
+    if client:
+        attributes["client.address"] = client[0]
+    if scope.get("query_string"):
+        attributes["url.query"] = scope["query_string"].decode("latin-1")
+    for key, value in scope["headers"]:
+        if key == b"user-agent":
+            attributes["user_agent.original"] = value.decode("latin-1")
+    return attributes
 
 
 def _starlette_route(scope: Scope) -> str | None:

@@ -579,11 +579,13 @@ class Batcher:
                 within: tracing.Parent = t.trace
                 if t.callback is not None:
                     within = self._model_span(t.trace, signature, t.queued_ns, ended_ns)
+                if not tracing.phases():
+                    continue
                 attributes: dict[str, str | int] = {"tfservo.batcher": self._name, "tfservo.model.signature": signature,
                               "tfservo.batch.size": size, "tfservo.batch.padded_size": padded,
                               "tfservo.batch.callers": len(tasks), "tfservo.batch.rows": t.size}
-                tracing.record("batch.queue", within, t.queued_ns, started_ns, attributes)
-                tracing.record("batch.run", within, started_ns, ended_ns, attributes)
+                tracing.record("batch.queue", within, t.queued_ns, started_ns, attributes, phase=True)
+                tracing.record("batch.run", within, started_ns, ended_ns, attributes, phase=True)
 
     def _model_span(self, within: tracing.Parent, signature: str, start_ns: int, end_ns: int) -> tracing.Parent:
         """The "model" span a submitted call gets (a blocking caller's ServableVersion.run opens its own)."""
