@@ -666,7 +666,8 @@ def test_run_lone_declines_what_must_not_run_on_the_loop(model: FakeModel) -> No
     try:
         model.delay = 0.0
         assert asyncio.run(lone(adaptive, x)) is None  # never ran: not known to be quick
-        adaptive("serving_default", x)
+        for _ in range(4):  # the quickest of a few runs is the kind's cost: one run slowed by a loaded machine is not
+            adaptive("serving_default", x)
         assert asyncio.run(lone(adaptive, x)) is not None
         assert asyncio.run(lone(adaptive, {"x": np.zeros((5, 2), np.float32)})) is None
         timeout("serving_default", x)
