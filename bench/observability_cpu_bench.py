@@ -96,7 +96,9 @@ def measure(label: str, bundle: str, body: str, scratch: Path, receiver_url: str
     servers = {}
     try:
         for name, (extra, env, _) in configs.items():
-            servers[name] = serve(bundle, extra, scratch / f"server-{label}-{len(servers)}.log", env)
+            # no poll after each answer: its spin is CPU a paced load pays per request, whatever is observed
+            servers[name] = serve(bundle, [*extra, "--idle-poll-us", "0"], scratch / f"server-{label}-{len(servers)}.log",
+                                  env)
         url = servers["off"][1] + "/invocations"
         for name, (proc, address) in servers.items():
             run_wrk(address + "/invocations", body, connections=8, seconds=2, server_pid=proc.pid,
@@ -180,7 +182,9 @@ def main() -> None:
             f"wrk with {PACED_CONNECTIONS} connections, each waiting between requests so that the rate is about half "
             "of what 'off' answers flat out (16 connections); the server's process tree's user+system CPU over each run "
             "and until it is idle again, divided by the run's requests; interleaved rounds, each over its own round's "
-            "'off'. Tracing exports OTLP/HTTP to a receiver on loopback; capture writes to a folder on disk.",
+            "'off'. Tracing exports OTLP/HTTP to a receiver on loopback; capture writes to a folder on disk; every "
+            "server runs with --idle-poll-us 0 (the poll after an answer spins for a while at a paced load, a cost "
+            "of the pace, not of what is observed).",
             "The floor row is bench/capture_floor.py writing the same capture lines at the same rate, 16 to a writev: "
             "its own CPU a line, what no capture can spend less than.",
         ],
