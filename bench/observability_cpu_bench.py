@@ -176,7 +176,7 @@ def main() -> None:
     finally:
         receiver.shutdown()
     save_section(args.results, "observability_cpu", {
-        "title": "Seeing every request, in server CPU per request (issue 66): paced load at half of 'off''s maximum",
+        "title": "Seeing every request, in server CPU per request (issue 66): a paced load below saturation (wrk's whole-millisecond waits: about a quarter of 'off''s maximum for the MLP)",
         "rows": rows,
         "notes": [
             f"wrk with {PACED_CONNECTIONS} connections, each waiting between requests so that the rate is about half "
