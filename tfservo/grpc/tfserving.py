@@ -34,6 +34,7 @@ from tfservo.codecs.tensor_proto import MAX_FILL_BYTES, to_ndarray, write_tensor
 from tfservo.core import deadlines, tracing
 from tfservo.core.errors import Code, InvalidArgument, ServingError, Unimplemented
 from tfservo.core.request_labels import RequestScope, plain_scope
+from tfservo.core.status import http_status
 from tfservo.grpc.methods import Method, SyncContext, UndecodableRequest
 from tfservo.models.calls import Answer, Classification, ExamplesCall, Prediction, Regression
 from tfservo.models.servables import ServableVersion
@@ -139,9 +140,7 @@ class GrpcCalls:
     def _ended(span: Any, status: grpc.StatusCode) -> None:
         if span is not None and span.sampled:
             span.set_attribute("rpc.grpc.status_code", status.value[0])
-            if status not in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                              grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
-                              grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            if http_status(status.value[0]) >= 500:  # the server's failure, as the HTTP door marks its spans
                 span.set_status(tracing.error_status(status.name))
 
     def run(self, rpc: str, method: str, context: SyncContext, fn: Callable[[], object], request: object = None) -> object:

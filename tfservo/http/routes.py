@@ -144,6 +144,11 @@ _SM, _TFS, _V2, _OPS, _MM = ("SageMaker",), ("TF Serving",), ("V2",), ("Operatio
 _TFS_PREFIXES = ("/v1/models/{name:segment}", "/v1/models/{name:segment}/versions/{version:segment}",
                  "/v1/models/{name:segment}/labels/{label:segment}")
 
+def _v2(method: str) -> Endpoint:
+    """V2Routes' `method`, as a route's endpoint (the shared-memory routes, one per kind)."""
+    return lambda e: getattr(e.v2, method)
+
+
 ROUTES: tuple[RouteSpec, ...] = (
     # SageMaker
     RouteSpec(("GET",), "/ping", lambda e: e.pages.ping, scope=None, doc=Doc(
@@ -199,14 +204,14 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(("GET",), "/v2/models/{name}/versions/{version}", lambda e: e.v2.model_metadata),
     RouteSpec(("GET",), "/v2/models/{name}/ready", lambda e: e.v2.model_ready, doc=Doc("Whether {name} is ready", per_model=True)),
     RouteSpec(("GET",), "/v2/models/{name}/versions/{version}/ready", lambda e: e.v2.model_ready),
-    *(route for kind in ("system", "cuda") for route in (
-        RouteSpec(("GET",), f"/v2/{kind}sharedmemory/status", lambda e: e.v2.shm_status, doc=Doc(
+    *(route for kind, prefix in (("system", "shm"), ("cuda", "cuda")) for route in (
+        RouteSpec(("GET",), f"/v2/{kind}sharedmemory/status", _v2(f"{prefix}_status"), doc=Doc(
             f"V2 {kind} shared-memory regions registered", _V2, errors=(501,), ok="list")),
-        RouteSpec(("GET",), f"/v2/{kind}sharedmemory/region/{{name}}/status", lambda e: e.v2.shm_status),
-        RouteSpec(("POST",), f"/v2/{kind}sharedmemory/region/{{name}}/register", lambda e: e.v2.shm_register,
+        RouteSpec(("GET",), f"/v2/{kind}sharedmemory/region/{{name}}/status", _v2(f"{prefix}_status")),
+        RouteSpec(("POST",), f"/v2/{kind}sharedmemory/region/{{name}}/register", _v2(f"{prefix}_register"),
                   scope="invoke", doc=Doc(f"Register a {kind} shared-memory region", _V2, errors=(400, 403, 501))),
-        RouteSpec(("POST",), f"/v2/{kind}sharedmemory/unregister", lambda e: e.v2.shm_unregister, scope="invoke"),
-        RouteSpec(("POST",), f"/v2/{kind}sharedmemory/region/{{name}}/unregister", lambda e: e.v2.shm_unregister,
+        RouteSpec(("POST",), f"/v2/{kind}sharedmemory/unregister", _v2(f"{prefix}_unregister"), scope="invoke"),
+        RouteSpec(("POST",), f"/v2/{kind}sharedmemory/region/{{name}}/unregister", _v2(f"{prefix}_unregister"),
                   scope="invoke"),
     )),
     RouteSpec(("POST",), "/v2/models/{name}/infer", lambda e: e.hot.v2_infer, hot=True, metric_method="predict",

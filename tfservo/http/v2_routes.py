@@ -108,31 +108,24 @@ class V2Routes:
             return error_response(exc)
         return json_response({})
 
-    # -- the shared-memory extensions ----------------------------------------------------------
+    # -- the shared-memory extensions (system's served; CUDA's refused, as an empty registry) ----
 
     async def shm_status(self, request: Request) -> Response:
-        """GET /v2/{system,cuda}sharedmemory[/region/{name}]/status."""
+        """GET /v2/systemsharedmemory[/region/{name}]/status."""
         name = request.path_params.get("name")
         try:
-            if request.url.path.startswith("/v2/cudasharedmemory"):
-                return json_response(self.plane.cuda_shm_status(name))
             return json_response(await _in_thread(lambda: self.plane.shm_status(name)))
         except ServingError as exc:
             return error_response(exc)
 
     async def shm_register(self, request: Request) -> Response:
-        """POST /v2/{system,cuda}sharedmemory/region/{name}/register: {"key", "offset", "byte_size"}."""
+        """POST /v2/systemsharedmemory/region/{name}/register: {"key", "offset", "byte_size"}."""
         name = request.path_params["name"]
+        doc = await _register_body(request)
+        if doc is None:
+            return _NOT_A_REGISTRATION
+        peer = peer_of(request.scope)
         try:
-            doc = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            return error_json('the body must be JSON: {"key": "/name", "offset": 0, "byte_size": N}', 400)
-        if not isinstance(doc, dict):
-            return error_json('the body must be a JSON object: {"key": "/name", "offset": 0, "byte_size": N}', 400)
-        try:
-            if request.url.path.startswith("/v2/cudasharedmemory"):
-                self.plane.cuda_shm_register()
-            peer = peer_of(request.scope)
             await _in_thread(lambda: self.plane.shm_register(name, doc.get("key"), doc.get("offset", 0),
                                                              doc.get("byte_size"), peer))
         except ServingError as exc:
@@ -140,11 +133,39 @@ class V2Routes:
         return json_response({})
 
     async def shm_unregister(self, request: Request) -> Response:
-        """POST /v2/{system,cuda}sharedmemory[/region/{name}]/unregister (all of them without a name)."""
-        name = request.path_params.get("name")
+        """POST /v2/systemsharedmemory[/region/{name}]/unregister (every region without a name)."""
         try:
-            if not request.url.path.startswith("/v2/cudasharedmemory"):
-                self.plane.shm_unregister(name)
+            self.plane.shm_unregister(request.path_params.get("name"))
         except ServingError as exc:
             return error_response(exc)
         return json_response({})
+
+    async def cuda_status(self, request: Request) -> Response:
+        try:
+            return json_response(self.plane.cuda_shm_status(request.path_params.get("name")))
+        except ServingError as exc:
+            return error_response(exc)
+
+    async def cuda_register(self, request: Request) -> Response:
+        if await _register_body(request) is None:
+            return _NOT_A_REGISTRATION
+        try:
+            self.plane.cuda_shm_register()
+        except ServingError as exc:
+            return error_response(exc)
+        return json_response({})
+
+    async def cuda_unregister(self, request: Request) -> Response:
+        return json_response({})  # nothing is ever registered
+
+
+_NOT_A_REGISTRATION = error_json('the body must be a JSON object: {"key": "/name", "offset": 0, "byte_size": N}', 400)
+
+
+async def _register_body(request: Request) -> dict[str, object] | None:
+    """A register call's JSON object, None when the body is not one."""
+    try:
+        doc = orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
