@@ -95,7 +95,7 @@ def test_kserve_runtime_arguments():
             assert status == health_pb2.HealthCheckResponse.SERVING
         # A worker killed as the OOM killer would: the supervisor replaces it (a small model gets a
         # worker per core, so the count depends on the machine).
-        worker = re.search(r"pid (\d+) of \d+ workers", box.logs())[1]
+        worker = re.search(r"pids? (\d+)(?:, \d+)* of \d+ workers", box.logs())[1]
         box.exec("sh", "-c", f"kill -9 {worker}")
         deadline = time.monotonic() + 120
         while "starting a new one" not in box.logs() and time.monotonic() < deadline:
