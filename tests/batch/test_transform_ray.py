@@ -226,3 +226,28 @@ def test_follow_on_ray_transforms_objects_as_they_land_with_its_actors_kept(clus
     run_transform(TransformJob(str(HALF_PLUS_THREE), str(inputs), str(tmp_path / "local"), **flags),
                   service=hp3, progress="none")
     assert tree(out) == tree(tmp_path / "local")
+
+
+def test_a_keras_file_on_ray_as_a_transform_and_through_the_data_adapter(cluster, tmp_path):
+    """A Keras 3 `.keras` version dir: the transform's .out bytes equal the local engine's, and
+    the Ray Data adapter answers what Keras's own predict does."""
+    import ray
+    from keras_models import build_keras_models
+
+    from tfservo.ray import BundlePredictor
+
+    k = build_keras_models(tmp_path / "keras")
+    mlp = k.dir("mlp")
+    flags = k.mlp_csv_input(tmp_path / "in")
+    _, on_ray = both(load_service(str(mlp)), mlp, tmp_path / "in", tmp_path, **flags)
+    assert on_ray.ok and on_ray.records == len(k.mlp_x)
+    lines = (tmp_path / "ray" / "rows.csv.out").read_text().splitlines()
+    np.testing.assert_allclose([json.loads(line) for line in lines], k.mlp_y, rtol=1e-5, atol=1e-6)
+
+    rows = [{"id": f"k{i}", "x": x} for i, x in enumerate(k.mlp_x)]
+    ds = ray.data.from_items(rows).map_batches(
+        BundlePredictor, fn_constructor_args=(str(mlp),), compute=ray.data.ActorPoolStrategy(size=2),
+        batch_size=1, batch_format="numpy",
+    )
+    got = sorted(ds.take_all(), key=lambda r: int(r["id"][1:]))
+    np.testing.assert_allclose(np.stack([r["output_0"] for r in got]), k.mlp_y, rtol=1e-5, atol=1e-6)

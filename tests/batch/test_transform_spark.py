@@ -158,3 +158,25 @@ def test_structured_streaming_answers_each_row_once_across_a_stop_and_a_restart_
     rows = spark.read.parquet(str(tmp_path / "out2")).collect()
     assert sorted(r["id"] for r in rows) == sorted(f"r{i}" for i in range(120))
     assert all(r["y"] == pytest.approx(int(r["id"][1:]) / 2 + 3) for r in rows)
+
+
+def test_a_keras_file_on_spark_as_a_transform_and_through_the_udf(spark, tmp_path):
+    """A Keras 3 `.keras` version dir: the transform's .out bytes equal the local engine's, and a
+    pandas UDF over its two named inputs answers what Keras's own predict does."""
+    import numpy as np
+    from keras_models import build_keras_models
+
+    from tfservo.spark import bundle_predict_udf
+
+    k = build_keras_models(tmp_path / "keras")
+    mlp = k.dir("mlp")
+    flags = k.mlp_csv_input(tmp_path / "in")
+    _, on_spark = both(load_service(str(mlp)), mlp, tmp_path / "in", tmp_path, **flags)
+    assert on_spark.ok and on_spark.records == len(k.mlp_x)
+
+    age, income = k.pair_in["age"][0].tolist(), k.pair_in["income"][0].tolist()
+    df = spark.createDataFrame([("p", age, income)], "id string, age array<float>, income array<float>")
+    score = bundle_predict_udf(str(k.dir("pair")), return_type="array<float>", output="score",
+                               input_names=["age", "income"])
+    (row,) = df.withColumn("score", score("age", "income")).collect()
+    np.testing.assert_allclose(row["score"], k.pair_out["score"][0], rtol=1e-5, atol=1e-6)

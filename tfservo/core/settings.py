@@ -328,6 +328,11 @@ class Settings:
         "HandleReloadConfigRequest). auto: on when listening on loopback only, with --api-keys (scope manage) "
         "or in SageMaker's multi-model container (SAGEMAKER_MULTI_MODEL=true), else off; on; off "
         "[default: $TFSERVO_MANAGEMENT or auto].")
+    trust_model_code: bool = setting(
+        False, "--trust-model-code", env="TFSERVO_TRUST_MODEL_CODE",
+        help="Load models that run code or read files of their own on load: a Keras Lambda layer, a class "
+        "from outside Keras that nothing registered, a vocabulary read from a path. Off: such a model is "
+        "refused, naming what it would run [default: $TFSERVO_TRUST_MODEL_CODE or off].")
     shared_memory: str = setting(
         "system", "--shared-memory", env="TFSERVO_SHARED_MEMORY", choices=("system", "off"),
         help="Triton's system shared-memory extension (/v2/systemsharedmemory, gRPC's SystemSharedMemory*): "
@@ -537,7 +542,7 @@ GROUPS: tuple[Group, ...] = (
         "grpc_max_connection_age", "grpc_channel_arguments", "profiler")),
     Group("security", "Security", (
         "api_keys", "open_runtime_api", "sigv4_credentials", "sigv4_replay_window", "auth_failure_limit",
-        "management", "shared_memory", "tls_cert", "tls_key", "tls_ca", "ssl_config_file")),
+        "management", "trust_model_code", "shared_memory", "tls_cert", "tls_key", "tls_ca", "ssl_config_file")),
     Group("observability", "Logs, metrics and capture", (
         "log_level", "log_format", "access_log", "monitoring_config_file", "data_capture_config",
         "data_capture_routes", "data_capture_buffer", "data_capture_file_seconds", "data_capture_max_disk_percent",

@@ -31,8 +31,10 @@ __all__ = [
     "CODE_DIR_NAME",
     "LAYOUTS",
     "MAX_VERSION",
+    "KERAS_SUFFIX",
     "SAVED_MODEL_FILES",
     "TFLITE_MODEL_FILE",
+    "keras_file",
     "serves_tflite",
     "Bundle",
     "discover_versions",
@@ -47,6 +49,7 @@ ARCHIVE_MODEL_NAME = "model"  # what the SageMaker container calls a model at /o
 CODE_DIR_NAME = "code"
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 TFLITE_MODEL_FILE = "model.tflite"  # a TFLite version dir (TF Serving serves these too)
+KERAS_SUFFIX = ".keras"  # a Keras 3 version dir: one <name>.keras, as model.save() writes it
 MAX_VERSION = 2**63 - 1  # TF Serving versions are int64
 
 _VERSION_RE = re.compile(r"[0-9]+", re.ASCII)
@@ -57,7 +60,8 @@ _RATIO_FLOOR = 64 * 2**20  # archives that expand to less are not held to the ra
 LAYOUTS = (  # what the layouts a bundle may have are, for error messages
     "expected one of: a model dir with numeric version subdirs (<model>/1/saved_model.pb), "
     "a dir of such model dirs (<root>/<model>/1/saved_model.pb, optional <root>/code/), "
-    "a SavedModel dir (<dir>/saved_model.pb), or a .tar.gz/.tgz/.tar of any of these"
+    "a SavedModel dir (<dir>/saved_model.pb), each version a SavedModel, a model.tflite or a Keras 3 "
+    "<name>.keras file, or a .tar.gz/.tgz/.tar of any of these"
 )
 
 
@@ -228,8 +232,9 @@ def _code_dir(path: str) -> str | None:
 
 
 def _is_saved_model_dir(path: str) -> bool:
-    """True if a SavedModel file (or a TFLite model) lies directly in `path`."""
-    return _has_saved_model(path) or os.path.isfile(os.path.join(path, TFLITE_MODEL_FILE))
+    """True if a SavedModel file (or a TFLite model, or a .keras file) lies directly in `path`."""
+    return (_has_saved_model(path) or os.path.isfile(os.path.join(path, TFLITE_MODEL_FILE))
+            or bool(_keras_files(path)))
 
 
 def _has_saved_model(path: str) -> bool:
@@ -242,6 +247,27 @@ def serves_tflite(version_dir: str, prefer_tflite: bool) -> bool:
     return os.path.isfile(os.path.join(version_dir, TFLITE_MODEL_FILE)) and (
         prefer_tflite or not _has_saved_model(version_dir)
     )
+
+
+def keras_file(version_dir: str) -> str | None:
+    """The `.keras` file a version dir is served from: its one <name>.keras where it holds no
+    SavedModel (a SavedModel beside it is what TF Serving would serve); None if it has none."""
+    if _has_saved_model(version_dir):
+        return None
+    found = _keras_files(version_dir)
+    if len(found) > 1:
+        raise BundleError(
+            f"version dir {version_dir} holds {len(found)} .keras files ({', '.join(os.path.basename(f) for f in found)}); "
+            "a version is one model: keep one, or give each its own version dir"
+        )
+    return found[0] if found else None
+
+
+def _keras_files(path: str) -> list[str]:
+    try:
+        return sorted(e.path for e in os.scandir(path) if e.name.endswith(KERAS_SUFFIX) and e.is_file())
+    except OSError:
+        return []
 
 
 def _dir_name(path: str) -> str:

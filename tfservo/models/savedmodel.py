@@ -195,6 +195,7 @@ class LoadedModel:
         self.strict_shapes = strict_shapes
         # Why this model runs through tf.saved_model.load instead of a Session; None when it doesn't.
         self.fallback_reason: str | None = None
+        self.keras_file: str | None = None  # the .keras file this SavedModel was exported from, if one was
         self._backend = backend
         self._runners: dict[tuple[str, tuple[str, ...], tuple[str, ...]], _Runner] = {}
         self._lock = threading.Lock()

@@ -8,6 +8,7 @@ batcher's callers use the array-level methods.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,13 @@ class TFServingAPI:
         try:  # TF Serving's PreProcessClassification / PreProcessRegression
             check(sig, check_method_name=self.check_method_name)
         except InvalidArgument as exc:
+            keras = sv.model.keras_file if sv.model is not None else None
+            if keras is not None:
+                raise InvalidArgument(
+                    f"{call.method} of model {sv.model_name} version {sv.version}: it is served from the Keras "
+                    f"file {os.path.basename(keras)}, whose one signature ({sig.name}) predicts; {call.method} needs a "
+                    "signature that takes serialized tf.Examples. Send its inputs to :predict (or /invocations) instead"
+                ) from None
             raise InvalidArgument(
                 f"{call.method} with signature {sig.name} of model {sv.model_name} version {sv.version}: "
                 f"{exc.message}; pick a {call.method} signature with signature_name"

@@ -25,7 +25,7 @@ from tfservo.handlers.bundle_code import (
     reload_handlers,
     unload_handlers,
 )
-from tfservo.models.bundle import Bundle, ModelSource, open_bundle, serves_tflite
+from tfservo.models.bundle import Bundle, ModelSource, keras_file, open_bundle, serves_tflite
 from tfservo.models.config_reloader import ModelConfigReloader
 from tfservo.models.lifecycle import ModelLifecycle
 from tfservo.models.model_config import VersionPolicy
@@ -318,11 +318,17 @@ def _runner_factory(settings: Settings, on_batch: BatchHook | None) -> BatchingR
 
 def _load_model(settings: Settings, path: str) -> LoadedModel:
     """A version dir's model: its SavedModel, or its model.tflite where there is no SavedModel
-    or --prefer-tflite-model says so (as TF Serving chooses)."""
+    or --prefer-tflite-model says so (as TF Serving chooses), or its Keras 3 .keras file."""
     if serves_tflite(path, settings.prefer_tflite_model):
         from tfservo.models.tflite import load_tflite_model
 
         return load_tflite_model(path, interpreters=settings.tflite_interpreters, threads=settings.intra_op_threads)
+    keras = keras_file(path)
+    if keras is not None:
+        from tfservo.models.keras_model import load_keras_model
+
+        return load_keras_model(path, keras, trust_code=settings.trust_model_code,
+                                intra_op_threads=settings.intra_op_threads, inter_op_threads=settings.inter_op_threads)
     from tfservo.models.savedmodel import load_saved_model
 
     return load_saved_model(path, intra_op_threads=settings.intra_op_threads, inter_op_threads=settings.inter_op_threads)

@@ -19,7 +19,14 @@ from collections.abc import Iterable, Iterator
 from tfservo.core.archive_limits import ArchiveLimits
 from tfservo.core.errors import BundleError, BundleNotFound
 from tfservo.handlers.handler_names import HANDLER_NAMES, chosen_handlers
-from tfservo.models.bundle import CODE_DIR_NAME, LAYOUTS, SAVED_MODEL_FILES, TFLITE_MODEL_FILE, open_bundle
+from tfservo.models.bundle import (
+    CODE_DIR_NAME,
+    KERAS_SUFFIX,
+    LAYOUTS,
+    SAVED_MODEL_FILES,
+    TFLITE_MODEL_FILE,
+    open_bundle,
+)
 
 __all__ = ["check_bundles", "check_handler_source"]
 
@@ -75,8 +82,9 @@ def _check_archive(archive: str, source: str) -> None:
     try:
         with tarfile.open(archive, "r:*") as tar:
             members = [m for m in tar.getmembers() if m.isfile()]
-            if not any(posixpath.basename(m.name) in _MODEL_FILES for m in members):
-                raise BundleError(f"no models found in {source}: it holds no {' or '.join(_MODEL_FILES)}; {LAYOUTS}")
+            if not any(posixpath.basename(m.name) in _MODEL_FILES or m.name.endswith(KERAS_SUFFIX) for m in members):
+                raise BundleError(f"no models found in {source}: it holds no {' or '.join(_MODEL_FILES)} "
+                                  f"or *{KERAS_SUFFIX}; {LAYOUTS}")
             for member in members:
                 name = _member_path(member.name)
                 parts = name.split("/")
