@@ -55,6 +55,7 @@ __all__ = [
     "execution_parameters_from_env",
     "grouped_options",
     "is_loopback",
+    "option",
     "options",
     "parse_version_labels",
     "resolve_batching",
@@ -574,6 +575,11 @@ _BY_NAME = {option.name: option for option in _OPTIONS}
 def options() -> tuple[Option, ...]:
     """Every declared setting and input, in declaration order (the CLI makes its options from these)."""
     return _OPTIONS
+
+
+def option(name: str) -> Option:
+    """The declaration of setting `name`, for messages that name its flag and variable."""
+    return _BY_NAME[name]
 
 
 def grouped_options() -> Iterator[tuple[Group, tuple[Option, ...]]]:

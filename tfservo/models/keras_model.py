@@ -7,7 +7,7 @@ bypassed before (CVE-2025-1550), so this does not depend on it alone. Then by Ke
 (`keras.saving.load_model`, safe_mode on unless trusted) and written once as a SavedModel by
 Keras's own `model.export(format="tf_saved_model")` — the artifact a Keras user would give TF
 Serving, so its `serving_default` signature is Keras's (inputs named by the input layers, outputs
-by a dict's keys or `output_0`…) — in a scratch dir of this process. The version then loads as that
+by a dict's keys or `output_0`…) — in a scratch dir, removed once it has loaded. The version then loads as that
 SavedModel: batching, warmup, metadata and the session fast path are the SavedModel's own.
 """
 
@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tfservo.core.errors import Code, ModelLoadError
+from tfservo.core.errors import Code, ModelLoadError, first_line
 from tfservo.core.scratch import make_scratch_dir
-from tfservo.core.settings import INTER_OP_IN_CALLER_THREAD
+from tfservo.core.settings import INTER_OP_IN_CALLER_THREAD, option
 
 if TYPE_CHECKING:
     from tfservo.models.savedmodel import LoadedModel
@@ -32,7 +33,6 @@ __all__ = ["KerasFinding", "export_keras", "keras_findings", "load_keras_model"]
 _CONFIG = "config.json"
 _MAX_CONFIG_BYTES = 64 * 2**20  # a model's architecture; more is an archive built to exhaust memory
 _LOOKUPS = ("StringLookup", "IntegerLookup", "TextVectorization")
-TRUST_FLAG = "--trust-model-code"
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,13 @@ def load_keras_model(path: str, keras_file: str, *, trust_code: bool = False, in
     ModelLoadError naming the file and, for a refusal, the finding and the flag that allows it."""
     from tfservo.models.savedmodel import load_saved_model
 
-    export = os.path.join(make_scratch_dir("tfservo-keras-"), "1")
-    export_keras(keras_file, export, trust_code=trust_code)
-    loaded = load_saved_model(export, intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads)
+    scratch = make_scratch_dir("tfservo-keras-")
+    try:
+        export = os.path.join(scratch, "1")
+        export_keras(keras_file, export, trust_code=trust_code)
+        loaded = load_saved_model(export, intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads)
+    finally:  # read only while it loads (graph, variables, assets): not one copy per version until exit
+        shutil.rmtree(scratch, ignore_errors=True)
     loaded.path = path  # what status and errors name: the user's version dir
     loaded.keras_file = keras_file
     return loaded
@@ -106,7 +110,7 @@ def export_keras(keras_file: str, target: str, *, trust_code: bool = False) -> N
         model.export(target, format="tf_saved_model", verbose=False)
     except Exception as exc:
         raise ModelLoadError(
-            f"Failed to serve {keras_file}: Keras could not trace the model for serving: {_first_line(exc)}. "
+            f"Failed to serve {keras_file}: Keras could not trace the model for serving: {first_line(exc)}. "
             "A model built from keras.Input layers (Sequential or functional) traces; a subclassed model "
             "must have been built (called once) before it was saved"
         ) from None
@@ -120,8 +124,7 @@ def _load(keras_file: str, trust_code: bool) -> Any:
         found = keras_findings(keras_file, lambda name: keras.saving.get_registered_object(name) is not None)
         if found:
             listed = "; ".join(str(f) for f in found)
-            allow = (f" Serve it with {TRUST_FLAG} (TFSERVO_TRUST_MODEL_CODE=true) if you trust where it came from"
-                     if any(f.trusted_by_flag for f in found) else "")
+            allow = _allow_hint() if any(f.trusted_by_flag for f in found) else ""
             raise ModelLoadError(
                 f"Refusing to load {keras_file}: it runs code or reads files on load ({listed}).{allow}",
                 Code.FAILED_PRECONDITION,
@@ -134,7 +137,7 @@ def _load(keras_file: str, trust_code: bool) -> Any:
     try:
         return keras.saving.load_model(keras_file, compile=False, safe_mode=not trust_code)
     except Exception as exc:
-        message = _first_line(exc)
+        message = first_line(exc)
         if "Could not locate" in str(exc):
             missing = str(exc).split("Could not locate", 1)[1].split(".")[0].strip()
             raise ModelLoadError(
@@ -159,7 +162,7 @@ def _read_config(path: str) -> dict[str, object]:
         raise ModelLoadError(f"Failed to load {path}: no {_CONFIG} in it; a .keras file is written by "
                              "model.save('model.keras')") from None
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise ModelLoadError(f"Failed to load {path}: not a readable .keras file ({_first_line(exc)}); "
+        raise ModelLoadError(f"Failed to load {path}: not a readable .keras file ({first_line(exc)}); "
                              "write it with model.save('model.keras')") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"Failed to load {path}: its {_CONFIG} is not an object")
@@ -186,6 +189,8 @@ def _from_keras(module: str) -> bool:
     return root in ("keras", "keras_hub", "keras_nlp", "keras_cv")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _allow_hint() -> str:
+    """How to allow what a finding names, from the setting's own declaration."""
+    trust = option("trust_model_code")
+    return (f" Allow it with {trust.flags[0]} on serve, or {trust.env[0]}=true for any command or engine "
+            "(a transform's --env too), if you trust where it came from")
