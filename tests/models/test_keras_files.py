@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tarfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,3 +207,45 @@ def test_a_new_keras_version_is_polled_in_and_s3_prefixes_serve_keras_files(kera
         got = http.post("/v1/models/pair:predict", json={"inputs": {key: v.tolist() for key, v in k.pair_in.items()}})
         assert got.status_code == 200, got.text
         np.testing.assert_allclose(got.json()["outputs"]["klass"], k.pair_out["klass"], rtol=1e-5, atol=1e-6)
+
+
+def test_export_writes_a_savedmodel_tensorflow_model_server_answers_as_serve_answers_the_keras_file(
+        keras_models, server, tmp_path):
+    import tensorflow as tf
+
+    k = keras_models
+    done = run_cli(["export", str(k.dir("pair") / "1"), str(tmp_path / "pair" / "1")])
+    assert done.returncode == 0, done.stderr.decode()
+    report = done.stdout.decode()
+    assert "input  age: float32 (-1, 3)" in report and "output klass: max |diff|" in report, report
+    assert "tolerance |keras - savedmodel| <= 1e-05 + 1e-05·|keras|" in report and "OUTSIDE" not in report, report
+    # a plain SavedModel with Keras's signature: what TF Serving's own loader reads
+    signature = tf.saved_model.load(str(tmp_path / "pair" / "1")).signatures["serving_default"]
+    assert sorted(signature.structured_input_signature[1]) == ["age", "income"]
+
+    body = {"inputs": {key: v.tolist() for key, v in k.pair_in.items()}}
+    with server.client() as http:
+        from_keras = http.post("/v1/models/pair:predict", json=body).json()["outputs"]
+    tfms = ServerProcess([])
+    tfms.args = [str(Path(sys.executable).with_name("tensorflow_model_server")), "--port=0", "--rest_api_port=0",
+                 "--model_name=pair", f"--model_base_path={tmp_path / 'pair'}"]
+    with tfms, tfms.client() as http:
+        from_export = http.post("/v1/models/pair:predict", json=body)
+        assert from_export.status_code == 200, from_export.text
+    for key in ("klass", "score"):
+        np.testing.assert_allclose(from_export.json()["outputs"][key], from_keras[key], rtol=1e-6, atol=1e-7)
+
+
+def test_export_refuses_what_load_refuses_and_writes_nothing_it_has_not_checked(keras_models, tmp_path):
+    k = keras_models
+    refused = run_cli(["export", str(k.dir("doubled") / "1" / "model.keras"), str(tmp_path / "d" / "1")])
+    assert refused.returncode == 1 and "layer 'double': a Lambda layer" in refused.stderr.decode()
+    assert "--trust-model-code (serve, export)" in refused.stderr.decode()
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+    trusted = run_cli(["export", "--trust-model-code", str(k.dir("doubled") / "1"), str(tmp_path / "d" / "1")])
+    assert trusted.returncode == 0, trusted.stderr.decode()
+    again = run_cli(["export", str(k.dir("mlp") / "1"), str(tmp_path / "d" / "1")])
+    assert again.returncode == 1 and "already exists" in again.stderr.decode()
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["1"]  # no staging dir left beside it
+    nothing = run_cli(["export", str(tmp_path), str(tmp_path / "e" / "1")])
+    assert nothing.returncode == 1 and "is not a .keras file or a version dir holding one" in nothing.stderr.decode()

@@ -217,6 +217,10 @@ from tfservo.cli.keys import keys  # noqa: E402
 
 main.add_command(keys)
 
+from tfservo.cli.export import export  # noqa: E402
+
+main.add_command(export)
+
 
 def run() -> None:
     """The `tfservo` console script: TensorFlow's noise off before anything imports it, then the CLI."""

@@ -28,7 +28,7 @@ from tfservo.core.settings import INTER_OP_IN_CALLER_THREAD, option
 if TYPE_CHECKING:
     from tfservo.models.savedmodel import LoadedModel
 
-__all__ = ["KerasFinding", "export_keras", "keras_findings", "load_keras_model"]
+__all__ = ["KerasFinding", "export_keras", "keras_findings", "load_keras_file", "load_keras_model"]
 
 _CONFIG = "config.json"
 _MAX_CONFIG_BYTES = 64 * 2**20  # a model's architecture; more is an archive built to exhaust memory
@@ -103,9 +103,11 @@ def load_keras_model(path: str, keras_file: str, *, trust_code: bool = False, in
     return loaded
 
 
-def export_keras(keras_file: str, target: str, *, trust_code: bool = False) -> None:
-    """Write `keras_file`'s model to `target` as a SavedModel (Keras's `model.export`)."""
-    model = _load(keras_file, trust_code)
+def export_keras(keras_file: str, target: str, *, trust_code: bool = False, model: Any = None) -> None:
+    """Write `keras_file`'s model (`model` where it is loaded already) to `target` as a SavedModel
+    (Keras's `model.export`)."""
+    if model is None:
+        model = load_keras_file(keras_file, trust_code)
     try:
         model.export(target, format="tf_saved_model", verbose=False)
     except Exception as exc:
@@ -116,8 +118,8 @@ def export_keras(keras_file: str, target: str, *, trust_code: bool = False) -> N
         ) from None
 
 
-def _load(keras_file: str, trust_code: bool) -> Any:
-    """The Keras model in `keras_file`, loaded safely unless `trust_code`."""
+def load_keras_file(keras_file: str, trust_code: bool = False) -> Any:
+    """The Keras model in `keras_file`, loaded safely unless `trust_code` (refusals as in the module)."""
     import keras
 
     if not trust_code:
@@ -192,5 +194,5 @@ def _from_keras(module: str) -> bool:
 def _allow_hint() -> str:
     """How to allow what a finding names, from the setting's own declaration."""
     trust = option("trust_model_code")
-    return (f" Allow it with {trust.flags[0]} on serve, or {trust.env[0]}=true for any command or engine "
+    return (f" Allow it with {trust.flags[0]} (serve, export), or {trust.env[0]}=true for any command or engine "
             "(a transform's --env too), if you trust where it came from")
