@@ -221,6 +221,12 @@ from tfservo.cli.export import export  # noqa: E402
 
 main.add_command(export)
 
+from tfservo.cli.scan import scan  # noqa: E402
+from tfservo.cli.sign import sign  # noqa: E402
+
+main.add_command(scan)
+main.add_command(sign)
+
 
 def run() -> None:
     """The `tfservo` console script: TensorFlow's noise off before anything imports it, then the CLI."""

@@ -334,6 +334,18 @@ class Settings:
         help="Load models that run code or read files of their own on load: a Keras Lambda layer, a class "
         "from outside Keras that nothing registered, a vocabulary read from a path. Off: such a model is "
         "refused, naming what it would run [default: $TFSERVO_TRUST_MODEL_CODE or off].")
+    scan_policy: str = setting(
+        "auto", "--scan-policy", env="TFSERVO_SCAN_POLICY", choices=("auto", "allow", "warn", "refuse"),
+        help="What loading does with a model whose graph can touch files or the network or run Python, or "
+        "whose assets point outside it (`tfservo scan` lists the findings): allow; warn (a log line naming "
+        "each); refuse (the version fails to load, naming them). auto: warn for paths given here, refuse for "
+        "models from s3://, the management API and X-Amzn-SageMaker-Target-Model [default: $TFSERVO_SCAN_POLICY "
+        "or auto].")
+    require_signature: str | None = setting(
+        None, "--require-signature", env="TFSERVO_REQUIRE_SIGNATURE", metavar="KEYS", existing_file=True,
+        help="Load only bundles signed by `tfservo sign` with one of the Ed25519 public keys in KEYS (a PEM "
+        "file of one or more keys): an unsigned file, an altered one or a version dir added after signing "
+        "fails to load, naming it [default: $TFSERVO_REQUIRE_SIGNATURE or none].")
     shared_memory: str = setting(
         "system", "--shared-memory", env="TFSERVO_SHARED_MEMORY", choices=("system", "off"),
         help="Triton's system shared-memory extension (/v2/systemsharedmemory, gRPC's SystemSharedMemory*): "
@@ -543,7 +555,7 @@ GROUPS: tuple[Group, ...] = (
         "grpc_max_connection_age", "grpc_channel_arguments", "profiler")),
     Group("security", "Security", (
         "api_keys", "open_runtime_api", "sigv4_credentials", "sigv4_replay_window", "auth_failure_limit",
-        "management", "trust_model_code", "shared_memory", "tls_cert", "tls_key", "tls_ca", "ssl_config_file")),
+        "management", "trust_model_code", "scan_policy", "require_signature", "shared_memory", "tls_cert", "tls_key", "tls_ca", "ssl_config_file")),
     Group("observability", "Logs, metrics and capture", (
         "log_level", "log_format", "access_log", "monitoring_config_file", "data_capture_config",
         "data_capture_routes", "data_capture_buffer", "data_capture_file_seconds", "data_capture_max_disk_percent",

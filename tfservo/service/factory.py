@@ -7,7 +7,6 @@ it with the same `tfservo.core.settings.Settings`, so every mode behaves the sam
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -37,6 +36,7 @@ from tfservo.service.warmup import replay_warmup
 if TYPE_CHECKING:
     from tfservo.models.batching import BatchingRunnerFactory
     from tfservo.models.savedmodel import LoadedModel
+    from tfservo.models.signing import TrustedKeys
 
 __all__ = ["BatchHook", "ModelService", "build_service"]
 
@@ -63,7 +63,15 @@ class ModelService:
         on_run: RunHook | None = None,
     ) -> None:
         self.settings = settings or Settings()
-        loader = functools.partial(_load_model, self.settings)
+        # models that arrived from elsewhere (s3://, the management API, a Target-Model header):
+        # their root dir → how, for the scan policy (tfservo.models.scan.policy_for)
+        self._arrived: dict[str, str] = {}
+        self._keys: TrustedKeys | None = None
+        if self.settings.require_signature:
+            from tfservo.models.signing import TrustedKeys
+
+            self._keys = TrustedKeys(self.settings.require_signature)
+        loader = self._load_version
         self.runners = _runner_factory(self.settings, on_batch)  # the batchers' maker; None: no batching
         self.manager = ModelManager(
             loader,
@@ -101,6 +109,8 @@ class ModelService:
         """Open a bundle, prepare its code and load every model in it. The bundle's root code/
         applies to its own models without a code/ of their own (not to other bundles' models)."""
         bundle = open_bundle(path_or_url, limits=self.settings.archive_limits)
+        if not os.path.exists(path_or_url) and "://" in path_or_url and not path_or_url.startswith("file://"):
+            self.mark_arrived(bundle.root, path_or_url.split("://", 1)[0] + "://")
         if os.path.isfile(bundle.source):  # an archive, extracted under bundle.root: errors name the archive
             self._archives[bundle.root] = bundle.source
         shared = None
@@ -142,6 +152,37 @@ class ModelService:
             raise
         self.configured_models.append(source.name)
 
+    def mark_arrived(self, root: str, how: str) -> None:
+        """Models under `root` arrived through `how` (s3://, the management API, …): the scan
+        policy's auto refuses what they can do beyond computing."""
+        self._arrived[os.path.realpath(root)] = how
+
+    def _arrival(self, path: str) -> str | None:
+        real = os.path.realpath(path)
+        for root, how in self._arrived.items():
+            if real == root or real.startswith(root + os.sep):
+                return how
+        return None
+
+    def _load_version(self, path: str) -> LoadedModel:
+        """Every version load: its signature checked (--require-signature), its scan's findings
+        decided by the scan policy, then the model loaded (a SavedModel, TFLite or .keras file)."""
+        from tfservo.models.scan import check_version
+
+        label = f"model {os.path.basename(os.path.dirname(os.path.abspath(path)))} version {os.path.basename(path)}"
+        if self._keys is not None:
+            from tfservo.models.signing import verify_dir
+
+            verify_dir(path, self._keys, label)
+        check_version(path, label, self.settings.scan_policy, self._arrival(path))
+        return _load_model(self.settings, path)
+
+    def _verify_code(self, code_dir: str) -> None:
+        if self._keys is not None:
+            from tfservo.models.signing import verify_dir
+
+            verify_dir(code_dir, self._keys, "code")
+
     def set_universal_code(self, code_dir: str) -> None:
         """Use `code_dir`/inference.py for every model without its own code/."""
         self.invoker.universal_handlers = self._prepare_code(code_dir, "universal")
@@ -173,6 +214,7 @@ class ModelService:
                 continue
             self._reloads += 1
             try:
+                self._verify_code(code_dir)
                 new = reload_handlers(old, f"{old.module.__name__.split('__r')[0]}__r{self._reloads}")
             except ServingError as exc:
                 log.error("code in %s not reloaded, the previous handler keeps answering: %s", code_dir, exc.message)
@@ -198,6 +240,7 @@ class ModelService:
             unload_handlers(handlers)  # no other model of its bundle uses it
 
     def _prepare_code(self, code_dir: str, label: str) -> Handlers | None:
+        self._verify_code(code_dir)
         target = os.path.join(
             self.settings.requirements_dir or os.path.join(tempfile.gettempdir(), "tfservo-requirements"),
             # keyed by what is installed, so a re-extracted archive reuses its earlier install

@@ -152,7 +152,7 @@ class MultiModelEndpoint:
             self._busy.add(name)
         try:
             try:
-                self._load(name, url, source)
+                self._load(name, url, source, arrived="X-Amzn-SageMaker-Target-Model")
             except BaseException:
                 shutil.rmtree(private, ignore_errors=True)
                 raise
@@ -306,8 +306,10 @@ class MultiModelEndpoint:
                 f"or use an instance with more memory"
             )
 
-    def _load(self, name: str, url: str, source: ModelSource, policy: VersionPolicy | None = None) -> None:
+    def _load(self, name: str, url: str, source: ModelSource, policy: VersionPolicy | None = None, *,
+              arrived: str = "the management API") -> None:
         """Load all versions (those `policy` selects); if any fails, unload the rest and report every failure."""
+        self.service.mark_arrived(source.base_path, arrived)
         self.service.add_model(source, policy)
         served = self.service.manager.model(name)
         failed = [v for v in served.versions.values() if v.state is not State.AVAILABLE]
