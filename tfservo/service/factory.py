@@ -169,7 +169,9 @@ class ModelService:
         decided by the scan policy, then the model loaded (a SavedModel, TFLite or .keras file)."""
         from tfservo.models.scan import check_version
 
-        label = f"model {os.path.basename(os.path.dirname(os.path.abspath(path)))} version {os.path.basename(path)}"
+        version = os.path.basename(path)
+        label = (f"model {os.path.basename(os.path.dirname(os.path.abspath(path)))} "
+                 f"version {int(version) if version.isdigit() else version}")
         if self._keys is not None:
             from tfservo.models.signing import verify_dir
 
