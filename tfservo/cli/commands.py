@@ -62,8 +62,12 @@ class _GroupedHelp(click.Command):
 
 @main.command(cls=_GroupedHelp)
 @click.argument("paths", nargs=-1, metavar="[PATH]...")
+@click.option("--config", "config_file", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
+              help="Settings from a TOML, YAML or JSON file, by their flags' names without the dashes "
+              "(workers = 2) or their variables' (SAGEMAKER_TFS_MAX_BATCH_SIZE = 16), and paths; flags given "
+              "here win over the file, the file over the environment (what `tfservo tune` writes).")
 @_setting_options
-def serve(paths: tuple[str, ...], **flags: object) -> None:
+def serve(paths: tuple[str, ...], config_file: str | None, **flags: object) -> None:
     """Serve model bundles over SageMaker's /invocations and TF Serving's REST API.
 
     PATH is a model dir with numeric versions, a dir of several models, a model.tar.gz,
@@ -73,9 +77,10 @@ def serve(paths: tuple[str, ...], **flags: object) -> None:
     from tfservo.core.settings import resolve_settings
     from tfservo.server.run import serve as run_server
 
-    settings = _settings(
-        resolve_settings, paths=paths, **{name: None if value is False else value for name, value in flags.items()}
-    )
+    given = {name: None if value is False or value == () else value for name, value in flags.items()}
+    if config_file:
+        paths = paths or _apply_config(config_file, given)
+    settings = _settings(resolve_settings, paths=paths, **given)
     setup_logging(settings.log_level, settings.log_format, settings.access_log)
     try:
         _check_first(settings)
@@ -186,6 +191,24 @@ def _watch_code(service: ModelService, run: Callable[[], object]) -> None:
         pass
     finally:
         reloader.stop()
+
+
+def _apply_config(path: str, given: dict[str, object]) -> tuple[str, ...]:
+    """Fill the flags not `given` from the config file at `path` and export its variables (the
+    file over the environment, the command line over both); the paths it names."""
+    from tfservo.core.config_file import read_config_file
+    from tfservo.core.environment import export
+    from tfservo.core.settings import ConfigError
+
+    try:
+        config = read_config_file(path)
+    except ConfigError as exc:
+        raise click.UsageError(exc.message) from None
+    export(dict(config.env))
+    for name, value in config.flags.items():
+        if given.get(name) is None:
+            given[name] = value
+    return config.paths
 
 
 def _check_first(settings: Settings) -> None:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tfservo.core.config_file import ConfigFile, read_config_file
+from tfservo.core.environment import export
 from tfservo.core.logs import quiet_tensorflow, setup_logging
 from tfservo.core.settings import (
     ConfigError,
@@ -136,7 +138,15 @@ def settings_from_tfs_args(
     argv: Sequence[str], env: Mapping[str, str] | None = None, *, warn: Callable[[str], None] = log.warning
 ) -> Settings:
     """TF Serving's flags (and MODEL_NAME/MODEL_BASE_PATH) as tfservo's Settings."""
+    real = env is None
     env = environment() if env is None else env
+    argv, config = _config_file(argv)
+    if config is not None:
+        if real:
+            export(dict(config.env))  # the file over the environment, for the workers too
+        env = {**env, **config.env}
+        # its TF Serving flags come first on the command line, so the flags given win over them
+        argv = [*(f"--{name}={text}" for name, text in config.extra.items()), *argv]
     given, ignored = parse_tfs_args(argv)
     for name in ignored:
         warn(f"--{name} is accepted for compatibility and has no effect in tfservo")
@@ -167,13 +177,35 @@ def settings_from_tfs_args(
         flags["batching"] = "off"  # TF Serving's own default, said out loud: no batching
     flags["model_base_path"] = base_path or None
     flags["model_name"] = model_name
+    for name, setting in (config.flags if config is not None else {}).items():
+        if flags.get(name) is None:  # a tfservo setting by its serve flag's name, where no TF flag said it
+            flags[name] = setting
     return resolve_settings(multi_model=False, serve_default_path=False, env=env, **flags)
+
+
+def _config_file(argv: Sequence[str]) -> tuple[list[str], ConfigFile | None]:
+    """argv without `--config=FILE` (tfservo's, as on serve), and the file it names."""
+    rest, path = [], None
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("--config", "-config"):
+            if not args:
+                raise ConfigError("flag --config needs a file")
+            path = args.pop(0)
+        elif arg.startswith(("--config=", "-config=")):
+            path = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return rest, (read_config_file(path, extra=TF_SERVING_FLAGS) if path else None)
 
 
 def _usage() -> str:
     lines = ["usage: tensorflow_model_server [--flag=value]...", "", "Flags (TF Serving's; * accepted, no effect):"]
     for name, flag in TF_SERVING_FLAGS.items():
         lines.append(f"  --{name}={flag.default!r}{'' if flag.acted_on else '  *'}")
+    lines += ["", "tfservo's own:", "  --config=FILE  settings from a TOML, YAML or JSON file: these flags' names, "
+              "`tfservo serve`'s (without dashes) or their variables; the flags given here win over it"]
     return "\n".join(lines)
 
 

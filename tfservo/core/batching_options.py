@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AUTO_BATCH_THREADS", "AUTO_MAX_BATCH_SIZE", "ENABLE_VAR", "BatchingOptions"]
+__all__ = ["AUTO_BATCH_THREADS", "AUTO_MAX_BATCH_SIZE", "BATCHING_VARIABLES", "ENABLE_VAR", "BatchingOptions"]
 
 
 def _cores() -> int:
@@ -31,6 +31,8 @@ _INT_VARS = {
     "num_batch_threads": "SAGEMAKER_TFS_NUM_BATCH_THREADS",
     "max_enqueued_batches": "SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES",
 }
+# every variable `from_env` reads: what a config file may set by its variable's name
+BATCHING_VARIABLES = (ENABLE_VAR, *_INT_VARS.values())
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
