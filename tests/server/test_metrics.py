@@ -145,9 +145,32 @@ def test_batch_metrics_are_labelled_by_model(http):
         assert 1 <= batches <= jobs.count(model), model
         assert delta("tfservo_batch_size_sum", model) == rows[model] * jobs.count(model), model
         assert delta("tfservo_batch_run_seconds_count", model) == batches, model
+        # the saturation signal counts the batches' model time, as the batch histogram does
+        busy = delta("tfservo_model_busy_seconds_total", model)
+        assert busy > 0 and busy == pytest.approx(delta("tfservo_batch_run_seconds_sum", model), rel=1e-6), model
     # Every batch series names its model; a model that never batched has none.
     batch_series = [labels for name, labels in after if name.startswith("tfservo_batch_")]
     assert batch_series and {dict(labels).get("model") for labels in batch_series} == {M, THREE}
+
+
+def test_the_busy_seconds_of_unbatched_calls_rise_with_offered_load():
+    """rate(tfservo_model_busy_seconds_total) is the share of time a model computes: it grows with
+    the calls it answers and never passes the wall time they took (one call at a time here)."""
+    with ServerProcess([str(TFS / M), "--batching", "off", "--no-supervisor"]) as proc, proc.client() as http:
+        def busy() -> float:
+            return sample(scrape(http), "tfservo_model_busy_seconds_total", model=M)
+
+        body = json.dumps({"instances": [[1.0]] * 64})
+        assert http.post(f"/v1/models/{M}:predict", content=body).status_code == 200
+        time.sleep(0.1)  # the bulk writer's period (20 ms), with room
+        light = busy()
+        started = time.monotonic()
+        for _ in range(200):
+            assert http.post(f"/v1/models/{M}:predict", content=body).status_code == 200
+        elapsed = time.monotonic() - started
+        time.sleep(0.1)
+        heavy = busy()
+        assert light > 0 and 0 < heavy - light < elapsed, (light, heavy, elapsed)
 
 
 def test_access_log_has_one_line_per_request(http, server):

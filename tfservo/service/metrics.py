@@ -104,8 +104,9 @@ class Metrics:
         # Each label set's children, found once: prometheus_client's labels() checks and
         # converts every value on every call (a few µs a request, three times).
         self._answered: dict[tuple[str, ...], tuple[Any, Any]] = {}
+        self._busy_children: dict[str, Any] = {}
         self._in_flight: dict[str, Any] = {}
-        self._batches: dict[str, tuple[Any, Any, Any]] = {}  # model → its batch metrics' children
+        self._batches: dict[str, tuple[Any, Any, Any, Any]] = {}  # model → its batch metrics' children
         self.model_state = Gauge(
             "tfservo_model_state", "1 for the state each model version is in (TF Serving's states), else 0",
             ["model", "version", "state"], multiprocess_mode="liveall", registry=reg,
@@ -133,6 +134,12 @@ class Metrics:
         )
         self.batch_padding = Counter(
             "tfservo_batch_padding_rows", "Rows added to batches to reach an allowed batch size, by model",
+            ["model"], registry=reg,
+        )
+        # The saturation signal: rate() of it is the share of time the model computes (1.0: one
+        # call at a time, back to back), batched or not; what a scaling rule divides by its target.
+        self.busy_seconds = Counter(
+            "tfservo_model_busy_seconds", "Seconds the model spent computing (batched and unbatched calls), by model",
             ["model"], registry=reg,
         )
         self.batch_seconds = Histogram(
@@ -294,6 +301,7 @@ class Metrics:
         if children is None:  # labels() costs more than the update itself: once per model
             children = self._batches[model] = (
                 self.batch_size.labels(model), self.batch_padding.labels(model), self.batch_seconds.labels(model),
+                self._busy(model),
             )
         tally = self.tally
         self.statistics.executed(model, None, real, seconds, queued)
@@ -301,13 +309,21 @@ class Metrics:
         if padded > real:
             tally.inc(children[1], padded - real)
         tally.observe(children[2], seconds)
+        tally.inc(children[3], seconds)
         if self.tfs is not None:
             self.tfs.batch(model, real, padded, queued)
             self.tfs.runtime(model, "predict", seconds)
 
+    def _busy(self, model: str) -> Any:
+        child = self._busy_children.get(model)
+        if child is None:  # labels() once per model (see _answered)
+            child = self._busy_children[model] = self.busy_seconds.labels(model)
+        return child
+
     def run_hook(self, model: str, seconds: float) -> None:
         """One unbatched model call of `model` took `seconds` (TF Serving's runtime latency)."""
         labels = current_labels()
+        self.tally.inc(self._busy(model), seconds)
         self.statistics.executed(model, (labels.version or None) if labels is not None else None, 0, seconds)
         if self.tfs is not None:
             self.tfs.runtime(model, (labels.method if labels is not None else None) or "predict", seconds)
