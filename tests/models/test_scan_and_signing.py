@@ -257,3 +257,23 @@ def test_sign_says_what_it_needs(keys, tmp_path):
     assert wrong.returncode == 1 and "neither a dir nor a tar archive" in wrong.stderr.decode()
     not_a_key = run_cli(["serve", str(HALF_PLUS_TWO), "--require-signature", str(tmp_path / "f.txt")])
     assert not_a_key.returncode != 0 and "holds no PEM public key" in not_a_key.stderr.decode()
+
+
+def test_a_config_reload_over_grpc_is_refused_as_the_management_api_is(risky):
+    import grpc
+    from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
+
+    with ServerProcess([str(HALF_PLUS_TWO), "--no-supervisor"]) as proc:
+        request = model_management_pb2.ReloadConfigRequest()
+        for name, path in (("half", HALF_PLUS_TWO), ("pyfunc", risky / "pyfunc")):
+            config = request.config.model_config_list.config.add()
+            config.name, config.base_path, config.model_platform = name, str(path), "tensorflow"
+        with grpc.insecure_channel(proc.grpc_target) as channel:
+            answer = model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest(request, timeout=120)
+        with proc.client() as http:
+            deadline = time.monotonic() + 60
+            while "model_version_status" not in (status := http.get("/v1/models/pyfunc").json()):
+                assert time.monotonic() < deadline, (answer, status)
+                time.sleep(0.5)
+        said = answer.status.error_message + json.dumps(status)
+        assert "op EagerPyFunc" in said and "the management API (HandleReloadConfigRequest)" in said, said

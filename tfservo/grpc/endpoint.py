@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -47,7 +48,8 @@ def start_grpc(
         batched=service.batches,
         max_queued=settings.max_queued_per_model,
         scope=metrics.scope,
-        reload_config=lambda: service.model_config.reload_config,
+        reload_config=lambda: functools.partial(service.model_config.reload_config,
+                                                arrived="the management API (HandleReloadConfigRequest)"),
         reuse_port=reuse_port,
         credentials=server_credentials(settings.ssl_config_file) if settings.ssl_config_file else None,
         draining=draining,

@@ -44,6 +44,8 @@ class ServedModels(Protocol):
 
     def update_model(self, name: str, policy: VersionPolicy, labels: Mapping[str, int]) -> None: ...
 
+    def mark_arrived(self, root: str, how: str) -> None: ...
+
 
 class ModelConfigReloader:
     """The config-file models of one service."""
@@ -67,17 +69,19 @@ class ModelConfigReloader:
         (TF Serving builds the same one-entry config internally)."""
         self._apply([single_model_config(name, base_path)], source=f"--model_base_path {base_path}")
 
-    def reload_config(self, config: str | bytes | object) -> None:
-        """Make the served config models match `config` (text or ModelServerConfig proto).
+    def reload_config(self, config: str | bytes | object, *, arrived: str | None = None) -> None:
+        """Make the served config models match `config` (text or ModelServerConfig proto);
+        `arrived` names a door other than the operator's file it came through (the scan policy's
+        auto refuses what such models can do beyond computing).
 
         Raises a ServingError (InvalidArgument, AlreadyExists, ...) naming the model when the
         config cannot be applied; models changed before the failing one stay changed, as in
         TF Serving.
         """
         configs = parse_model_server_config(config, source="reloaded model config")
-        self._apply(configs, source="reloaded model config")
+        self._apply(configs, source="reloaded model config", arrived=arrived)
 
-    def _apply(self, configs: list[ModelConfig], *, source: str) -> None:
+    def _apply(self, configs: list[ModelConfig], *, source: str, arrived: str | None = None) -> None:
         with self._lock:
             others = set(self.service.model_names()) - set(self._configs)
             for config in configs:
@@ -102,6 +106,8 @@ class ModelConfigReloader:
                     log.info("model %s: base path changed to %s; reloading", config.name, config.base_path)
                     self.service.remove_model(config.name)
                     del self._configs[config.name]
+                if arrived:
+                    self.service.mark_arrived(config.base_path, arrived)
                 self._add(config)
                 self._configs[config.name] = config
 

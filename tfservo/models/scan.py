@@ -55,12 +55,13 @@ class Finding:
         return self.what
 
 
-def scan_version(path: str) -> list[Finding]:
-    """The findings of the version dir `path` (a SavedModel, a `.keras` file's dir, a TFLite file's)."""
+def scan_version(path: str, *, keras_layers: bool = True) -> list[Finding]:
+    """The findings of the version dir `path` (a SavedModel, a `.keras` file's dir, a TFLite file's);
+    `keras_layers=False` leaves out a `.keras` file's, which its load checks itself."""
     from tfservo.models.bundle import keras_file
 
     found: list[Finding] = []
-    keras = keras_file(path)
+    keras = keras_file(path) if keras_layers else None
     if keras is not None:
         from tfservo.models.keras_model import keras_findings
 
@@ -95,7 +96,7 @@ def check_version(path: str, label: str, setting: str, arrived: str | None) -> N
     policy = policy_for(setting, arrived)
     if policy == "allow":
         return
-    found = [f for f in scan_version(path) if f.enforced and f.kind != "keras"]  # Keras's: --trust-model-code
+    found = [f for f in scan_version(path, keras_layers=False) if f.enforced]  # Keras's: --trust-model-code
     if not found:
         return
     listed = "; ".join(str(f) for f in found)
