@@ -44,6 +44,7 @@ def test_the_kubernetes_deployment_serves_with_keys_from_its_secret(tmp_path):
     assert container["volumeMounts"][1]["mountPath"] == str(Path(KEYS_IN_POD).parent)
     flags = serve.make_context("serve", ["--host", "0.0.0.0", *args]).params
     paths = flags.pop("paths") or (str(TFS / "saved_model_half_plus_two_cpu"),)
+    assert flags.pop("config_file") is None  # serve's own input, not a setting: the manifest gives none
     settings = resolve_settings(paths=paths, env=env, **{k: None if v is False else v for k, v in flags.items()})
     assert (settings.api_keys, settings.host, settings.workers) == (keys, "0.0.0.0", 2)
     assert settings.management_open() == (True, "keys with scope manage (--api-keys)")
