@@ -11,7 +11,6 @@ code by design, so listed and never refused here (signing covers it, tfservo.mod
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -75,11 +74,10 @@ def scan_version(path: str, *, keras_layers: bool = True) -> list[Finding]:
 
 def scan_code(code_dir: str) -> list[Finding]:
     """Every file under a bundle's `code_dir` with its SHA-256 (listed, not enforced)."""
-    found = []
-    for file in sorted(_files(code_dir)):
-        rel = os.path.relpath(file, code_dir)
-        found.append(Finding("code", file, f"code/{rel} sha256 {_sha256(file)}", enforced=False))
-    return found
+    from tfservo.models.signing import listed_files, sha256_file
+
+    return [Finding("code", os.path.join(code_dir, rel), f"code/{rel} sha256 {sha256_file(os.path.join(code_dir, rel))}",
+                    enforced=False) for rel in listed_files(code_dir)]
 
 
 def policy_for(setting: str, arrived: str | None) -> str:
@@ -195,18 +193,3 @@ def _outside_links(path: str) -> list[Finding]:
 def _inside(entry: str, root: str) -> bool:
     real, top = os.path.realpath(entry), os.path.realpath(root)
     return real == top or real.startswith(top + os.sep)
-
-
-def _files(top: str) -> Iterator[str]:
-    for root, dirs, files in os.walk(top):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in files:
-            yield os.path.join(root, name)
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -27,7 +27,7 @@ from tfservo.core.errors import Code, ModelLoadError
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-__all__ = ["SIGNATURE_FILE", "Signature", "TrustedKeys", "new_key", "sign_path", "verify_dir"]
+__all__ = ["SIGNATURE_FILE", "Signature", "TrustedKeys", "listed_files", "new_key", "sha256_file", "sign_path", "verify_dir"]
 
 SIGNATURE_FILE = "tfservo-signature.json"
 _FORMAT = "tfservo-manifest/1"
@@ -129,7 +129,7 @@ def sign_path(path: str, key_file: str) -> tuple[str, int]:
     if not isinstance(private, Ed25519PrivateKey):
         raise ModelLoadError(f"{key_file} is not an Ed25519 private key; make one with `tfservo sign --new-key FILE`")
     if os.path.isdir(path):
-        files = {rel: _sha256_file(os.path.join(path, rel)) for rel in _listed(path)}
+        files = {rel: sha256_file(os.path.join(path, rel)) for rel in listed_files(path)}
         doc = _document(files, private)
         target = os.path.join(path, SIGNATURE_FILE)
         with open(target, "wb") as f:
@@ -151,14 +151,14 @@ def verify_dir(path: str, keys: TrustedKeys, what: str) -> None:
     base = os.path.relpath(os.path.realpath(path), os.path.realpath(signed.root)).replace(os.sep, "/")
     prefix = "" if base == "." else base + "/"
     present = set()
-    for rel in _listed(path):
+    for rel in listed_files(path):
         key = prefix + rel
         present.add(key)
         want = signed.files.get(key)
         if want is None:
             raise _refused(f"{what}: {os.path.join(path, rel)} is not in the signed manifest {signature} "
                            "(added after signing: sign the bundle again)")
-        if _sha256_file(os.path.join(path, rel)) != want:
+        if sha256_file(os.path.join(path, rel)) != want:
             raise _refused(f"{what}: {os.path.join(path, rel)} differs from what was signed in {signature}")
     gone = sorted(k for k in signed.files if k.startswith(prefix) and k not in present)
     if gone:
@@ -183,7 +183,7 @@ def _nearest_signature(path: str) -> str | None:
     return None
 
 
-def _listed(top: str) -> Iterator[str]:
+def listed_files(top: str) -> Iterator[str]:
     """Every file under `top` a load could read, relative with '/', the signature files left out;
     a link counts as the file it names (hashing follows it), so a link swapped later is caught."""
     for root, dirs, files in os.walk(top, followlinks=False):
@@ -242,7 +242,7 @@ def _member_name(name: str) -> str:
     return "" if normal == "." else normal
 
 
-def _sha256_file(path: str) -> str:
+def sha256_file(path: str) -> str:
     with open(path, "rb") as f:
         return _sha256_stream(f)
 
