@@ -34,6 +34,7 @@ from tfservo.batch.job import TransformJob
 from tfservo.batch.worker.failures import ElementErrors
 from tfservo.beam import BundleModelHandler
 from tfservo.cli import main as tfservo_cli
+from tfservo.models.hooks import ModelHooks
 from tfservo.service.invocation import error_result
 
 MME = SMC / "resources" / "mme"
@@ -348,7 +349,8 @@ def test_several_bodies_go_to_the_model_as_one_call_and_answer_as_if_alone(bundl
     settings = resolve_settings(paths=[str(MME)], multi_model=False, env=DEFAULT_ENV).replace(
         batching=BatchingOptions(max_batch_size=64, batch_timeout_micros=0, num_batch_threads=1, max_enqueued_batches=8)
     )
-    service = build_service(settings, on_batch=lambda model, rows, padded, seconds, queued: batches.append(rows))
+    service = build_service(settings, hooks=ModelHooks(
+        on_batch=lambda model, rows, padded, seconds, queued: batches.append(rows)))
     try:
         bodies = [b"1.0\n2.0\n", b"5.0\n", b"3.0\n4.0\n6.0\n"]
         for accept in (None, CSV, JSONLINES):

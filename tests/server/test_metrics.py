@@ -173,6 +173,32 @@ def test_the_busy_seconds_of_unbatched_calls_rise_with_offered_load():
         assert light > 0 and 0 < heavy - light < elapsed, (light, heavy, elapsed)
 
 
+def test_the_model_in_flight_and_batch_queue_gauges_rise_with_offered_load(slow_model):
+    """Four requests at once to a 1 s model batched one row at a time on one thread: all four
+    hold the model, the ones behind the running batch wait in its queue, and both gauges
+    fall back to 0 once they are answered."""
+    env = {"SAGEMAKER_TFS_MAX_BATCH_SIZE": "1", "SAGEMAKER_TFS_NUM_BATCH_THREADS": "1",
+           "SAGEMAKER_TFS_ENABLE_BATCHING": "true"}
+    with ServerProcess([str(slow_model), "--no-supervisor"], env=env) as proc, proc.client() as http:
+        def gauges() -> tuple[float, float]:
+            samples = scrape(http)
+            return (sample(samples, "tfservo_model_requests_in_flight", model="slow"),
+                    sample(samples, "tfservo_batch_queued_rows", model="slow"))
+
+        assert http.post("/v1/models/slow:predict", content=b'{"instances": [1.0]}').status_code == 200
+        time.sleep(0.1)
+        assert gauges() == (0, 0)
+        with ThreadPoolExecutor(4) as pool:
+            answers = [pool.submit(http.post, "/v1/models/slow:predict", content=b'{"instances": [1.0]}')
+                       for _ in range(4)]
+            time.sleep(0.6)  # all four arrived; the first batch runs for 1 s
+            held, queued = gauges()
+            assert held == 4 and 1 <= queued <= 3, (held, queued)
+            assert all(a.result().status_code == 200 for a in answers)
+        time.sleep(0.1)
+        assert gauges() == (0, 0)
+
+
 def test_access_log_has_one_line_per_request(http, server):
     assert http.get(f"/v1/models/{M}").status_code == 200
     deadline = time.monotonic() + 10  # logged once the answer is out; then through the pipe

@@ -61,6 +61,7 @@ class ServableVersion:
     runner: Runner | None = None  # the batcher when batching is on
     load_seconds: float | None = None
     on_run: Callable[[str, float], None] | None = field(default=None, repr=False)  # unbatched call timings
+    on_hold: Callable[[str, int], None] | None = field(default=None, repr=False)  # handles taken/given back
     refs: int = field(default=0, repr=False)  # handles held now
     _calls: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
@@ -161,12 +162,16 @@ class ServableVersion:
             if self.state is not State.AVAILABLE:
                 return False
             self.refs += 1
-            return True
+        if self.on_hold is not None:
+            self.on_hold(self.model_name, 1)
+        return True
 
     def _give_back(self) -> None:
         with self._calls:
             self.refs -= 1
             self._calls.notify_all()
+        if self.on_hold is not None:
+            self.on_hold(self.model_name, -1)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every handle is released; False if some are still held after `timeout`."""
@@ -239,6 +244,7 @@ class ModelManager:
         runner_factory: RunnerFactory | None = None,
         on_event: Callable[[ServableVersion], None] | None = None,
         on_run: Callable[[str, float], None] | None = None,
+        on_hold: Callable[[str, int], None] | None = None,
         warmup: Callable[[ServableVersion], object] | None = None,
         drain_timeout_seconds: float = 60.0,
     ) -> None:
@@ -246,6 +252,7 @@ class ModelManager:
         self._runner_factory = runner_factory
         self._on_event = on_event
         self._on_run = on_run
+        self._on_hold = on_hold
         self.warmup = warmup  # runs between load and AVAILABLE; raising fails the version
         self.drain_timeout_seconds = drain_timeout_seconds
         self._models: dict[str, ServedModel] = {}
@@ -270,7 +277,8 @@ class ModelManager:
 
     def load_version(self, name: str, version: int, path: str) -> ServableVersion:
         """Load one version; on failure the version ends in END with its error kept."""
-        sv = ServableVersion(name, version, path, state=State.LOADING, on_run=self._on_run)
+        sv = ServableVersion(name, version, path, state=State.LOADING, on_run=self._on_run,
+                             on_hold=self._on_hold)
         with self._lock:
             served = self._models.setdefault(name, ServedModel(name))
             served.versions[version] = sv

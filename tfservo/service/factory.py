@@ -11,7 +11,7 @@ import hashlib
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from tfservo.core import tracing
@@ -26,9 +26,10 @@ from tfservo.handlers.bundle_code import (
 )
 from tfservo.models.bundle import Bundle, ModelSource, keras_file, open_bundle, serves_tflite
 from tfservo.models.config_reloader import ModelConfigReloader
+from tfservo.models.hooks import ModelHooks
 from tfservo.models.lifecycle import ModelLifecycle
 from tfservo.models.model_config import VersionPolicy
-from tfservo.models.servables import ModelManager, ServableVersion
+from tfservo.models.servables import ModelManager
 from tfservo.service.api import TFServingAPI
 from tfservo.service.invocation import Invoker
 from tfservo.service.warmup import replay_warmup
@@ -38,13 +39,10 @@ if TYPE_CHECKING:
     from tfservo.models.savedmodel import LoadedModel
     from tfservo.models.signing import TrustedKeys
 
-__all__ = ["BatchHook", "ModelService", "build_service"]
+__all__ = ["ModelService", "build_service"]
 
 log = logging.getLogger("tfservo.service")
 
-# A batcher's report of one batch: (model, rows, padded rows, seconds).
-BatchHook = Callable[[str, int, int, float, float], None]  # model, rows, padded, run s, queued s
-RunHook = Callable[[str, float], None]  # model, seconds of one unbatched model call
 
 
 class ModelService:
@@ -58,9 +56,7 @@ class ModelService:
         self,
         settings: Settings | None = None,
         *,
-        on_event: Callable[[ServableVersion], None] | None = None,
-        on_batch: BatchHook | None = None,
-        on_run: RunHook | None = None,
+        hooks: ModelHooks | None = None,
     ) -> None:
         self.settings = settings or Settings()
         # models that arrived from elsewhere (s3://, the management API, a Target-Model header):
@@ -72,12 +68,14 @@ class ModelService:
 
             self._keys = TrustedKeys(self.settings.require_signature)
         loader = self._load_version
-        self.runners = _runner_factory(self.settings, on_batch)  # the batchers' maker; None: no batching
+        hooks = hooks or ModelHooks()
+        self.runners = _runner_factory(self.settings, hooks)  # the batchers' maker; None: no batching
         self.manager = ModelManager(
             loader,
             runner_factory=self.runners,
-            on_event=on_event,
-            on_run=on_run,
+            on_event=hooks.on_event,
+            on_run=hooks.on_run,
+            on_hold=hooks.on_hold,
             warmup=(lambda sv: replay_warmup(self.api, sv)) if self.settings.warmup else None,
         )
         self.api = TFServingAPI(self.manager, check_method_name=self.settings.signature_method_name_check)
@@ -313,14 +311,12 @@ class ModelService:
 def build_service(
     settings: Settings,
     *,
-    on_event: Callable[[ServableVersion], None] | None = None,
-    on_batch: BatchHook | None = None,
-    on_run: RunHook | None = None,
+    hooks: ModelHooks | None = None,
 ) -> ModelService:
     """The running service for `settings`: every bundle in settings.paths and the model
     config file loaded, labels and the default model checked, file-system polling started."""
     tracing.configure()  # every process that runs a model: serve's workers, transforms, pipelines
-    service = ModelService(settings, on_event=on_event, on_batch=on_batch, on_run=on_run)
+    service = ModelService(settings, hooks=hooks)
     try:
         for path in settings.paths:
             service.add_bundle(path)
@@ -353,12 +349,12 @@ def _check_selection(service: ModelService, settings: Settings) -> None:
         )
 
 
-def _runner_factory(settings: Settings, on_batch: BatchHook | None) -> BatchingRunnerFactory | None:
+def _runner_factory(settings: Settings, hooks: ModelHooks) -> BatchingRunnerFactory | None:
     if settings.batching is None:
         return None
     from tfservo.models.batching import make_runner_factory
 
-    return make_runner_factory(settings.batching, on_batch=on_batch)
+    return make_runner_factory(settings.batching, on_batch=hooks.on_batch, on_queue=hooks.on_queue)
 
 
 def _load_model(settings: Settings, path: str) -> LoadedModel:

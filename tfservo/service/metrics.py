@@ -28,6 +28,7 @@ from tfservo.core.errors import Code, FailedPrecondition
 from tfservo.core.request_labels import RequestLabels, tracking
 from tfservo.core.request_labels import current as current_labels
 from tfservo.core.status import http_status
+from tfservo.models.hooks import ModelHooks
 from tfservo.models.servables import ServableVersion, State
 from tfservo.service.metric_tally import Tally
 from tfservo.service.model_statistics import INFERENCE_METHODS, ModelStatistics
@@ -142,6 +143,18 @@ class Metrics:
             "tfservo_model_busy_seconds", "Seconds the model spent computing (batched and unbatched calls), by model",
             ["model"], registry=reg,
         )
+        # Per model, for a scaling rule: requests holding one of its versions now (queued for
+        # a thread or the batcher, or computing), and rows in its batcher's queue.
+        self.model_in_flight = Gauge(
+            "tfservo_model_requests_in_flight", "Requests holding a version of the model now (waiting or computing), by model",
+            ["model"], multiprocess_mode="livesum", registry=reg,
+        )
+        self.batch_queued = Gauge(
+            "tfservo_batch_queued_rows", "Rows waiting in the model's batch queue for a batch thread, by model",
+            ["model"], multiprocess_mode="livesum", registry=reg,
+        )
+        self._held: dict[str, Any] = {}
+        self._queued: dict[str, Any] = {}
         self.batch_seconds = Histogram(
             "tfservo_batch_run_seconds", "Time the model took to run one batch, by model",
             ["model"], buckets=LATENCY_BUCKETS, registry=reg,
@@ -327,6 +340,27 @@ class Metrics:
         self.statistics.executed(model, (labels.version or None) if labels is not None else None, 0, seconds)
         if self.tfs is not None:
             self.tfs.runtime(model, (labels.method if labels is not None else None) or "predict", seconds)
+
+    def hold_hook(self, model: str, change: int) -> None:
+        """A request took (+1) or gave back (-1) a handle on a version of `model`."""
+        child = self._held.get(model)
+        if child is None:
+            child = self._held[model] = self.model_in_flight.labels(model)
+        self.tally.inc(child, change)
+
+    def queue_hook(self, model: str, change: int) -> None:
+        """`change` rows joined (+) or left (-) a batch queue of `model`."""
+        child = self._queued.get(model)
+        if child is None:
+            child = self._queued[model] = self.batch_queued.labels(model)
+        self.tally.inc(child, change)
+
+    def model_hooks(self) -> ModelHooks:
+        """The hooks the model layer reports to (ModelService, its manager and batchers)."""
+        return ModelHooks(
+            on_event=self.model_event, on_batch=self.batch_hook, on_run=self.run_hook,
+            on_hold=self.hold_hook, on_queue=self.queue_hook,
+        )
 
     def timeout(self, route: str, model: str | None, seconds: float) -> None:
         """A request's time limit passed: counted and logged (one line naming route and model)."""

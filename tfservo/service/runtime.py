@@ -102,7 +102,7 @@ def build_runtime(
         monitoring = read_monitoring_config(settings.monitoring_config_file)
         if monitoring.enable:
             metrics.serve_tf_serving_names(monitoring.path)
-    service = build_service(settings, on_event=metrics.model_event, on_batch=metrics.batch_hook, on_run=metrics.run_hook)
+    service = build_service(settings, hooks=metrics.model_hooks())
     tracing.on_dropped(metrics.span_dropped)
     local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     service.rest_base = f"http://{local_host}:{port}"

@@ -53,6 +53,7 @@ __all__ = [
     "LoopBatches",
     "make_runner_factory",
     "ModelBatchHook",
+    "QueueHook",
 ]
 
 log = logging.getLogger("tfservo.models.batching")
@@ -61,6 +62,8 @@ log = logging.getLogger("tfservo.models.batching")
 BatchHook = Callable[[int, int, float, float], None]
 # The same with the model's name first: a runner factory's hook, shared by every model's batchers.
 ModelBatchHook = Callable[[str, int, int, float, float], None]
+# (change) of the rows waiting in one Batcher's queue: +rows as a call joins, -rows as its batch starts.
+QueueHook = Callable[[int], None]
 # Called once, on a batch thread, with a submitted call's outputs or its error.
 Callback = Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
 
@@ -195,6 +198,7 @@ class BatchScheduler:
             self._work.notify_all()
             self._space.notify_all()
         for q in queues:
+            q.owner._queued(-sum(b.size for b in q.batches))
             q.owner._fail([t for b in q.batches for t in b.tasks])
         for t in self._threads:
             if t is not threading.current_thread():
@@ -239,6 +243,7 @@ class BatchScheduler:
         batch.closed = True
         if not q.batches:
             del self._queues[key]
+        q.owner._queued(-batch.size)
         return batch, None
 
 
@@ -268,6 +273,7 @@ class Batcher:
         *,
         name: str = "model",
         on_batch: BatchHook | None = None,
+        on_queue: QueueHook | None = None,
         scheduler: BatchScheduler | None = None,
         span_attributes: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
@@ -275,6 +281,7 @@ class Batcher:
         self._options = options
         self._name = name
         self._on_batch = on_batch
+        self._on_queue = on_queue
         # A signature's "model" span attributes (ServableVersion.span_attributes)
         self._span_attributes = span_attributes or (lambda signature: {"tfservo.model.signature": signature})
         self._max = options.max_batch_size
@@ -464,6 +471,14 @@ class Batcher:
             except Exception:
                 log.exception("batch hook failed for model %s", self._name)
 
+    def _queued(self, change: int) -> None:
+        """The queue hook (the metrics' queue depth), under the scheduler's lock; never fails a call."""
+        if self._on_queue is not None and change:
+            try:
+                self._on_queue(change)
+            except Exception:
+                log.exception("queue hook failed for model %s", self._name)
+
     def _alone(self, key: tuple[object, ...], size: int) -> bool:
         """Adaptive mode runs a call outside any batch when it fills one by itself, or when its
         kind of call proved not batchable."""
@@ -510,6 +525,7 @@ class Batcher:
                     batch.closed = True
                     self._busy -= 1
                     dropped.extend(batch.tasks)
+                    self._queued(-batch.size)
             sched._space.notify_all()
         self._fail(dropped)
         if self._owns_scheduler:
@@ -561,6 +577,7 @@ class Batcher:
     def _add(self, batch: _Batch, task: _Task) -> None:
         batch.tasks.append(task)
         batch.size += task.size
+        self._queued(task.size)
         if batch.size >= self._max:
             batch.closed = True
             self._scheduler._work.notify()
@@ -710,9 +727,13 @@ def _clone(exc: BaseException) -> BaseException:
 class BatchingRunnerFactory:
     """A RunnerFactory giving each loaded version a Batcher; all share one set of batch threads."""
 
-    def __init__(self, options: BatchingOptions, on_batch: ModelBatchHook | None = None) -> None:
+    def __init__(
+        self, options: BatchingOptions, on_batch: ModelBatchHook | None = None,
+        on_queue: Callable[[str, int], None] | None = None,
+    ) -> None:
         self.options = options
         self.on_batch = on_batch
+        self.on_queue = on_queue  # (model, change of its queued rows)
         self._scheduler: BatchScheduler | None = None
         self._per_model: dict[str, BatchingOptions] = {}  # a model's own (a V2 repository load's config)
         self._lock = threading.Lock()
@@ -743,6 +764,7 @@ class BatchingRunnerFactory:
             self.options_for(sv.model_name),
             name=f"{sv.model_name} version {sv.version}",
             on_batch=functools.partial(self.on_batch, sv.model_name) if self.on_batch else None,
+            on_queue=functools.partial(self.on_queue, sv.model_name) if self.on_queue else None,
             scheduler=scheduler,
             span_attributes=sv.span_attributes,
         )
@@ -756,7 +778,9 @@ class BatchingRunnerFactory:
 
 
 def make_runner_factory(
-    options: BatchingOptions, on_batch: ModelBatchHook | None = None
+    options: BatchingOptions, on_batch: ModelBatchHook | None = None,
+    on_queue: Callable[[str, int], None] | None = None,
 ) -> BatchingRunnerFactory:
-    """The RunnerFactory to hand ModelManager when batching is on; on_batch(model, rows, padded, seconds)."""
-    return BatchingRunnerFactory(options, on_batch)
+    """The RunnerFactory to hand ModelManager when batching is on; on_batch(model, rows, padded,
+    seconds, queued) after each batch, on_queue(model, change) as rows join or leave a queue."""
+    return BatchingRunnerFactory(options, on_batch, on_queue)
