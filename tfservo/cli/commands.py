@@ -250,6 +250,10 @@ from tfservo.cli.sign import sign  # noqa: E402
 main.add_command(scan)
 main.add_command(sign)
 
+from tfservo.cli.tune import tune  # noqa: E402
+
+main.add_command(tune)
+
 
 def run() -> None:
     """The `tfservo` console script: TensorFlow's noise off before anything imports it, then the CLI."""
