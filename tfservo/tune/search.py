@@ -180,7 +180,7 @@ def tune(options: TuneOptions, progress: Callable[[str], None]) -> TuneResult:
     protocol = best.protocol
     result.noise = _noise(options, workload, best, log_path, out_of_time, progress)
     result.stopped = "a whole pass gained nothing beyond the noise"
-    trial_cost = best.seconds
+    trial_cost = best.seconds / len(best.ladders)  # later trials measure one protocol
     for _ in range(3):
         changed = False
         for name, values in dimensions(cores, options.max_workers):

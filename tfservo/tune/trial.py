@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfservo.core import environment
 from tfservo.core.settings import ConfigError
 from tfservo.tune.load import GrpcTarget, HttpTarget, LoadResult, closed_loop
 from tfservo.tune.workload import Workload
@@ -101,7 +102,7 @@ class ServerUnderTest:
         command = [sys.executable, "-m", "tfservo", "serve", "--config", self.config,
                    "--host", "127.0.0.1", "--port", str(self.port), "--grpc-port", str(self.grpc_port)]
         log = open(self.log_path, "ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = environment.for_child({"PYTHONUNBUFFERED": "1"})
         self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
         deadline = time.monotonic() + self.start_timeout
