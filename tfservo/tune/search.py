@@ -25,7 +25,7 @@ from tfservo.tune.load import LoadResult, closed_loop, open_loop
 from tfservo.tune.trial import Candidate, Ladder, ServerUnderTest, measure_ladder, write_config
 from tfservo.tune.workload import Workload, generated_workload, invocations_workload
 
-__all__ = ["TuneOptions", "TuneResult", "Trial", "tune"]
+__all__ = ["TuneOptions", "TuneResult", "Trial", "baseline", "dimensions", "tune", "with_change"]
 
 NOISE_FLOOR = 0.02  # never trust a gain under 2 %, however quiet the first repeat was
 OPEN_LOOP_STEPS = (1.0, 0.85, 0.7, 0.55, 0.4)  # shares of the closed-loop rate tried open loop
@@ -123,7 +123,8 @@ def dimensions(cores: int, max_workers: int) -> list[tuple[str, Callable[[dict[s
     return [("workers", workers), ("intra-op-threads", threads), ("batching", batching)]
 
 
-def _apply(candidate: Candidate, change: dict[str, Any]) -> Candidate:
+def with_change(candidate: Candidate, change: dict[str, Any]) -> Candidate:
+    """`candidate` with `change` applied (a None value removes the key)."""
     values = candidate.values
     for key, value in change.items():
         if value is None:
@@ -185,7 +186,7 @@ def tune(options: TuneOptions, progress: Callable[[str], None]) -> TuneResult:
         changed = False
         for name, values in dimensions(cores, options.max_workers):
             for change in values(best.candidate.values):
-                candidate = _apply(best.candidate, change)
+                candidate = with_change(best.candidate, change)
                 if candidate in seen:
                     continue
                 if left() - reserve < trial_cost:
