@@ -5,9 +5,12 @@ beyond those in flight, and replicas scale up under load and back down."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -37,16 +40,21 @@ REQUESTS = [
 
 
 @pytest.fixture(scope="module")
-def ray_serve() -> Iterator[str]:
+def cluster() -> Iterator[str]:
+    with ray_cluster() as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def ray_serve(cluster) -> Iterator[str]:
     from ray import serve
 
-    with ray_cluster():
-        port = _free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            serve.shutdown()
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
 
 
 def deploy(app, name: str = "tfservo") -> None:
@@ -172,6 +180,26 @@ def test_replicas_scale_up_under_load_and_back_down(ray_serve, slow_model):
     while time.monotonic() < deadline and replicas() != 1:
         time.sleep(1)
     assert replicas() == 1
+
+
+def test_serve_run_deploys_the_app_builder_with_its_arguments(cluster, ray_serve):
+    """Ray's own command line, as a RayService's import_path runs it: settings as key=value."""
+    command = [str(Path(sys.executable).with_name("serve")), "run", "--address", cluster, "--non-blocking",
+               "--name", "tfservo", "--route-prefix", "/", "tfservo.ray_serve:app_builder",
+               f"bundle={TFS / M}", "batching=off", "num_cpus=1"]
+    from ray import serve
+
+    serve.delete("tfservo")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    deadline = time.monotonic() + 120
+    while replicas() != 1 and time.monotonic() < deadline:
+        time.sleep(1)
+    with httpx.Client(base_url=ray_serve, timeout=60) as client:
+        r = client.post(f"/v1/models/{M}:predict", content=b'{"instances": [1.0, 2.0]}')
+    assert r.json() == {"predictions": [2.5, 3.0]}
+    bad = subprocess.run([*command[:-3], "max_replicas=many"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "max_replicas='many' is not a number" in bad.stdout + bad.stderr
 
 
 def _free_port() -> int:
