@@ -96,6 +96,19 @@ def test_scan_names_what_a_graph_does_beyond_computing_and_lists_code_with_its_h
     assert linked.returncode == 1 and "assets/vocab.txt links to '/etc/passwd', outside the model" in linked.stdout.decode()
 
 
+def test_scan_opens_an_archive_within_the_limits_serve_would_apply(tmp_path):
+    """TFSERVO_ARCHIVE_MAX_FILES bounds `tfservo scan` as it bounds serve: a model.tar.gz
+    over it is refused before anything is extracted."""
+    archive = tmp_path / "model.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(HALF_PLUS_TWO, arcname="model")
+    assert run_cli(["scan", str(archive)]).returncode == 0
+    refused = run_cli(["scan", str(archive)], env={"TFSERVO_ARCHIVE_MAX_FILES": "2"})
+    err = refused.stderr.decode()
+    assert refused.returncode == 1 and "more than 2 members" in err and "TFSERVO_ARCHIVE_MAX_FILES" in err, err
+    assert "Traceback" not in err and not refused.stdout
+
+
 def test_a_local_path_is_warned_about_and_served(risky):
     with ServerProcess([str(risky / "reads"), "--no-supervisor"]) as proc, proc.client() as http:
         got = http.post("/v1/models/reads:predict", json=INSTANCES)

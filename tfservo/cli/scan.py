@@ -52,11 +52,16 @@ def scan(path: str, keys: str | None, as_json: bool) -> None:
 
 
 def _report(path: str, keys: str | None) -> dict[str, Any]:
+    from tfservo.core.settings import ConfigError, resolve_settings
     from tfservo.models.bundle import open_bundle
     from tfservo.models.scan import scan_code, scan_version
     from tfservo.models.signing import TrustedKeys
 
-    bundle = open_bundle(path)
+    try:  # an archive is opened within the limits serve would apply (TFSERVO_ARCHIVE_* in the environment)
+        limits = resolve_settings(paths=[path], serving=False, serve_default_path=False).archive_limits
+    except ConfigError as exc:
+        raise click.UsageError(exc.message) from None
+    bundle = open_bundle(path, limits=limits)
     findings: list[dict[str, object]] = []
     trusted = TrustedKeys(keys) if keys else None
     signature: dict[str, object] = {"checked": trusted is not None, "refusals": []}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfservo.core.errors import Code, ModelLoadError
+from tfservo.core.paths import within
 from tfservo.core.settings import option
 
 __all__ = ["RISKY_OPS", "Finding", "check_version", "policy_for", "scan_code", "scan_version"]
@@ -191,5 +192,4 @@ def _outside_links(path: str) -> list[Finding]:
 
 
 def _inside(entry: str, root: str) -> bool:
-    real, top = os.path.realpath(entry), os.path.realpath(root)
-    return real == top or real.startswith(top + os.sep)
+    return within(os.path.realpath(entry), os.path.realpath(root))

@@ -34,6 +34,7 @@ from tfservo.core.errors import (
     PermissionDenied,
 )
 from tfservo.core.memory import available_memory_bytes, tree_bytes
+from tfservo.core.paths import within
 from tfservo.core.scratch import make_scratch_dir
 from tfservo.core.settings import DEFAULT_MEMORY_FACTOR, DEFAULT_MODEL_ROOT
 from tfservo.models.bundle import CODE_DIR_NAME, ModelSource, discover_versions, is_model_name
@@ -221,7 +222,7 @@ class MultiModelEndpoint:
         if not os.path.isabs(path):
             path = os.path.join(self.model_root, path)
         real = os.path.realpath(path)
-        if not _inside(real, self.model_root):
+        if not within(real, self.model_root):
             raise PermissionDenied(
                 f"url {url} for model {name} resolves to {real}, outside the model root "
                 f"{self.model_root}; put the model under the root (started with --model-root)"
@@ -272,7 +273,7 @@ class MultiModelEndpoint:
         except OSError as exc:  # a link removed between realpath's lstat and its readlink
             raise NotFound(f"model {name} (url {url}): {path} changed while it was checked ({exc.strerror}); "
                            "load it again once its files stay put") from None
-        if not _inside(real, self.model_root):
+        if not within(real, self.model_root):
             raise PermissionDenied(
                 f"model {name} (url {url}) has {path}, a link to {real}, outside the model root "
                 f"{self.model_root}; copy the files into the model dir instead"
@@ -342,10 +343,6 @@ def parse_load_request(body: bytes) -> tuple[str, str]:
 def _numeric_versions(path: str) -> dict[int, str]:
     """Numeric version subdirs only (a bare SavedModel dir is not a multi-model base path)."""
     return {v: p for v, p in discover_versions(path).items() if p != path}
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _port(base: str | None) -> str:
