@@ -87,6 +87,8 @@ def tune(bundle: str, p99: str, budget: str, requests_file: str | None, content_
     click.echo("\n".join(summary_lines(result, rate)))
     for what, path in written.items():
         click.echo(f"{what}: {path}")
+    if "plot" not in written:
+        click.echo("plot: not drawn; matplotlib is not installed (pip install 'tfservo[evaluate]')")
     if "sagemaker" in written:
         with open(written["sagemaker"], encoding="utf-8") as f:
             click.echo("")

@@ -140,13 +140,15 @@ def tune(options: TuneOptions, progress: Callable[[str], None]) -> TuneResult:
     os.makedirs(options.out_dir, exist_ok=True)
     cores = usable_cores()
     log_path = os.path.join(options.out_dir, "servers.log")
-    reserve = 6 * options.step_s + 10  # the open-loop check at the end
+    def reserve() -> float:
+        """What the open-loop check at the end costs: a server's start and every step it may run."""
+        return ServerUnderTest.last_start_s + len(OPEN_LOOP_STEPS) * (1.5 * options.step_s + 0.4) + 2
 
     def left() -> float:
         return options.budget_s - (time.monotonic() - started)
 
     def out_of_time() -> bool:
-        return left() < reserve
+        return left() < reserve()
 
     first = baseline(options.bundle, min(cores, options.max_workers or cores))
     workload: Workload | None = None
@@ -189,7 +191,7 @@ def tune(options: TuneOptions, progress: Callable[[str], None]) -> TuneResult:
                 candidate = with_change(best.candidate, change)
                 if candidate in seen:
                     continue
-                if left() - reserve < trial_cost:
+                if left() - reserve() < trial_cost:
                     result.stopped = "the budget was spent"
                     break
                 trial = run(candidate, [protocol])

@@ -92,6 +92,8 @@ def write_config(path: str, paths: list[str], values: Mapping[str, Any], header:
 class ServerUnderTest:
     """`tfservo serve --config FILE` on free loopback ports, stopped when the block ends."""
 
+    last_start_s = 0.0  # how long the last server took to answer /ping (what a trial's start costs)
+
     def __init__(self, config: str, log_path: str, start_timeout: float = 300.0) -> None:
         self.config, self.log_path, self.start_timeout = config, log_path, start_timeout
         self.port = self.grpc_port = 0
@@ -105,7 +107,8 @@ class ServerUnderTest:
         env = environment.for_child({"PYTHONUNBUFFERED": "1"})
         self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
-        deadline = time.monotonic() + self.start_timeout
+        began = time.monotonic()
+        deadline = began + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ConfigError(f"the server did not start (exit {self.proc.returncode}); its log: {self.log_path}:\n"
@@ -113,6 +116,7 @@ class ServerUnderTest:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ping", timeout=2) as r:
                     if r.status == 200:
+                        ServerUnderTest.last_start_s = time.monotonic() - began
                         return self
             except (urllib.error.URLError, OSError):
                 pass
