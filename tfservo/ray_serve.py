@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ray.serve import Application
 
-__all__ = ["ReplicaOptions", "app_builder", "build_app", "replica_settings"]
+__all__ = ["GRPC_SERVICER_FUNCTIONS", "ReplicaOptions", "app_builder", "build_app", "replica_settings"]
 
 log = logging.getLogger("tfservo.ray_serve")
 
@@ -105,11 +105,89 @@ def _asgi_builder(bundle: str | None, config: str | None, flags: Mapping[str, An
         from tfservo.service.preflight import check_bundles
 
         check_bundles(settings.paths, settings.archive_limits)
-        _, served, _ = start_worker(settings, port=8000, metrics=Metrics())
+        runtime, served, _ = start_worker(settings, port=8000, metrics=Metrics())
+        # this module's own list, as imported in the replica: Ray pickles this closure by value,
+        # globals and all, while the deployment class comes by reference
+        from tfservo import ray_serve
+
+        ray_serve._REPLICA.append(runtime)
         log.info("replica serving %s", ", ".join(settings.paths))
         return served
 
     return build
+
+
+# This replica's runtime, once its builder ran (one per replica process).
+_REPLICA: list[Any] = []
+
+# The gRPC services Ray's proxy serves for these deployments (serve.start(grpc_options=...)).
+GRPC_SERVICER_FUNCTIONS = ["tensorflow_serving.apis.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server"]
+
+
+class _PredictionMethods:
+    """TF Serving's PredictionService as deployment methods, for Ray Serve's gRPC proxy (which
+    calls a deployment's method by the RPC's name): each runs through the replica's own
+    PredictionServicer, the one `tfservo serve`'s gRPC door runs, and a ServingError sets its
+    gRPC status on Ray's context as the door would."""
+
+    _servicer: Any = None
+
+    def _prediction(self) -> Any:
+        if self._servicer is None:
+            from tfservo.grpc.tfserving import PredictionServicer
+            from tfservo.service.queued_calls import QueuedCalls
+
+            runtime = _REPLICA[0]
+            api = runtime.service.api
+            self._servicer = PredictionServicer(api, runtime.placements.grpc,
+                                                QueuedCalls(api, batched=runtime.service.batches, gather=False))
+        return self._servicer
+
+    async def _run(self, rpc: str, call: Any, empty: Any, grpc_context: Any) -> Any:
+        import asyncio
+
+        from tfservo.core.errors import ServingError
+        from tfservo.grpc.tfserving import grpc_status
+
+        try:
+            result = call()
+            return await result if asyncio.iscoroutine(result) else result
+        except ServingError as exc:
+            if grpc_context is not None:
+                grpc_context.set_code(grpc_status(exc.code))
+                grpc_context.set_details(exc.message)
+            log.info("grpc %s through Ray: %s", rpc, exc.message)
+            return empty
+
+    async def Predict(self, request: Any, grpc_context: Any = None) -> Any:
+        from tensorflow_serving.apis import predict_pb2
+
+        return await self._run("Predict", lambda: self._prediction().predict(request),
+                               predict_pb2.PredictResponse(), grpc_context)
+
+    async def Classify(self, request: Any, grpc_context: Any = None) -> Any:
+        import asyncio
+
+        from tensorflow_serving.apis import classification_pb2
+
+        return await self._run("Classify", lambda: asyncio.to_thread(self._prediction().classify, request),
+                               classification_pb2.ClassificationResponse(), grpc_context)
+
+    async def Regress(self, request: Any, grpc_context: Any = None) -> Any:
+        import asyncio
+
+        from tensorflow_serving.apis import regression_pb2
+
+        return await self._run("Regress", lambda: asyncio.to_thread(self._prediction().regress, request),
+                               regression_pb2.RegressionResponse(), grpc_context)
+
+    async def GetModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+        import asyncio
+
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        return await self._run("GetModelMetadata", lambda: asyncio.to_thread(self._prediction().metadata, request),
+                               get_model_metadata_pb2.GetModelMetadataResponse(), grpc_context)
 
 
 def build_app(bundle: str | None = None, *, config: str | None = None, settings: Mapping[str, Any] | None = None,
@@ -124,7 +202,7 @@ def build_app(bundle: str | None = None, *, config: str | None = None, settings:
     if tune and options.target_ongoing_requests == DEFAULT_TARGET:
         options = _with_tuned_target(options, tune)
     builder = _asgi_builder(bundle, config, dict(settings or {}), options.num_cpus)
-    deployment = serve.deployment(name=name, **options.deployment_options())(serve.ingress(builder)())
+    deployment = serve.deployment(name=name, **options.deployment_options())(serve.ingress(builder)(_PredictionMethods))
     return deployment.bind()
 
 

@@ -13,13 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from clusters import ray_cluster
 from conftest import NEGATIVE_QUOTES_HANDLER, SMC, TFS, write_code
 from server_process import ServerProcess
 from test_parity import CASES, DEFAULT_ENV, answer, by_serve
 
-from tfservo.ray_serve import ReplicaOptions, build_app
+from tfservo.ray_serve import GRPC_SERVICER_FUNCTIONS, ReplicaOptions, build_app
 
 M = "saved_model_half_plus_two_cpu"
 # Beyond /invocations: TF Serving's REST API, V2's, errors in each shape.
@@ -45,12 +46,17 @@ def cluster() -> Iterator[str]:
         yield address
 
 
+GRPC_PORT: list[int] = []
+
+
 @pytest.fixture(scope="module")
 def ray_serve(cluster) -> Iterator[str]:
     from ray import serve
 
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port, grpc_port = _free_port(), _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port},
+                grpc_options={"port": grpc_port, "grpc_servicer_functions": GRPC_SERVICER_FUNCTIONS})
+    GRPC_PORT[:] = [grpc_port]
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -95,10 +101,11 @@ def test_the_parity_cases_answer_as_serve_does(ray_serve, tmp_path):
                 r = client.post("/invocations", content=case.body, headers=headers)
                 got[case.id] = answer(r.status_code, r.content)
         assert got == want, group
-    # TF Serving's and V2's REST APIs, byte for byte, with the content type
+    # TF Serving's and V2's REST APIs, byte for byte, with the content type; TF Serving's gRPC
     deploy(build_app(str(TFS / M)))
     with ServerProcess([str(TFS / M)]) as server, server.client() as direct, \
             httpx.Client(base_url=ray_serve, timeout=60) as through_ray:
+        assert grpc_answers(f"127.0.0.1:{GRPC_PORT[0]}") == grpc_answers(server.grpc_target)
         for method, path, body, headers in REQUESTS:
             a = direct.request(method, path, content=body, headers=headers)
             b = through_ray.request(method, path, content=body, headers=headers)
@@ -107,6 +114,49 @@ def test_the_parity_cases_answer_as_serve_does(ray_serve, tmp_path):
                 continue
             assert (b.status_code, b.headers.get("content-type"), b.content) == \
                    (a.status_code, a.headers.get("content-type"), a.content), (method, path)
+
+
+def grpc_answers(target: str) -> list[tuple[str, bytes | str]]:
+    """TF Serving's stubs: Predict, Regress, GetModelMetadata and two refusals, as (status, bytes)."""
+    import grpc
+    from tensorflow_serving.apis import (
+        get_model_metadata_pb2,
+        predict_pb2,
+        prediction_service_pb2_grpc,
+        regression_pb2,
+    )
+
+    from tfservo.codecs.tensor_proto import to_tensor_proto
+
+    predict = predict_pb2.PredictRequest()
+    predict.model_spec.name = M
+    predict.inputs["x"].CopyFrom(to_tensor_proto(np.array([[1.0], [2.0]], dtype=np.float32)))
+    unknown = predict_pb2.PredictRequest()
+    unknown.CopyFrom(predict)
+    unknown.model_spec.name = "nothing"
+    wrong = predict_pb2.PredictRequest()
+    wrong.CopyFrom(predict)
+    wrong.inputs["y"].CopyFrom(wrong.inputs.pop("x"))
+    regress = regression_pb2.RegressionRequest()
+    regress.model_spec.name = M
+    regress.model_spec.signature_name = "regress_x_to_y"
+    example = regress.input.example_list.examples.add()
+    example.features.feature["x"].float_list.value.append(3.0)
+    metadata = get_model_metadata_pb2.GetModelMetadataRequest()
+    metadata.model_spec.name = M
+    metadata.metadata_field.append("signature_def")
+    out: list[tuple[str, bytes | str]] = []
+    with grpc.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for call, request in ((stub.Predict, predict), (stub.Predict, unknown), (stub.Predict, wrong),
+                              (stub.Regress, regress)):
+            try:
+                out.append(("OK", call(request, timeout=60).SerializeToString(deterministic=True)))
+            except grpc.RpcError as exc:
+                out.append((exc.code().name, exc.details()))
+        answer = stub.GetModelMetadata(metadata, timeout=60)
+        out.append(("OK", answer.model_spec.SerializeToString()))
+    return out
 
 
 def test_a_replica_killed_under_load_is_replaced_losing_only_requests_in_flight(ray_serve):
