@@ -127,10 +127,14 @@ def main() -> None:
     out = Path(args.workdir) / "tune"
     step = 0.5 if args.quick else 1.0
     jpeg_body = Path(paths["body:resnet_b64.tfs.json"])
-    runs = [bench_one("MLP", paths["mlp"], 20.0, step, None, out / "mlp")]
-    if not args.quick:
+    only = os.environ.get("TUNE_BENCH_ONLY")  # "MLP" or "ResNet-50": rerun one, keep the other's last result
+    kept = ([r for r in json.loads(Path(args.results, "tune.json").read_text())["runs"] if r["model"] != only]
+            if only and Path(args.results, "tune.json").exists() else [])
+    runs = [] if only == "ResNet-50" else [bench_one("MLP", paths["mlp"], 20.0, step, None, out / "mlp")]
+    if not args.quick and only != "MLP":
         runs.append(bench_one("ResNet-50", paths["resnet50"], 1000.0, step, (str(jpeg_body), "application/json"),
                               out / "resnet50"))
+    runs = sorted(kept + runs, key=lambda r: r["model"] != "MLP")
     rows = [{
         "model": r["model"], "p99 target": f"{r['p99_ms']:g} ms",
         "sweep: settings, time": f"{r['sweep_settings']}, {r['sweep_seconds']:.0f} s",

@@ -30,6 +30,8 @@ __all__ = ["Candidate", "Ladder", "ServerUnderTest", "measure_ladder", "write_co
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 SATURATED_GAIN = 0.05  # a level adding less than this share of throughput: saturated
+MIN_REQUESTS = 200  # what a level should hold for its p99 to mean something
+MAX_STRETCH = 4  # at most this many --step per level
 
 
 @dataclass(frozen=True)
@@ -153,13 +155,16 @@ def measure_ladder(server: ServerUnderTest, workload: Workload, protocol: str, t
     target = server.target(workload, protocol)
     try:
         flat = 0
+        seconds = step
         for level in LEVELS:
-            run = closed_loop(target, level, step)
+            run = closed_loop(target, level, seconds)
             ladder.runs.append(run)
             progress(f"  {protocol:<11} {level:>4} clients  {run.rps:9.1f} req/s  p50 {run.p50_ms:8.2f} ms  "
                      f"p99 {run.p99_ms:8.2f} ms" + (f"  {run.errors} errors" if run.errors else ""))
             if run.errors or run.p99_ms > target_ms or out_of_time():
                 break
+            # a slow model's level runs longer, so its p99 and rate rest on MIN_REQUESTS at least
+            seconds = min(MAX_STRETCH * step, max(step, MIN_REQUESTS / max(run.rps, 1e-9)))
             previous = ladder.runs[-2].rps if len(ladder.runs) > 1 else 0.0
             flat = flat + 1 if run.rps < previous * (1 + SATURATED_GAIN) else 0
             if flat >= 2:
