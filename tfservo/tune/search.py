@@ -22,7 +22,7 @@ from tfservo.core.memory import usable_cores
 from tfservo.core.settings import DEFAULT_MODEL_ENV, ConfigError, auto_workers, threads_per_worker
 from tfservo.models.bundle import open_bundle
 from tfservo.tune.load import LoadResult, closed_loop, open_loop
-from tfservo.tune.trial import Candidate, Ladder, ServerUnderTest, measure_ladder, write_config
+from tfservo.tune.trial import Candidate, Ladder, ServerUnderTest, measure_ladder, warm, write_config
 from tfservo.tune.workload import Workload, generated_workload, invocations_workload
 
 __all__ = ["TuneOptions", "TuneResult", "Trial", "baseline", "dimensions", "tune", "with_change"]
@@ -243,6 +243,7 @@ def _noise(options: TuneOptions, workload: Workload, trial: Trial, log_path: str
     with ServerUnderTest(config, log_path) as server:
         target = server.target(workload, trial.protocol)
         try:
+            warm(target, options.step_s)
             runs = [closed_loop(target, level, options.step_s) for _ in range(2)]
         finally:
             _close(target)

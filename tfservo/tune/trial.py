@@ -26,7 +26,7 @@ from tfservo.core.settings import ConfigError
 from tfservo.tune.load import GrpcTarget, HttpTarget, LoadResult, closed_loop
 from tfservo.tune.workload import Workload
 
-__all__ = ["Candidate", "Ladder", "ServerUnderTest", "measure_ladder", "write_config"]
+__all__ = ["Candidate", "Ladder", "ServerUnderTest", "measure_ladder", "warm", "write_config"]
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 SATURATED_GAIN = 0.05  # a level adding less than this share of throughput: saturated
@@ -154,6 +154,7 @@ def measure_ladder(server: ServerUnderTest, workload: Workload, protocol: str, t
     ladder = Ladder(protocol, target_ms=target_ms)
     target = server.target(workload, protocol)
     try:
+        warm(target, step)
         flat = 0
         seconds = step
         for level in LEVELS:
@@ -173,6 +174,17 @@ def measure_ladder(server: ServerUnderTest, workload: Workload, protocol: str, t
         if isinstance(target, GrpcTarget):
             target.close()
     return ladder
+
+
+def warm(target: HttpTarget | GrpcTarget, step: float, tries: int = 6) -> None:
+    """Run one client until two runs in a row agree within 10 %: a fresh server's first seconds
+    (kernels chosen, caches filled) are slower than it will be, and would count as noise."""
+    last = 0.0
+    for _ in range(tries):
+        rps = closed_loop(target, 1, min(step, 1.0)).rps
+        if last and abs(rps - last) <= 0.1 * max(rps, last):
+            return
+        last = rps
 
 
 def _free_port() -> int:
