@@ -123,16 +123,21 @@ def environment(values: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
+def case_headers(case: Case) -> dict[str, str]:
+    """The headers a SageMaker client sends with the case to /invocations."""
+    headers = {"Content-Type": case.content_type}
+    if case.accept:
+        headers["Accept"] = case.accept
+    if case.attributes:
+        headers["X-Amzn-SageMaker-Custom-Attributes"] = case.attributes
+    return headers
+
+
 def by_serve(servers, bundles, cases: list[Case]) -> dict[str, tuple]:
     out = {}
     for case in cases:
-        headers = {"Content-Type": case.content_type}
-        if case.accept:
-            headers["Accept"] = case.accept
-        if case.attributes:
-            headers["X-Amzn-SageMaker-Custom-Attributes"] = case.attributes
         with servers[case.group].client() as client:
-            r = client.post("/invocations", content=case.body, headers=headers)
+            r = client.post("/invocations", content=case.body, headers=case_headers(case))
         out[case.id] = answer(r.status_code, r.content)
     return out
 

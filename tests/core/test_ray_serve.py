@@ -18,7 +18,7 @@ import pytest
 from clusters import ray_cluster
 from conftest import NEGATIVE_QUOTES_HANDLER, SMC, TFS, write_code
 from server_process import ServerProcess
-from test_parity import CASES, DEFAULT_ENV, answer, by_serve
+from test_parity import CASES, DEFAULT_ENV, answer, by_serve, case_headers
 
 from tfservo.ray_serve import GRPC_SERVICER_FUNCTIONS, ReplicaOptions, build_app
 
@@ -93,12 +93,7 @@ def test_the_parity_cases_answer_as_serve_does(ray_serve, tmp_path):
         got = {}
         with httpx.Client(base_url=ray_serve, timeout=60) as client:
             for case in cases:
-                headers = {"Content-Type": case.content_type}
-                if case.accept:
-                    headers["Accept"] = case.accept
-                if case.attributes:
-                    headers["X-Amzn-SageMaker-Custom-Attributes"] = case.attributes
-                r = client.post("/invocations", content=case.body, headers=headers)
+                r = client.post("/invocations", content=case.body, headers=case_headers(case))
                 got[case.id] = answer(r.status_code, r.content)
         assert got == want, group
     # TF Serving's and V2's REST APIs, byte for byte, with the content type; TF Serving's gRPC
