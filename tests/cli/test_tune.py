@@ -35,7 +35,7 @@ def tuned(bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("tune") / "out"
     started = time.monotonic()
     proc = subprocess.run(
-        [*TUNE, str(bundle), "--p99", "50ms", "--budget", "75s", "--step", "0.5s", "--out", str(out),
+        [*TUNE, str(bundle), "--p99", "50ms", "--budget", "120s", "--step", "0.5s", "--out", str(out),
          "--rate", "2500", "--emit", "k8s", "--emit", "sagemaker"],
         capture_output=True, text=True, timeout=240,
     )
@@ -45,7 +45,7 @@ def tuned(bundle, tmp_path_factory):
 def test_tune_finishes_within_its_budget_and_says_what_it_measured(tuned):
     proc, out, elapsed = tuned
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert elapsed < 75 + 20, elapsed  # the budget, and the interpreter's start and the last server's stop
+    assert elapsed < 120 + 25, elapsed  # the budget, and the interpreter's start and the last server's stop
     doc = json.loads((out / "tune.json").read_text())
     trials = doc["trials"]
     assert len(trials) >= 2, trials
