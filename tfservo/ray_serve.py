@@ -104,7 +104,7 @@ def _asgi_builder(bundle: str | None, config: str | None, flags: Mapping[str, An
         setup_logging(settings.log_level, settings.log_format, settings.access_log)
         from tfservo.service.preflight import check_bundles
 
-        check_bundles(settings.paths, settings.archive_limits)
+        check_bundles(settings.paths, settings.archive_limits, code_only=settings.pipeline)
         runtime, served, _ = start_worker(settings, port=8000, metrics=Metrics())
         # this module's own list, as imported in the replica: Ray pickles this closure by value,
         # globals and all, while the deployment class comes by reference

@@ -19,7 +19,7 @@ import boto3
 import httpx
 import pytest
 from clusters import image_example
-from conftest import SMC
+from conftest import SMC, write_code
 from http_receiver import start_receiver
 from s3_server import REGION
 from server_process import ServerProcess
@@ -307,3 +307,33 @@ def test_requests_accepted_before_the_output_disk_filled_all_end_once_space_retu
                                  for i in range(40)), what="every request completed")
         assert sorted(p.name for p in out.iterdir()) == sorted(f"r{i}.out" for i in range(40))  # no temp files
         assert json.loads((out / "r7.out").read_text()) == {"predictions": [6.5]}
+
+
+def test_an_inference_pipeline_queues_and_answers_as_its_invocations(aws, tmp_path):
+    """A pipeline (a code-only CSV-to-JSON container, then the model) behind the async queue: the
+    answer in S3 is /invocations' bytes; a container's failure lands in the failure location."""
+    write_code(tmp_path / "to_json" / "code", """
+        import json
+
+        def handler(data, context):
+            return json.dumps({"instances": [float(v) for v in data.read().decode().split()]}), "application/json"
+    """)
+    config = tmp_path / "async.json"
+    config.write_text(json.dumps({"OutputConfig": {"S3OutputPath": f"s3://{aws['bucket']}/pipeline-out/",
+                                                   "S3FailurePath": f"s3://{aws['bucket']}/pipeline-failures"}}))
+    s3, bucket = aws["s3"], aws["bucket"]
+    s3.put_object(Bucket=bucket, Key="pipeline/rows.csv", Body=b"1 2 5")
+    s3.put_object(Bucket=bucket, Key="pipeline/bad.csv", Body=b"1 x")
+    with ServerProcess([str(tmp_path / "to_json"), MODEL, "--pipeline", "--async-inference-config", str(config),
+                        "--async-state", str(tmp_path / "state"), "--endpoint-name", "piped"]) as server:
+        runtime = client("sagemaker-runtime", server.url)
+        for key in ("rows", "bad"):
+            runtime.invoke_endpoint_async(EndpointName="piped", InputLocation=f"s3://{bucket}/pipeline/{key}.csv",
+                                          ContentType="text/csv", InferenceId=f"pipe-{key}")
+        answer = wait_for(lambda: s3_object(s3, bucket, "pipeline-out/pipe-rows.out"), what="the pipeline's answer")
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            sync = http.post("/invocations", content=b"1 2 5", headers={"Content-Type": "text/csv"})
+        assert answer == sync.content and json.loads(answer) == {"predictions": [3.5, 4.0, 5.5]}
+        failure = wait_for(lambda: s3_object(s3, bucket, "pipeline-failures/pipe-bad-error.out"),
+                           what="the failing container's error")
+        assert b"could not convert string to float" in failure

@@ -7,7 +7,7 @@ Beam, the Beam `BundleModelHandler` with content_type=, and the Ray Data (`Bundl
 and Spark (`bundle_predict_frames`) adapters' batch step with a `body` column (their clusters
 are tested in tests/batch). Groups: SageMaker's multi-model archive with
 SAGEMAKER_TFS_DEFAULT_MODEL_NAME naming its second model (each mode once read that variable
-its own way), and a bundle with an inference.py.
+its own way), a bundle with an inference.py, and an inference pipeline given as a pipeline file.
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ CASES = [
     Case("bad json", "mme", b'{"instances": [1.0, }', JSON),
     Case("through inference.py", "handler", b"1 2 5", CSV),
     Case("inference.py raises", "handler", b"1 -2", CSV),
+    Case("through a pipeline", "pipeline", b"1 2 5", CSV),
+    Case("a pipeline's first container fails", "pipeline", b"1 x", CSV),
 ]
 TFS_BODIES = {"tf serving json", "tf serving columnar json"}
 
@@ -98,10 +100,22 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
     handler = root / "handler" / "half_plus_three"
     shutil.copytree(SMC / "resources" / "models" / "half_plus_three" / "00000124", handler / "00000124")
     write_code(handler / "code", HANDLER)
-    return {"mme": MME, "handler": handler}
+    # an inference pipeline in a pipeline file: a code-only conversion container, then the model
+    write_code(root / "pipeline" / "to_json" / "code", CSV_TO_JSON)
+    shutil.copytree(SMC / "resources" / "models" / "half_plus_three" / "00000124",
+                    root / "pipeline" / "model" / "half_plus_three" / "00000124")
+    pipeline = root / "pipeline" / "pipeline.toml"
+    pipeline.write_text('[[containers]]\nmodel = "to_json"\n[[containers]]\nmodel = "model"\n')
+    return {"mme": MME, "handler": handler, "pipeline": pipeline}
 
 
-ENVS = {"mme": DEFAULT_ENV, "handler": {}}
+ENVS = {"mme": DEFAULT_ENV, "handler": {}, "pipeline": {}}
+CSV_TO_JSON = """
+    import json
+
+    def handler(data, context):
+        return json.dumps({"instances": [float(v) for v in data.read().decode().split()]}), "application/json"
+"""
 
 
 @pytest.fixture(scope="module")
@@ -295,6 +309,8 @@ def test_the_reference_answers_are_the_expected_ones(reference) -> None:
     assert reference["bad record"][0] == 400 and "abc" in reference["bad record"][1]
     assert reference["ragged rows"][0] == 400 and "same shape" in reference["ragged rows"][1]
     assert reference["inference.py raises"] == (500, "negative values are not quotes: -2.0")
+    assert orjson.loads(reference["through a pipeline"][1]) == {"predictions": [3.5, 4.0, 5.5]}
+    assert reference["a pipeline's first container fails"] == (500, "could not convert string to float: 'x'")
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,11 @@ class Taps:
             if ok or tap.errors_too:
                 tap.sink.submit(event)
 
+    def deliver_copy(self, event: CaptureEvent, ok: bool) -> None:
+        """A shadow variant's answer to its copy of a request, to the taps of invocations (its
+        copies were sampled already, by the shadow's weight)."""
+        self.deliver([t for t in self.taps if "invocation" in t.kinds], event, ok)
+
     def close(self) -> None:
         for tap in self.taps:
             tap.sink.close()

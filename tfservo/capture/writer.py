@@ -66,6 +66,9 @@ class CaptureEvent(NamedTuple):
     response_type: str | None
     inference_id: str | None
     time: float  # seconds since the epoch, when the request arrived
+    variant: str | None = None  # an endpoint of variants': whose folder the line goes in (None: the writer's)
+    event_id: str | None = None  # the eventId a production line and its shadow's share (None: a new one)
+    latency: float | None = None  # an endpoint of variants': seconds to the answer, for `tfservo compare`
 
 
 def capture_line(config: CaptureConfig, event: CaptureEvent) -> bytes:
@@ -75,9 +78,11 @@ def capture_line(config: CaptureConfig, event: CaptureEvent) -> bytes:
         data["endpointInput"] = _payload(config, "INPUT", event.request_type, event.request_body)
     if config.capture_output:
         data["endpointOutput"] = _payload(config, "OUTPUT", event.response_type, event.response_body)
-    metadata = {"eventId": _event_id(), "inferenceTime": _iso_time(event.time)}
+    metadata: dict[str, object] = {"eventId": event.event_id or _event_id(), "inferenceTime": _iso_time(event.time)}
     if event.inference_id:
         metadata["inferenceId"] = event.inference_id
+    if event.latency is not None:  # tfservo's own key (variants and shadows only): what compare reads
+        metadata["latencyMs"] = round(event.latency * 1000, 3)
     return orjson.dumps({"captureData": data, "eventMetadata": metadata, "eventVersion": "0"},
                         option=orjson.OPT_APPEND_NEWLINE)
 
@@ -135,8 +140,15 @@ class CaptureWriter:
         self.config = config
         self.max_queued = max_queued
         self.on_event = on_event  # ("captured" | "dropped_queue" | "dropped_disk" | "paused" | "uploaded" | ..., n)
-        self._files = _CaptureFiles(config, endpoint, variant, spool, file_seconds, max_disk_percent, on_event)
-        self._queued: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._variant = variant
+
+        def files(name: str) -> _CaptureFiles:
+            return _CaptureFiles(config, endpoint, name, spool, file_seconds, max_disk_percent, on_event)
+
+        self._new_files = files
+        self._files = files(variant)
+        self._by_variant = {variant: self._files}  # an endpoint of variants: a folder each, made on first line
+        self._queued: collections.deque[tuple[float, bytes, str]] = collections.deque()
         self._queued_bytes = 0  # when to wake the writer early: a hint, so unlocked across threads
         self._wake = threading.Event()
         self._closed = False
@@ -154,7 +166,7 @@ class CaptureWriter:
             self.on_event("dropped_queue", 1)
             return
         line = capture_line(self.config, event)
-        self._queued.append((event.time, line))
+        self._queued.append((event.time, line, event.variant or self._variant))
         self._queued_bytes += len(line)
         if self._queued_bytes >= _WRITE_BYTES and not self._wake.is_set():
             self._wake.set()  # takes a lock and wakes the writer: once per batch, not per line
@@ -166,12 +178,26 @@ class CaptureWriter:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout)
-        self._files.write(self._take())
-        self._files.close(timeout)
+        self._write(self._take())
+        for files in self._by_variant.values():
+            files.close(timeout)
 
-    def _take(self) -> list[tuple[float, bytes]]:
+    def _take(self) -> list[tuple[float, bytes, str]]:
         self._queued_bytes = 0
         return take_all(self._queued)
+
+    def _write(self, lines: list[tuple[float, bytes, str]]) -> None:
+        """Each variant's lines to its own files (one variant's, in the common case, at once)."""
+        if all(variant == self._variant for _, _, variant in lines):
+            self._files.write([(when, line) for when, line, _ in lines])
+            return
+        grouped: dict[str, list[tuple[float, bytes]]] = {}
+        for when, line, variant in lines:
+            grouped.setdefault(variant, []).append((when, line))
+        for variant, group in grouped.items():
+            if variant not in self._by_variant:
+                self._by_variant[variant] = self._new_files(variant)
+            self._by_variant[variant].write(group)
 
     def _write_loop(self) -> None:
         while not self._closed:
@@ -179,10 +205,11 @@ class CaptureWriter:
             self._wake.clear()
             try:
                 if self._queued:
-                    self._files.write(self._take())
+                    self._write(self._take())
                 elif self._files.paused:
                     self._files.recheck()  # nothing comes while paused: look at the disk again
-                self._files.rotate_if_due()
+                for files in list(self._by_variant.values()):
+                    files.rotate_if_due()
             except Exception:  # a folder removed under it, say: later lines must still be written
                 log.exception("data capture: writing or publishing a file failed")
 

@@ -215,7 +215,17 @@ def _check_first(settings: Settings) -> None:
     """The bundle's path, layout and handler code, checked before TensorFlow loads (preflight)."""
     from tfservo.service.preflight import check_bundles
 
-    check_bundles(settings.paths, settings.archive_limits)
+    if settings.variants_file:  # every variant's bundles, a mistake named with its variant
+        from tfservo.core.errors import BundleError
+        from tfservo.core.variants_file import read_variants_file
+
+        for variant in (*(endpoint := read_variants_file(settings.variants_file)).variants, *endpoint.shadows):
+            try:
+                check_bundles(variant.paths, settings.archive_limits, code_only=variant.pipeline is not None)
+            except BundleError as exc:
+                raise BundleError(f"--variants {settings.variants_file}: variant {variant.name}: {exc.message}") from None
+        return
+    check_bundles(settings.paths, settings.archive_limits, code_only=settings.pipeline)
 
 
 def _settings(resolve: Callable[..., Settings], **flags: Any) -> Settings:
@@ -253,6 +263,10 @@ main.add_command(sign)
 from tfservo.cli.tune import tune  # noqa: E402
 
 main.add_command(tune)
+
+from tfservo.cli.compare import compare  # noqa: E402
+
+main.add_command(compare)
 
 
 def run() -> None:

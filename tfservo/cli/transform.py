@@ -132,9 +132,12 @@ def transform(model: str, input_url: str, output_url: str, env: tuple[str, ...],
     if metrics_port is not None and not follow:
         raise click.UsageError("--metrics-port needs --follow (a batch run reports in its summary)")
     try:
+        from tfservo.core.pipeline_file import container_paths
         from tfservo.service.preflight import check_bundles
 
-        check_bundles([job.model])  # before TensorFlow and any worker: a wrong bundle fails in a moment
+        containers = container_paths(job.model)  # a pipeline file: its containers' bundles
+        # before TensorFlow and any worker: a wrong bundle fails in a moment
+        check_bundles(containers, code_only=len(containers) > 1)
         if follow:
             summary = _follow(job, poll_seconds, metrics_port, (ray_address, workers) if runner == "ray" else None)
         elif beam is not None:

@@ -20,7 +20,7 @@ from typing import Any
 from tfservo.core.batching_options import BATCHING_VARIABLES
 from tfservo.core.settings import ConfigError, Option, options
 
-__all__ = ["ConfigFile", "read_config_file"]
+__all__ = ["ConfigFile", "parse_document", "read_config_file"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class ConfigFile:
 def read_config_file(path: str, extra: Collection[str] = ()) -> ConfigFile:
     """The config file at `path`, each key checked against the declared settings (ConfigError);
     keys in `extra` (tensorflow_model_server's own flag names) are kept apart, as text."""
-    doc = _parse(path)
+    doc = parse_document(path)
     by_key: dict[str, Option] = {}
     variables: set[str] = set(BATCHING_VARIABLES)
     for option in options():
@@ -72,12 +72,13 @@ def read_config_file(path: str, extra: Collection[str] = ()) -> ConfigFile:
     return ConfigFile(path, flags, env, paths, given_extra)
 
 
-def _parse(path: str) -> dict[str, Any]:
+def parse_document(path: str, flag: str = "--config") -> dict[str, Any]:
+    """The table a TOML, YAML or JSON file holds; ConfigError naming `flag` and the file."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
-        raise ConfigError(f"--config {path}: {exc.strerror}") from None
+        raise ConfigError(f"{flag} {path}: {exc.strerror}") from None
     suffix = os.path.splitext(path)[1].lower()
     try:
         if suffix == ".toml":

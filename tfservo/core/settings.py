@@ -284,6 +284,7 @@ class Settings:
         "[default: an eighth of the memory available at start].")
     execution_parameters: Mapping[str, object] = field(default_factory=dict)  # (env)
     in_sagemaker: bool = False  # (env: SAGEMAKER_BIND_TO_PORT) the platform in front authenticates callers
+    code_only_bundles: bool = False  # a pipeline's container may be code/ alone (no model)
     grpc_port_given: bool = False  # --grpc-port or its variable was given (else a taken 9000 is replaced)
     # SageMaker's runtime API (/endpoints/NAME/invocations): the endpoint this server is (None:
     # answer to any name) and its production variant
@@ -295,6 +296,28 @@ class Settings:
         "AllTraffic", "--variant-name", env="TFSERVO_VARIANT_NAME", metavar="NAME",
         help="The production variant this server is, named in X-Amzn-Invoked-Production-Variant "
         "[default: $TFSERVO_VARIANT_NAME or AllTraffic].")
+    # several bundles as one endpoint: a serial inference pipeline, or production and shadow variants
+    pipeline: bool = setting(
+        False, "--pipeline", env="TFSERVO_PIPELINE",
+        help="The PATHs are one SageMaker inference pipeline, in order: each bundle's answer is the next one's "
+        "request (its Content-Type the answer's, Accept the caller's) [default: $TFSERVO_PIPELINE; off: the PATHs' "
+        "models are served side by side].")
+    pipeline_mode: str = setting(
+        "serial", "--pipeline-mode", env="TFSERVO_PIPELINE_MODE", choices=("serial", "direct"),
+        help="With --pipeline: serial runs every bundle in turn; direct runs the one that "
+        "X-Amzn-SageMaker-Target-Container-Hostname names (InferenceExecutionConfig Mode) [default: serial].")
+    container_hostnames: str = setting(
+        "", "--container-hostnames", env="TFSERVO_CONTAINER_HOSTNAMES", metavar="NAMES",
+        help="With --pipeline: the bundles' ContainerHostnames, comma-separated, as errors and Direct mode "
+        "name them [default: container-1, container-2, ...].")
+    variants_file: str | None = setting(
+        None, "--variants", env="TFSERVO_VARIANTS", existing_file=True, metavar="FILE",
+        help="Serve the production variants (and shadow variants) FILE declares (TOML, YAML or JSON): each its own "
+        "bundle, weight and settings, traffic split by weight, TargetVariant honoured; instead of PATHs.")
+    shadow_queue: int = setting(
+        256, "--shadow-queue", env="TFSERVO_SHADOW_QUEUE", check="positive", metavar="N",
+        help="Shadow variants: copies of requests waiting for a shadow, per worker; past it a copy is dropped "
+        "and counted, never the production answer delayed [default: 256].")
     sigv4_credentials: str | None = setting(
         None, "--sigv4-credentials", env="TFSERVO_SIGV4_CREDENTIALS", existing_file=True, metavar="FILE",
         tfs=TfsFlag("sigv4_credentials", ""),
@@ -546,6 +569,8 @@ GROUPS: tuple[Group, ...] = (
     Group("server", "Listeners and workers", (
         "host", "port", "grpc_port", "workers", "no_supervisor", "max_worker_memory_mb", "max_requests",
         "endpoint_name", "variant_name")),
+    Group("endpoint", "Pipelines and variants", (
+        "pipeline", "pipeline_mode", "container_hostnames", "variants_file", "shadow_queue")),
     Group("limits", "Limits and time limits", (
         "max_request_mb", "request_timeout", "invocation_timeout", "keep_alive_timeout", "max_header_line_bytes",
         "max_header_bytes", "header_timeout", "body_timeout", "min_body_rate", "max_connections", "idle_poll_us",
@@ -684,9 +709,30 @@ def resolve_settings(
             f"multi-model mode starts with no models, but PATH {paths[0]} was given; "
             "drop PATH and load models with POST /models, or drop --multi-model / SAGEMAKER_MULTI_MODEL"
         )
+    if len(paths) == 1:
+        from tfservo.core.pipeline_file import is_pipeline_file, read_pipeline_file
+
+        if is_pipeline_file(paths[0]):  # a pipeline file stands where a bundle does
+            pipeline = read_pipeline_file(paths[0])
+            paths = list(pipeline.paths)
+            value["pipeline"] = True
+            if flags.get("pipeline_mode") is None:
+                value["pipeline_mode"] = pipeline.mode
+            if not value["container_hostnames"]:
+                value["container_hostnames"] = ",".join(pipeline.hostnames)
+    sized = list(paths)  # the bundles a worker holds, for the default count of workers
+    if value["variants_file"]:
+        if paths:
+            raise ConfigError(f"give PATHs or --variants {value['variants_file']}, not both: the variants file "
+                              "names each variant's bundle")
+        from tfservo.core.variants_file import read_variants_file
+
+        endpoint = read_variants_file(value["variants_file"])
+        sized = [p for v in (*endpoint.variants, *endpoint.shadows) for p in v.paths]
+        serve_default_path = False
     if not value["workers"]:
         chosen = serving and not value["multi_model"] and not value["no_supervisor"]
-        value["workers"] = auto_workers(paths, value["memory_factor"]) if chosen else 1
+        value["workers"] = auto_workers(sized, value["memory_factor"]) if chosen else 1
     if serving and not value["intra_op_threads"]:
         value["intra_op_threads"] = threads_per_worker(value["workers"])
     if value["multi_model"] and value["workers"] > 1:

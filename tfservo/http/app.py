@@ -31,6 +31,7 @@ from tfservo.http.responses import error_json, error_response, internal_error, j
 from tfservo.http.routes import Endpoints, HotDispatch, RouteSpec, starlette_routes, tfs_path_parts
 from tfservo.http.tracing_edge import traced
 from tfservo.http.v2_routes import V2Routes
+from tfservo.http.variant_routes import VariantRoutes
 from tfservo.models.calls import METHODS, parse_version
 from tfservo.service.factory import ModelService
 
@@ -207,6 +208,7 @@ def build_app(runtime: Runtime, *, async_intake: AsyncIntake | None = None) -> S
         v2=V2Routes(v2),
         docs=DocsPage(),
         async_=AsyncRoutes(async_intake.queue if async_intake is not None else None),
+        variants=VariantRoutes(service.invoker, settings.variant_name),
         multi_model=MultiModelRoutes(multi_model) if multi_model is not None else None,
     )
     gate = runtime.gate

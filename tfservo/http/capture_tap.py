@@ -57,13 +57,17 @@ class HttpCapture:
         if not isinstance(status, int):
             return  # no answer went out
         headers = scope.get("headers", ())
+        context = context_of(scope)
         event = CaptureEvent(
-            request_body=context_of(scope).body or b"",
+            request_body=context.body or b"",
             request_type=_header(headers, b"content-type"),
             response_body=answer[0] if len(answer) == 1 else b"".join(answer),
             response_type=_header(start[0].get("headers", ()), b"content-type"),
             inference_id=_header(headers, _INFERENCE_ID),
             time=arrived,
+            variant=context.variant,
+            event_id=context.capture_id,
+            latency=time.time() - arrived if context.variant is not None else None,
         )
         Taps.deliver(taps, event, 200 <= status < 300)
 

@@ -41,6 +41,7 @@ from tfservo.service.custom_attributes import CustomAttributes, parse_custom_att
 from tfservo.service.invocation import InvocationResult, error_result
 from tfservo.service.queued_calls import Prepared, QueuedCalls
 from tfservo.service.v2_dataplane import parse_v2_version
+from tfservo.service.variants import VariantInvoker
 
 if TYPE_CHECKING:
     from tfservo.auth.access import Access
@@ -62,6 +63,8 @@ T = TypeVar("T")
 
 CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 TARGET_MODEL = b"x-amzn-sagemaker-target-model"
+TARGET_CONTAINER = b"x-amzn-sagemaker-target-container-hostname"  # a Direct pipeline's container
+INVOKED_VARIANT = b"x-amzn-invoked-production-variant"
 # InvokeEndpointAsync's headers, by the AsyncCall field each fills
 _ASYNC_HEADERS = {
     "inference_id": b"x-amzn-sagemaker-inference-id",
@@ -133,6 +136,8 @@ async def send_response(
 async def send_result(
     send: Send, result: InvocationResult, headers: tuple[tuple[bytes, bytes], ...] = ()
 ) -> None:
+    if result.variant is not None:  # an endpoint of variants: the one that answered
+        headers = (*headers, (INVOKED_VARIANT, result.variant.encode("latin-1")))
     if result.custom_attributes is not None:  # a handler's, passed on as SageMaker does
         headers = (*headers, (CUSTOM_ATTRIBUTES, result.custom_attributes.encode("latin-1")))
     if result.error is not None and result.error.retry_after is not None:
@@ -201,6 +206,8 @@ class HotRoutes:
         self.targets = runtime.targets  # multi-model mode: X-Amzn-SageMaker-Target-Model loads on first use
         self.endpoint_name = settings.endpoint_name  # None: the runtime API answers for any endpoint name
         self.variant = settings.variant_name
+        invoker = service.invoker  # an endpoint of variants: TargetVariant may name any of them
+        self.variants = list(invoker.variants) if isinstance(invoker, VariantInvoker) else [self.variant]
         self.request_timeout = settings.request_timeout  # TF Serving REST calls (0: none)
         self.invocation_timeout = settings.invocation_timeout  # invocations, handlers included (0: none)
         self.on_timeout = runtime.metrics.timeout  # (route, model, limit): the metrics' count and log line
@@ -312,7 +319,7 @@ class HotRoutes:
         """POST /endpoints/{EndpointName}/invocations: SageMaker's runtime API (boto3, the AWS
         CLI, the SDK). Errors come in the shapes botocore raises as ModelError/ValidationError."""
         endpoint = scope["path_params"]["EndpointName"]
-        variant = ((b"x-amzn-invoked-production-variant", self.variant.encode()),)
+        variant = ((INVOKED_VARIANT, self.variant.encode()),)
 
         def checked(body: bytes) -> RuntimeRequest:
             if self.runtime_access is not None:  # AWS authenticates before it looks at anything else
@@ -320,7 +327,7 @@ class HotRoutes:
             request = check_request(
                 endpoint,
                 served_endpoint=self.endpoint_name,
-                variant=self.variant,
+                variants=self.variants,
                 target_variant=request_header(scope, b"x-amzn-sagemaker-target-variant"),
                 target_model=request_header(scope, TARGET_MODEL),
                 inference_id=request_header(scope, b"x-amzn-sagemaker-inference-id"),
@@ -345,14 +352,14 @@ class HotRoutes:
         async def answer(body: bytes) -> None:
             try:
                 request = early or checked(body)
-                result = await self._invoke(scope, body, None, request.target_model)
+                result = await self._invoke(scope, body, None, request.target_model, request.target_variant)
             except ServingError as exc:
                 await self._send_runtime_error(send, runtime_error(exc))
                 return
             if not result.ok:
                 await self._send_runtime_error(send, model_error(result, endpoint))
                 return
-            await send_result(send, result, variant)
+            await send_result(send, result, () if result.variant is not None else variant)
 
         await self._with_body(scope, receive, send, answer, runtime=True)
 
@@ -366,7 +373,7 @@ class HotRoutes:
                 if self.runtime_access is not None:
                     check_runtime_caller(self.runtime_access, scope, body, self.service.default_model)
                 check_request(
-                    endpoint, served_endpoint=self.endpoint_name, variant=self.variant, target_variant=None,
+                    endpoint, served_endpoint=self.endpoint_name, variants=self.variants, target_variant=None,
                     target_model=None, inference_id=request_header(scope, b"x-amzn-sagemaker-inference-id"),
                     custom_attributes=request_header(scope, CUSTOM_ATTRIBUTES),
                 )
@@ -389,8 +396,17 @@ class HotRoutes:
 
         await self._with_body(scope, receive, send, answer, runtime=True)
 
-    async def _invoke(self, scope: Scope, body: bytes, name: str | None, target: str | None) -> InvocationResult:
+    async def _invoke(self, scope: Scope, body: bytes, name: str | None, target: str | None,
+                      target_variant: str | None = None) -> InvocationResult:
         """One invocation through the service's Invoker; a target model is loaded first if new."""
+        result = await self._invoke_once(scope, body, name, target, target_variant)
+        if result.variant is not None:  # for the capture tap: the variant's folder, the shadow's eventId
+            context = context_of(scope)
+            context.variant, context.capture_id = result.variant, result.capture_id
+        return result
+
+    async def _invoke_once(self, scope: Scope, body: bytes, name: str | None, target: str | None,
+                           target_variant: str | None) -> InvocationResult:
         content_type = request_header(scope, b"content-type")
         accept = request_header(scope, b"accept")
         attributes = request_header(scope, CUSTOM_ATTRIBUTES)
@@ -406,8 +422,11 @@ class HotRoutes:
 
         kind, group = ("invoke", name, attributes), name or attributes  # the model, as the request names it
 
+        container = request_header(scope, TARGET_CONTAINER)
+
         def whole() -> InvocationResult:
-            return invoker.invoke(body, content_type, accept, attributes, name)
+            return invoker.invoke(body, content_type, accept, attributes, name, target_variant=target_variant,
+                                  target_container=container)
 
         def prepare() -> Prepared[InvocationResult]:
             prepared = invoker.prepare(body, content_type, accept, attributes, name)
@@ -423,7 +442,7 @@ class HotRoutes:
                 return error_result(exc)
 
         def call() -> Awaitable[InvocationResult]:
-            if self.queue.queueable(len(body)) and not invoker.has_handlers():
+            if self.queue.queueable(len(body)) and not invoker.has_handlers() and container is None:
                 return queued()
             # A handler may call back over HTTP, and a batched call waits for its batch: neither
             # may hold the loop.

@@ -33,6 +33,9 @@ class RequestContext:
     body: bytes | None = None
     in_progress: Callable[[], int] | None = None
     caller: Caller | None = None  # whom the key check (or the runtime API's) let in; None: no keys
+    # an endpoint of variants: the variant that answered, and the eventId its shadow's capture shares
+    variant: str | None = None
+    capture_id: str | None = None
 
 
 def context_of(scope: MutableMapping[str, Any]) -> RequestContext:

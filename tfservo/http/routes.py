@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from tfservo.http.hot_routes import HotRoutes
     from tfservo.http.multi_model_routes import MultiModelRoutes
     from tfservo.http.v2_routes import V2Routes
+    from tfservo.http.variant_routes import VariantRoutes
 
 __all__ = [
     "ROUTES",
@@ -100,6 +101,7 @@ class Endpoints:
     v2: V2Routes
     docs: DocsPage
     async_: AsyncRoutes
+    variants: VariantRoutes
     multi_model: MultiModelRoutes | None = None
 
     @property
@@ -163,6 +165,12 @@ ROUTES: tuple[RouteSpec, ...] = (
         "SageMaker runtime API: InvokeEndpointAsync (with --async-inference-config)", _SM, errors=(), body="runtime_async")),
     RouteSpec(("GET",), "/async-invocations/{InferenceId}", lambda e: e.async_.status, doc=Doc(
         "Where one asynchronous request stands (tfservo's, for local debugging)", _SM, errors=(404,))),
+    RouteSpec(("GET",), "/endpoint/variants", lambda e: e.variants.describe, doc=Doc(
+        "The endpoint's production variants with their current weights and instance counts, and its shadow "
+        "variants", _SM, errors=())),
+    RouteSpec(("POST",), "/endpoint/variants/weights", lambda e: e.variants.update_weights, scope="manage", doc=Doc(
+        "UpdateEndpointWeightsAndCapacities: new weights for the whole server, without dropping a request", _SM,
+        errors=(400, 403), body="json")),
     RouteSpec(("GET",), "/execution-parameters", lambda e: e.pages.execution_parameters,
               doc=Doc("Batch transform's execution parameters", _SM, errors=())),
     RouteSpec(("GET",), "/metrics", None, scope="metrics", doc=Doc("Prometheus metrics", _OPS, errors=(), ok="text")),

@@ -10,6 +10,7 @@ see against SageMaker. This module holds those rules and shapes; the HTTP route 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -18,7 +19,7 @@ from tfservo.auth.access import Throttled
 from tfservo.auth.keys import NotAllowed, Unauthenticated
 from tfservo.auth.sigv4 import SignatureRefused
 from tfservo.core.errors import InvalidArgument, NotFound, ServingError
-from tfservo.service.invocation import InvocationResult, error_result
+from tfservo.service.invocation import InvocationResult, NotRoutable, error_result
 
 __all__ = [
     "DEFAULT_VARIANT",
@@ -45,7 +46,7 @@ class RuntimeRequest:
     """The runtime API's view of one InvokeEndpoint call, its headers checked."""
 
     endpoint_name: str
-    variant: str
+    target_variant: str | None  # TargetVariant, checked; None: drawn by weight
     target_model: str | None = None
     inference_id: str | None = None
 
@@ -64,7 +65,7 @@ def check_request(
     endpoint_name: str,
     *,
     served_endpoint: str | None,
-    variant: str,
+    variants: Sequence[str],
     target_variant: str | None,
     target_model: str | None,
     inference_id: str | None,
@@ -82,10 +83,9 @@ def check_request(
             f"Endpoint {endpoint_name} not found: this server is endpoint {served_endpoint} "
             "(tfservo serve --endpoint-name)"
         )
-    if target_variant is not None and target_variant != variant:
-        raise RuntimeValidationError(
-            f"The variant {target_variant} is not found for endpoint {endpoint_name}: it has {variant} only"
-        )
+    if target_variant is not None and target_variant not in variants:
+        has = f"it has {variants[0]} only" if len(variants) == 1 else f"its variants are {', '.join(variants)}"
+        raise RuntimeValidationError(f"The variant {target_variant} is not found for endpoint {endpoint_name}: {has}")
     if inference_id is not None and (len(inference_id) > 64 or not _PRINTABLE_ID.fullmatch(inference_id)):
         raise RuntimeValidationError(
             f"1 validation error detected: Value at 'inferenceId' failed to satisfy constraint: 1 to 64 "
@@ -96,18 +96,21 @@ def check_request(
             "1 validation error detected: Value at 'customAttributes' failed to satisfy constraint: "
             "at most 1024 ASCII characters"
         )
-    return RuntimeRequest(endpoint_name, variant, target_model, inference_id)
+    return RuntimeRequest(endpoint_name, target_variant, target_model, inference_id)
 
 
 def model_error(result: InvocationResult, endpoint_name: str) -> RuntimeError_:
     """A model's (or handler's) error answer as botocore's ModelError: 424, the original status
-    code and message kept."""
+    code and message kept (from the container that failed, in a pipeline). The endpoint's own
+    refusal to route the request (TargetVariant, TargetContainerHostname) is a ValidationError."""
+    if isinstance(result.error, NotRoutable):
+        return runtime_error(result.error)
     original = result.body.decode("utf-8", "replace")
     kind = "client" if result.status < 500 else "server"
     doc = {
         "ErrorCode": f"{kind.upper()}_ERROR_FROM_MODEL",
         "message": (
-            f'Received {kind} error ({result.status}) from primary with message "{original}". '
+            f'Received {kind} error ({result.status}) from {result.container or "primary"} with message "{original}". '
             f"See the tfservo serve log of endpoint {endpoint_name} for more information."
         ),
         "OriginalStatusCode": result.status,

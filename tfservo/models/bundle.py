@@ -127,12 +127,14 @@ def discover_versions(model_dir: str) -> dict[int, str]:
 
 
 def open_bundle(
-    path_or_url: str, *, cache_dir: str | None = None, limits: ArchiveLimits | None = None
+    path_or_url: str, *, cache_dir: str | None = None, limits: ArchiveLimits | None = None,
+    code_only: bool = False,
 ) -> Bundle:
     """Find the models at a local path or fsspec URL, downloading/extracting into `cache_dir` first.
 
     Without `cache_dir`, downloads and extractions go to a temporary directory removed at exit.
-    Archives are extracted only within `limits` (defaults: ArchiveLimits()).
+    Archives are extracted only within `limits` (defaults: ArchiveLimits()). `code_only`: a
+    bundle of code/ alone is allowed (a pipeline's conversion container); else it must hold a model.
     """
     source = str(path_or_url)
     if not source:
@@ -143,14 +145,15 @@ def open_bundle(
         root, from_archive = _local_root(local, source, work)
     else:
         root, from_archive = _fetch_remote(source, work)
-    models, code_dir = _scan(root, source, from_archive=from_archive)
+    models, code_dir = _scan(root, source, from_archive=from_archive, code_only=code_only)
     return Bundle(root=root, models=models, code_dir=code_dir, source=source)
 
 
 # ----------------------------------------------------------------------------- layout scanning
 
 
-def _scan(root: str, source: str, *, from_archive: bool) -> tuple[dict[str, ModelSource], str | None]:
+def _scan(root: str, source: str, *, from_archive: bool,
+          code_only: bool = False) -> tuple[dict[str, ModelSource], str | None]:
     """Detect the layout at local dir `root` and return its models (sorted) and universal code dir."""
     code_dir = _code_dir(root)
     current = root
@@ -176,6 +179,8 @@ def _scan(root: str, source: str, *, from_archive: bool) -> tuple[dict[str, Mode
             break
         log.info("descending into %s, the only directory in %s", wrapped, current)
         current = wrapped
+    if code_only and code_dir:
+        return {}, code_dir
     raise BundleError(f"no models found in {source} (local dir {root}); {LAYOUTS}")
 
 

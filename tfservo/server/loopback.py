@@ -34,7 +34,7 @@ from tfservo.service.factory import ModelService, build_service
 if TYPE_CHECKING:
     from tfservo.grpc.server import GrpcServer
 
-__all__ = ["LoopbackServer", "open_service", "start_handler_endpoints"]
+__all__ = ["HandlerEndpoints", "LoopbackServer", "open_service", "start_handler_endpoints"]
 
 _GRACE_SECONDS = 5.0  # in-process callers stop it after their own calls are done
 
@@ -118,12 +118,39 @@ class LoopbackServer:
             shutil.rmtree(self._folder, ignore_errors=True)
 
 
-def start_handler_endpoints(service: ModelService) -> LoopbackServer | None:
-    """A started loopback server when the service's handlers need one (it has an inference.py
-    and no server of its own), else None; stop() it when the calls are done."""
-    if not service.invoker.has_handlers() or service.rest_base is not None:
+class HandlerEndpoints:
+    """The loopback servers of a service and of the services it composes (a pipeline's other
+    containers, an endpoint's other variants), each for its own bundle's handlers."""
+
+    def __init__(self, servers: list[LoopbackServer]) -> None:
+        self.started = servers
+
+    def stop(self) -> None:
+        for server in self.started:
+            server.stop()
+
+
+def start_handler_endpoints(service: ModelService, *, members_only: bool = False) -> HandlerEndpoints | None:
+    """Started loopback servers for the bundles whose handlers need one (an inference.py, and no
+    server of its own), else None; stop() them when the calls are done. `members_only`: not the
+    service's own bundle (`serve` gives that one its own port)."""
+    found = _composed(service)[1:] if members_only else _composed(service)
+    needing = [s for s in found if s.bundle_invoker.has_handlers() and s.rest_base is None]
+    if not needing:
         return None
-    return LoopbackServer(service).start()
+    started: list[LoopbackServer] = []
+    try:
+        for member in needing:
+            started.append(LoopbackServer(member).start())
+    except BaseException:
+        HandlerEndpoints(started).stop()
+        raise
+    return HandlerEndpoints(started)
+
+
+def _composed(service: ModelService) -> list[ModelService]:
+    """The service, then every service it composes, depth first."""
+    return [service, *(found for member in service.members for found in _composed(member))]
 
 
 @contextmanager

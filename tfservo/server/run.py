@@ -60,7 +60,11 @@ def start_worker(
     # TensorFlow leaves ~270k objects on the heap; a full GC pass over them held the GIL for
     # 100-300 ms, a p99 stall for every request in flight. Frozen objects are never scanned.
     gc.freeze()
-    if settings.api_keys and service.invoker.has_handlers():
+    from tfservo.server.loopback import start_handler_endpoints
+
+    # a pipeline's other containers, an endpoint's other variants: their handlers' own REST and gRPC
+    members_endpoints = start_handler_endpoints(service, members_only=True)
+    if settings.api_keys and service.bundle_invoker.has_handlers():
         from tfservo.server.loopback import LoopbackServer
 
         # Handlers call context.rest_uri / grpc_uri / channel without a key, as in the container:
@@ -81,6 +85,8 @@ def start_worker(
     app.closers.append(runtime.close)
     if handler_endpoints is not None:
         app.closers.insert(0, handler_endpoints.stop)
+    if members_endpoints is not None:
+        app.closers.insert(0, members_endpoints.stop)
     routes = app.routes
     app.hot.calls.on_queue = app.hot.invocations.on_queue = metrics.pool_queue
     outer: ASGIApp = drain.asgi(app) if drain is not None else app
@@ -248,7 +254,9 @@ def serving_line(settings: Settings, port: int, service: ModelService, grpc: str
     """The line that says a server is serving, and where (READY_LINE reads its URL; `grpc`: " on
     HOST:PORT", TLS said before it): logged by a process serving alone, and once for all its
     workers by a supervisor (`pids`: PIDS then)."""
-    where = ", ".join(settings.paths) or (
+    where = (f"the variants of {settings.variants_file}" if settings.variants_file else
+             f"the pipeline {' → '.join(settings.paths)}" if settings.pipeline and len(settings.paths) > 1 else
+             None) or ", ".join(settings.paths) or (
         f"multi-model root {settings.model_root}" if settings.multi_model
         else settings.model_config_file or settings.model_base_path)
     return (

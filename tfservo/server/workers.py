@@ -49,6 +49,7 @@ from tfservo.server.registry import register_server, unregister
 from tfservo.service.decode_budget import BUDGET_TABLE, create_budget_table
 from tfservo.service.metrics import MULTIPROC_ENV, mark_worker_dead
 from tfservo.service.shared_memory import REGIONS_TABLE, create_regions_table
+from tfservo.service.variants import WEIGHTS_TABLE, create_weights_table
 
 __all__ = ["Supervisor", "WorkerLink", "WorkerTarget"]
 
@@ -219,6 +220,8 @@ class Supervisor:
             create_regions_table(os.path.join(self.state_dir, REGIONS_TABLE))
             if self.settings.sigv4_replay_window > 0:
                 create_replay_table(os.path.join(self.state_dir, REPLAY_TABLE))
+            if self.settings.variants_file:  # weights changed by one worker hold for all
+                create_weights_table(os.path.join(self.state_dir, WEIGHTS_TABLE))
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         host, port = self.socks[0].getsockname()[:2]
         log.info("starting %d worker%s on %s:%d", self.settings.workers, "s" if self.settings.workers > 1 else "",

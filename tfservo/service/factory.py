@@ -35,6 +35,9 @@ from tfservo.service.invocation import Invoker
 from tfservo.service.warmup import replay_warmup
 
 if TYPE_CHECKING:
+    from tfservo.service.variants import EndpointHooks
+
+if TYPE_CHECKING:
     from tfservo.models.batching import BatchingRunnerFactory
     from tfservo.models.savedmodel import LoadedModel
     from tfservo.models.signing import TrustedKeys
@@ -88,13 +91,17 @@ class ModelService:
         self.rest_base: str | None = None
         self.grpc_port: int | None = None
         self.grpc_socket: str | None = None  # a locked loopback server's gRPC, for handlers only
-        self.invoker = Invoker(
+        # this service's own bundles' invocation path; `invoker` is what the doors call: the same, or a
+        # pipeline's or an endpoint of variants' (service.pipeline, service.variants) over `members`
+        self.bundle_invoker = Invoker(
             self.api,
             default_model=self.default_model,
             rest_base=lambda: self.rest_base or "http://127.0.0.1:8080",
             grpc_port=lambda: self.grpc_port,
             grpc_socket=lambda: self.grpc_socket,
         )
+        self.invoker: Invoker = self.bundle_invoker
+        self.members: list[ModelService] = []  # the other services `invoker` composes; closed with this one
 
     @property
     def batches(self) -> bool:
@@ -106,7 +113,7 @@ class ModelService:
     def add_bundle(self, path_or_url: str) -> Bundle:
         """Open a bundle, prepare its code and load every model in it. The bundle's root code/
         applies to its own models without a code/ of their own (not to other bundles' models)."""
-        bundle = open_bundle(path_or_url, limits=self.settings.archive_limits)
+        bundle = open_bundle(path_or_url, limits=self.settings.archive_limits, code_only=self.settings.code_only_bundles)
         if not os.path.exists(path_or_url) and "://" in path_or_url and not path_or_url.startswith("file://"):
             self.mark_arrived(bundle.root, path_or_url.split("://", 1)[0] + "://")
         if os.path.isfile(bundle.source):  # an archive, extracted under bundle.root: errors name the archive
@@ -117,6 +124,8 @@ class ModelService:
             shared = self._prepare_code(bundle.code_dir, label)
         for source in bundle.models.values():
             self.add_model(source, handlers=shared)
+        if not bundle.models and shared is not None:  # code alone: its handlers answer every invocation
+            self.bundle_invoker.universal_handlers = shared
         self.bundles.append(bundle)
         return bundle
 
@@ -138,7 +147,7 @@ class ModelService:
         if source.code_dir:
             handlers = self._prepare_code(source.code_dir, source.name) or handlers
         if handlers is not None:
-            self.invoker.handlers[source.name] = handlers
+            self.bundle_invoker.handlers[source.name] = handlers
         if labels is None:
             labels = self.settings.version_labels.get(source.name)
         try:
@@ -185,7 +194,7 @@ class ModelService:
 
     def set_universal_code(self, code_dir: str) -> None:
         """Use `code_dir`/inference.py for every model without its own code/."""
-        self.invoker.universal_handlers = self._prepare_code(code_dir, "universal")
+        self.bundle_invoker.universal_handlers = self._prepare_code(code_dir, "universal")
 
     def remove_model(self, name: str) -> None:
         self.lifecycle.unwatch(name)
@@ -219,24 +228,24 @@ class ModelService:
             except ServingError as exc:
                 log.error("code in %s not reloaded, the previous handler keeps answering: %s", code_dir, exc.message)
                 continue
-            for name, handlers in list(self.invoker.handlers.items()):
+            for name, handlers in list(self.bundle_invoker.handlers.items()):
                 if handlers is old:
-                    self.invoker.handlers[name] = new
-            if self.invoker.universal_handlers is old:
-                self.invoker.universal_handlers = new
+                    self.bundle_invoker.handlers[name] = new
+            if self.bundle_invoker.universal_handlers is old:
+                self.bundle_invoker.universal_handlers = new
             reloaded.append(code_dir)
             log.info("reloaded %s (models unchanged)", old.path)
         return reloaded
 
     def _all_handlers(self) -> list[Handlers]:
-        found: dict[int, Handlers] = {id(h): h for h in self.invoker.handlers.values()}
-        if self.invoker.universal_handlers is not None:
-            found[id(self.invoker.universal_handlers)] = self.invoker.universal_handlers
+        found: dict[int, Handlers] = {id(h): h for h in self.bundle_invoker.handlers.values()}
+        if self.bundle_invoker.universal_handlers is not None:
+            found[id(self.bundle_invoker.universal_handlers)] = self.bundle_invoker.universal_handlers
         return list(found.values())
 
     def _drop_handlers(self, name: str) -> None:
-        handlers = self.invoker.handlers.pop(name, None)
-        if handlers is not None and not any(h is handlers for h in self.invoker.handlers.values()):
+        handlers = self.bundle_invoker.handlers.pop(name, None)
+        if handlers is not None and not any(h is handlers for h in self.bundle_invoker.handlers.values()):
             unload_handlers(handlers)  # no other model of its bundle uses it
 
     def _prepare_code(self, code_dir: str, label: str) -> Handlers | None:
@@ -278,7 +287,8 @@ class ModelService:
         return names[0] if names else None
 
     def is_healthy(self) -> bool:
-        """Every configured model has at least one AVAILABLE version (multi-model mode: always)."""
+        """Every configured model has at least one AVAILABLE version (multi-model mode: always),
+        a pipeline's every container's and an endpoint's every variant's too."""
         return not self.unavailable_models()
 
     def unavailable_models(self) -> list[str]:
@@ -286,7 +296,8 @@ class ModelService:
         if self.settings.multi_model:
             return []
         served = {m.name: m for m in self.manager.models()}
-        return [name for name in self.configured_models if name not in served or not served[name].available()]
+        missing = [name for name in self.configured_models if name not in served or not served[name].available()]
+        return missing + [name for member in self.members for name in member.unavailable_models()]
 
     def load_errors(self) -> list[str]:
         """'model M version V: error' for every version that failed to load."""
@@ -298,24 +309,47 @@ class ModelService:
         ]
 
     def close(self) -> None:
+        closing = getattr(self.invoker, "close", None)
+        if self.invoker is not self.bundle_invoker and closing is not None:
+            closing()  # a shadow's threads, the weights table
+        for member in self.members:
+            member.close()
+        self.members = []
         tracing.flush()
         self.lifecycle.stop()
         self.manager.close()
-        for name in list(self.invoker.handlers):
+        for name in list(self.bundle_invoker.handlers):
             self._drop_handlers(name)
-        if self.invoker.universal_handlers is not None:
-            unload_handlers(self.invoker.universal_handlers)
-            self.invoker.universal_handlers = None
+        if self.bundle_invoker.universal_handlers is not None:
+            unload_handlers(self.bundle_invoker.universal_handlers)
+            self.bundle_invoker.universal_handlers = None
 
 
 def build_service(
     settings: Settings,
     *,
     hooks: ModelHooks | None = None,
+    endpoint_hooks: EndpointHooks | None = None,
+    shared_dir: str | None = None,
 ) -> ModelService:
     """The running service for `settings`: every bundle in settings.paths and the model
-    config file loaded, labels and the default model checked, file-system polling started."""
+    config file loaded, labels and the default model checked, file-system polling started.
+    With --variants, one service per variant behind a VariantInvoker; with --pipeline, one per
+    container behind a PipelineInvoker (`shared_dir`: the server's folder of shared tables)."""
     tracing.configure()  # every process that runs a model: serve's workers, transforms, pipelines
+    if settings.variants_file:
+        from tfservo.service.endpoint_build import build_variants
+
+        return build_variants(settings, _build_one, hooks, endpoint_hooks, shared_dir)
+    if settings.pipeline and len(settings.paths) > 1:
+        from tfservo.service.endpoint_build import build_pipeline
+
+        return build_pipeline(settings, _build_one, hooks, endpoint_hooks)
+    return _build_one(settings, hooks)
+
+
+def _build_one(settings: Settings, hooks: ModelHooks | None) -> ModelService:
+    """The service of the bundles in settings.paths, side by side."""
     service = ModelService(settings, hooks=hooks)
     try:
         for path in settings.paths:

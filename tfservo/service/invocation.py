@@ -32,9 +32,16 @@ if TYPE_CHECKING:
 
     from tfservo.models.servables import ServableHandle
 
-__all__ = ["error_result", "InvocationResult", "Invoker", "PreparedInvocation", "result_error"]
+__all__ = ["ComposedInvoker", "error_result", "InvocationResult", "Invoker", "NotRoutable", "PreparedInvocation",
+           "result_error"]
 
 log = logging.getLogger("tfservo.invocations")
+
+
+class NotRoutable(InvalidArgument):
+    """A request the endpoint cannot route: a TargetVariant or TargetContainerHostname it lacks, or
+    none where one is needed. The endpoint's own refusal, not a model's answer (the runtime API
+    answers it as ValidationError)."""
 
 
 class InvocationResult:
@@ -43,7 +50,8 @@ class InvocationResult:
     A failed invocation keeps the ServingError it failed with (`error`), so in-process callers
     get the original type and message; only an edge writes its status and body."""
 
-    __slots__ = ("status", "content_type", "answer", "custom_attributes", "error", "one_line", "_body")
+    __slots__ = ("status", "content_type", "answer", "custom_attributes", "error", "one_line", "container", "variant",
+                 "capture_id", "_body")
 
     def __init__(
         self,
@@ -61,6 +69,9 @@ class InvocationResult:
         self.content_type = content_type
         self.answer = answer
         self.custom_attributes = custom_attributes  # a handler's, for X-Amzn-SageMaker-Custom-Attributes
+        self.container: str | None = None  # a pipeline's: the container that answered (an error: that failed)
+        self.variant: str | None = None  # an endpoint of variants': the production variant that answered
+        self.capture_id: str | None = None  # the eventId its capture line and its shadow's share
         self._body = body
 
     @property
@@ -81,7 +92,9 @@ class InvocationResult:
         try:
             self.body  # noqa: B018 - written now
         except ServingError as exc:
-            return error_result(exc)
+            failed = error_result(exc)
+            failed.container, failed.variant, failed.capture_id = self.container, self.variant, self.capture_id
+            return failed
         return self
 
     def __repr__(self) -> str:
@@ -143,6 +156,7 @@ class Invoker:
         self._grpc_socket = grpc_socket or (lambda: None)
         self._channel: tuple[str, object] | None = None
         self._channel_lock = threading.Lock()
+        self.label: str | None = None  # a variant's version label: the version of a call naming none
 
     def has_handlers(self) -> bool:
         return bool(self.handlers) or self.universal_handlers is not None
@@ -158,10 +172,15 @@ class Invoker:
         accept: str | None = None,
         custom_attributes: str | None = None,
         model_name: str | None = None,
+        *,
+        target_variant: str | None = None,
+        target_container: str | None = None,
     ) -> InvocationResult:
         """Run one invocation and write its answer; client mistakes come back as 4xx results,
-        never as exceptions."""
-        return self.call(body, content_type, accept, custom_attributes, model_name).encoded()
+        never as exceptions. `target_variant` (TargetVariant) and `target_container`
+        (TargetContainerHostname) are for an endpoint of variants and a Direct pipeline."""
+        return self.call(body, content_type, accept, custom_attributes, model_name, target_variant=target_variant,
+                         target_container=target_container).encoded()
 
     def call(
         self,
@@ -170,9 +189,17 @@ class Invoker:
         accept: str | None = None,
         custom_attributes: str | None = None,
         model_name: str | None = None,
+        *,
+        target_variant: str | None = None,
+        target_container: str | None = None,
     ) -> InvocationResult:
         """Run one invocation, leaving a model's answer as arrays until its body is asked for
-        (the transform splits it per record straight from them)."""
+        (the transform splits it per record straight from them). One bundle has no containers
+        to choose from, and a variant was checked by the door (service.variants decides it)."""
+        if target_container is not None:
+            return error_result(NotRoutable(
+                f"TargetContainerHostname {target_container} names a container, but this endpoint is one container: "
+                "Direct invocation needs tfservo serve --pipeline --pipeline-mode direct"))
         try:
             return self._invoke(body, content_type, accept, custom_attributes, model_name)
         except ServingError as exc:
@@ -221,8 +248,10 @@ class Invoker:
             try:
                 accept_types = content_types.parse_accept(accept)
                 answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
+                assert name is not None  # mergeable needs it
                 answer = self.api.infer(
-                    attrs.method or "predict", name, attrs.version_number, None, {"instances": merged}  # type: ignore[arg-type]
+                    attrs.method or "predict", name, attrs.version_number, self._label(attrs.version_number),
+                    {"instances": merged},
                 )
             except ServingError:
                 answer = None  # some body is at fault: each is tried alone below, and says so
@@ -260,7 +289,9 @@ class Invoker:
         """The custom attributes, and the model, version and method the invocation asks for."""
         attrs = parse_custom_attributes(custom_attributes)
         name = requested_model(model_name, attrs, self._default_model)
-        if not name:
+        if not name and self.universal_handlers is not None and not self.api.manager.model_names():
+            name = ""  # a bundle of code alone (a pipeline's conversion container): its handler answers
+        elif not name:
             raise InvalidArgument(
                 "Invocation request does not contain model name: set tfs-model-name in "
                 "X-Amzn-SageMaker-Custom-Attributes or call /models/{name}/invoke"
@@ -276,7 +307,7 @@ class Invoker:
         tfs_request = content_types.to_tfs_request(body, content_type or "")
         accept_types = content_types.parse_accept(accept)
         answer_type = content_types.negotiate(accept_types, CONVERTIBLE_TYPES)
-        handle, call = self.api.prepare(method, name, version, None, tfs_request)
+        handle, call = self.api.prepare(method, name, version, self._label(version), tfs_request)
         return PreparedInvocation(handle, call, answer_type, content_types.one_line_json(accept_types))
 
     def _invoke(
@@ -330,16 +361,22 @@ class Invoker:
         data = request_body.encode() if isinstance(request_body, str) else request_body
         try:
             assert context.method is not None and context.model_name is not None  # Invoker set both
-            status, body = 200, self.api.rest(context.method, context.model_name, version, None, data)
+            status, body = 200, self.api.rest(context.method, context.model_name, version, self._label(version), data)
         except ServingError as exc:
             res = error_result(exc)
             status, body = res.status, res.body
         return make_requests_response(status, body, JSON, context.rest_uri)
 
+    def _label(self, version: int | None) -> str | None:
+        """The version label a call runs under: the variant's, when the call names no version."""
+        return self.label if version is None else None
+
     def rest_uri(self, name: str, version: int | None, method: str) -> str:
         """The live TF Serving REST URL a handler can POST to."""
         base = self._rest_base() if self._rest_base else "http://127.0.0.1:8501"
-        path = f"/v1/models/{name}" + (f"/versions/{version}" if version is not None else "")
+        label = self._label(version)
+        path = f"/v1/models/{name}" + (f"/versions/{version}" if version is not None else
+                                       f"/labels/{label}" if label is not None else "")
         return f"{base}{path}:{method}"
 
     def grpc_uri(self) -> str | None:
@@ -367,3 +404,22 @@ class Invoker:
                 options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
                 self._channel = (uri, tracing.traced_channel(grpc.insecure_channel(uri, options=options)))
             return self._channel[1]
+
+
+class ComposedInvoker(Invoker):
+    """An invoker over other bundles' invokers (a pipeline's containers, an endpoint's variants):
+    each call decides where it goes, so doors run it whole, never queue a decoded call of it."""
+
+    def __init__(self, inner: Invoker) -> None:
+        super().__init__(inner.api, default_model=inner._default_model)
+
+    def has_handlers(self) -> bool:
+        return True
+
+    def prepare(self, body: bytes, content_type: str | None, accept: str | None = None,
+                custom_attributes: str | None = None, model_name: str | None = None) -> PreparedInvocation | None:
+        return None
+
+    def call_many(self, bodies: Sequence[bytes], content_type: str | None, accept: str | None = None,
+                  custom_attributes: str | None = None, model_name: str | None = None) -> list[InvocationResult]:
+        return [self.call(body, content_type, accept, custom_attributes, model_name) for body in bodies]

@@ -35,7 +35,7 @@ from tfservo.service.model_statistics import INFERENCE_METHODS, ModelStatistics
 from tfservo.service.tfs_metrics import TFServingMetrics
 
 if TYPE_CHECKING:
-    pass
+    from tfservo.service.variants import EndpointHooks
 
 __all__ = [
     "BATCH_BUCKETS",
@@ -218,6 +218,26 @@ class Metrics:
             "tfservo_trace_spans_dropped", "Spans not exported because the export queue was full "
             "(OTEL_BSP_MAX_QUEUE_SIZE): the export process could not keep up; sample fewer requests", registry=reg,
         )
+        self.variant_invocations = Counter(
+            "tfservo_variant_invocations", "Invocations answered by each production variant, by status",
+            ["variant", "status"], registry=reg,
+        )
+        self.variant_latency = Histogram(
+            "tfservo_variant_duration_seconds", "Time each production variant took to answer an invocation",
+            ["variant"], buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.shadow_copies = Counter(
+            "tfservo_shadow_copies", "Copies of requests for a shadow variant, by outcome: sent (answered), failed "
+            "(it answered an error), dropped (its queue was full: --shadow-queue)", ["variant", "outcome"], registry=reg,
+        )
+        self.container_latency = Histogram(
+            "tfservo_pipeline_container_duration_seconds", "Time each container of an inference pipeline took",
+            ["container"], buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.container_failures = Counter(
+            "tfservo_pipeline_container_failures", "Invocations a pipeline's container answered with an error",
+            ["container"], registry=reg,
+        )
         self.on_answered: Callable[[], None] | None = None  # the worker's watch counts answers
         self._server_wide: list[Collector] = []  # the supervisor's counts, the shared throttle
         self._failures_counted: set[int] = set()
@@ -361,6 +381,22 @@ class Metrics:
             on_event=self.model_event, on_batch=self.batch_hook, on_run=self.run_hook,
             on_hold=self.hold_hook, on_queue=self.queue_hook,
         )
+
+    def endpoint_hooks(self) -> EndpointHooks:
+        """The hooks production variants, shadows and pipeline containers report to."""
+        from tfservo.service.variants import EndpointHooks
+
+        def variant(name: str, status: int, seconds: float) -> None:
+            self.variant_invocations.labels(name, str(status)).inc()
+            self.variant_latency.labels(name).observe(seconds)
+
+        def container(name: str, seconds: float, ok: bool) -> None:
+            self.container_latency.labels(name).observe(seconds)
+            if not ok:
+                self.container_failures.labels(name).inc()
+
+        return EndpointHooks(on_variant=variant, on_shadow=lambda name, outcome: self.shadow_copies.labels(
+            name, outcome).inc(), on_container=container)
 
     def timeout(self, route: str, model: str | None, seconds: float) -> None:
         """A request's time limit passed: counted and logged (one line naming route and model)."""

@@ -34,18 +34,19 @@ _INFERENCE = "inference.py"
 _MODEL_FILES = (*SAVED_MODEL_FILES, TFLITE_MODEL_FILE)
 
 
-def check_bundles(paths: Iterable[str], limits: ArchiveLimits | None = None) -> None:
-    """Check each local bundle in `paths` as far as it can be without TensorFlow (see the module)."""
+def check_bundles(paths: Iterable[str], limits: ArchiveLimits | None = None, *, code_only: bool = False) -> None:
+    """Check each local bundle in `paths` as far as it can be without TensorFlow (see the module);
+    `code_only`: a bundle may be code/ alone (a pipeline's containers)."""
     for path in paths:
         local = _local(path)
         if local is None:
             continue
         if os.path.isfile(local) and tarfile.is_tarfile(local):
-            _check_archive(local, path)
+            _check_archive(local, path, code_only)
             continue
         if not os.path.exists(local):
             raise BundleNotFound(f"model path {path} does not exist; check the path. {LAYOUTS}")
-        bundle = open_bundle(local, limits=limits)  # a directory: scanned, nothing copied
+        bundle = open_bundle(local, limits=limits, code_only=code_only)  # a directory: scanned, nothing copied
         code_dirs = {bundle.code_dir, *(model.code_dir for model in bundle.models.values())}
         for code_dir in sorted(d for d in code_dirs if d):
             script = os.path.join(code_dir, _INFERENCE)
@@ -76,13 +77,15 @@ def check_handler_source(source: bytes, shown_as: str) -> None:
     chosen_handlers(names & set(HANDLER_NAMES), shown_as)
 
 
-def _check_archive(archive: str, source: str) -> None:
-    """An archive's listing: it must hold a model; each code/inference.py in it is checked as it
-    is, read from the archive without extracting the rest."""
+def _check_archive(archive: str, source: str, code_only: bool = False) -> None:
+    """An archive's listing: it must hold a model (or, `code_only`, a code/inference.py); each
+    code/inference.py in it is checked as it is, read from the archive without extracting the rest."""
     try:
         with tarfile.open(archive, "r:*") as tar:
             members = [m for m in tar.getmembers() if m.isfile()]
-            if not any(posixpath.basename(m.name) in _MODEL_FILES or m.name.endswith(KERAS_SUFFIX) for m in members):
+            has_code = any(_member_path(m.name).split("/")[-2:] == [CODE_DIR_NAME, _INFERENCE] for m in members)
+            if not any(posixpath.basename(m.name) in _MODEL_FILES or m.name.endswith(KERAS_SUFFIX)
+                       for m in members) and not (code_only and has_code):
                 raise BundleError(f"no models found in {source}: it holds no {' or '.join(_MODEL_FILES)} "
                                   f"or *{KERAS_SUFFIX}; {LAYOUTS}")
             for member in members:

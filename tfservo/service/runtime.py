@@ -17,6 +17,7 @@ from tfservo.auth.access import Access
 from tfservo.auth.audit import ManagementGate
 from tfservo.auth.throttle import THROTTLE_TABLE, FailureThrottle
 from tfservo.capture.taps import KINDS, Tap, Taps
+from tfservo.capture.writer import CaptureEvent
 from tfservo.core import tracing
 from tfservo.core.settings import Settings
 from tfservo.service.call_placement import CallPlacement
@@ -25,6 +26,7 @@ from tfservo.service.factory import ModelService, build_service
 from tfservo.service.metrics import Metrics
 from tfservo.service.shared_memory import REGIONS_TABLE, SharedMemoryRegions
 from tfservo.service.v2_dataplane import V2DataPlane
+from tfservo.service.variants import ShadowAnswer, VariantInvoker
 
 if TYPE_CHECKING:
     from tfservo.service.multi_model import MultiModelEndpoint
@@ -102,7 +104,8 @@ def build_runtime(
         monitoring = read_monitoring_config(settings.monitoring_config_file)
         if monitoring.enable:
             metrics.serve_tf_serving_names(monitoring.path)
-    service = build_service(settings, hooks=metrics.model_hooks())
+    service = build_service(settings, hooks=metrics.model_hooks(), endpoint_hooks=metrics.endpoint_hooks(),
+                            shared_dir=shared_dir)
     tracing.on_dropped(metrics.span_dropped)
     local_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
     service.rest_base = f"http://{local_host}:{port}"
@@ -117,12 +120,15 @@ def build_runtime(
             memory_budget_bytes=int(settings.mme_memory_mb * 2**20) if settings.mme_memory_mb > 0 else None,
             archive_limits=settings.archive_limits,
         )
+    taps = _taps(settings, service, port, metrics)
+    if isinstance(service.invoker, VariantInvoker) and taps:
+        service.invoker.deliver = lambda answer: taps.deliver_copy(_shadow_event(answer), answer.result.ok)
     return Runtime(
         service,
         metrics,
         ManagementGate(settings, metrics.management_action),
         _access(settings, metrics, shared_dir),
-        _taps(settings, service, port, metrics),
+        taps,
         V2DataPlane(service.api, service.unavailable_models, repository=multi_model, statistics=metrics.statistics,
                     regions=_regions(settings, shared_dir), batching=service.runners),
         placements_for(settings, service.batches),
@@ -143,6 +149,13 @@ def runtime_of(service: ModelService) -> Runtime:
         placements_for(service.settings, service.batches),
         _budget(service.settings, None),
     )
+
+
+def _shadow_event(answer: ShadowAnswer) -> CaptureEvent:
+    """A shadow's answer as a capture event: in the shadow's folder, with its production line's eventId."""
+    result = answer.result.encoded()
+    return CaptureEvent(answer.request, answer.request_type, result.body, result.content_type, answer.inference_id,
+                        answer.arrived, answer.variant, answer.capture_id, answer.seconds)
 
 
 def _regions(settings: Settings, shared_dir: str | None) -> SharedMemoryRegions | None:

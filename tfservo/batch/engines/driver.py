@@ -116,10 +116,13 @@ def start_driver_run(
 
 def job_bundle_versions(job: TransformJob) -> dict[str, list[int]]:
     """The versions of each model of the job's bundle, read without loading it (a driver's view)."""
+    from tfservo.core.pipeline_file import container_paths
     from tfservo.core.settings import archive_limits_from_env, environment
     from tfservo.models.bundle import open_bundle
 
-    return bundle_versions([open_bundle(job.model, limits=archive_limits_from_env(environment(job.env)))])
+    limits = archive_limits_from_env(environment(job.env))
+    paths = container_paths(job.model)  # a pipeline file: each container's
+    return bundle_versions([open_bundle(p, limits=limits, code_only=len(paths) > 1) for p in paths])
 
 
 def publish(

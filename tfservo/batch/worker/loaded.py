@@ -31,7 +31,7 @@ from tfservo.core.errors import BundleError, NotFound, ServingError
 from tfservo.core.logs import quiet_libraries
 from tfservo.core.settings import resolve_settings
 from tfservo.models.signatures import DEFAULT_SIGNATURE
-from tfservo.server.loopback import LoopbackServer, start_handler_endpoints
+from tfservo.server.loopback import HandlerEndpoints, start_handler_endpoints
 from tfservo.service.custom_attributes import parse_custom_attributes, requested_model
 from tfservo.service.factory import ModelService, build_service
 from tfservo.service.invocation import result_error
@@ -75,7 +75,7 @@ class LoadedBundle(LoadedTarget):
         # following new version dirs: the latest version is looked up again for each batch
         self._follow = poll_seconds > 0 and selection.version is None
         self.service = build_service(settings)
-        self._loopback: LoopbackServer | None = None
+        self._loopback: HandlerEndpoints | None = None
         try:
             target = _select(self.service, bundle, selection)
             if selection.content_type is not None:  # raw bodies: the invocation path, handlers and all
@@ -148,7 +148,7 @@ class LoadedBundle(LoadedTarget):
         _shutdown(self.service, self._loopback)
 
 
-def _shutdown(service: ModelService, loopback: LoopbackServer | None) -> None:
+def _shutdown(service: ModelService, loopback: HandlerEndpoints | None) -> None:
     if loopback is not None:
         loopback.stop()
     service.close()
