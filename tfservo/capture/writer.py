@@ -44,7 +44,7 @@ from tfservo.core.processes import process_alive
 from tfservo.core.queues import take_all
 from tfservo.core.retry import Backoff
 
-__all__ = ["CaptureEvent", "CaptureWriter", "capture_line"]
+__all__ = ["CaptureEvent", "CaptureWriter", "capture_line", "new_event_id"]
 
 log = logging.getLogger("tfservo.capture")
 
@@ -78,7 +78,7 @@ def capture_line(config: CaptureConfig, event: CaptureEvent) -> bytes:
         data["endpointInput"] = _payload(config, "INPUT", event.request_type, event.request_body)
     if config.capture_output:
         data["endpointOutput"] = _payload(config, "OUTPUT", event.response_type, event.response_body)
-    metadata: dict[str, object] = {"eventId": event.event_id or _event_id(), "inferenceTime": _iso_time(event.time)}
+    metadata: dict[str, object] = {"eventId": event.event_id or new_event_id(), "inferenceTime": _iso_time(event.time)}
     if event.inference_id:
         metadata["inferenceId"] = event.inference_id
     if event.latency is not None:  # tfservo's own key (variants and shadows only): what compare reads
@@ -91,7 +91,7 @@ _VERSION_4 = (0x4000 << 64) | (0x8000 << 48)
 _NOT_VERSION = ~((0xF000 << 64) | (0xC000 << 48))
 
 
-def _event_id() -> str:
+def new_event_id() -> str:
     """A random (version 4) UUID from `random`, which is reseeded in every process and after
     every fork, in a third of uuid.uuid4()'s time (no system call): one per line."""
     h = (random.getrandbits(128) & _NOT_VERSION | _VERSION_4).to_bytes(16, "big").hex()

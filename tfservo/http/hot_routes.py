@@ -442,7 +442,8 @@ class HotRoutes:
                 return error_result(exc)
 
         def call() -> Awaitable[InvocationResult]:
-            if self.queue.queueable(len(body)) and not invoker.has_handlers() and container is None:
+            if self.queue.queueable(len(body)) and not invoker.has_handlers() and container is None \
+                    and target_variant is None:  # a decoded call queued for its batch: the variant drawn by weight
                 return queued()
             # A handler may call back over HTTP, and a batched call waits for its batch: neither
             # may hold the loop.

@@ -121,16 +121,24 @@ class PreparedInvocation(NamedTuple):
     call: Call
     answer_type: str
     one_line: bool
+    # an endpoint of variants': told of the result once it is made (tags it, counts it, copies it
+    # to a shadow)
+    answered: Callable[[InvocationResult], None] | None = None
 
     def result(self, answer: Answer) -> InvocationResult:
         """The model's answer as this invocation's result (written when its body is asked for)."""
-        return InvocationResult(200, None, self.answer_type, answer, one_line=self.one_line)
+        return self._told(InvocationResult(200, None, self.answer_type, answer, one_line=self.one_line))
 
     def written(self, answer: Answer) -> InvocationResult:
         """The result with its body written now, without a span of its own (for a door whose
         queued call is the "encode" span: service.queued_calls); ServingError if it cannot be."""
         body = content_types.encode_answer(answer, self.answer_type, one_line=self.one_line)
-        return InvocationResult(200, body, self.answer_type, answer, one_line=self.one_line)
+        return self._told(InvocationResult(200, body, self.answer_type, answer, one_line=self.one_line))
+
+    def _told(self, result: InvocationResult) -> InvocationResult:
+        if self.answered is not None:
+            self.answered(result)
+        return result
 
 
 class Invoker:

@@ -21,10 +21,10 @@ import random
 import struct
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from tfservo.capture.writer import new_event_id
 from tfservo.core.errors import InvalidArgument
 from tfservo.core.shared_table import SharedTable, create_table
 from tfservo.service.invocation import (
@@ -32,6 +32,7 @@ from tfservo.service.invocation import (
     InvocationResult,
     Invoker,
     NotRoutable,
+    PreparedInvocation,
     error_result,
 )
 
@@ -218,6 +219,21 @@ class VariantInvoker(ComposedInvoker):
                                  lambda answer: self.deliver(answer)) for s in shadows]
         self.shadow_names = [s.name for s in shadows]
 
+    def has_handlers(self) -> bool:
+        """False when no production variant has handlers: the doors' fast path (a decoded call
+        queued for its batch, or run on the loop) stays open, the variant drawn in `prepare`."""
+        return any(v.invoker.has_handlers() for v in self.variants.values())
+
+    def prepare(self, body: bytes, content_type: str | None, accept: str | None = None,
+                custom_attributes: str | None = None, model_name: str | None = None) -> PreparedInvocation | None:
+        variant = self.choose(None)
+        prepared = variant.invoker.prepare(body, content_type, accept, custom_attributes, model_name)
+        if prepared is None:
+            return None
+        arrived, started = time.time(), time.perf_counter()
+        return prepared._replace(answered=lambda result: self._answered(
+            variant, result, arrived, started, body, content_type, accept, custom_attributes, model_name, None))
+
     def choose(self, target_variant: str | None) -> Variant:
         """The variant that answers: TargetVariant's, else drawn by the current weights."""
         if target_variant is not None:
@@ -249,15 +265,23 @@ class VariantInvoker(ComposedInvoker):
         arrived, started = time.time(), time.perf_counter()
         result = variant.invoker.call(body, content_type, accept, custom_attributes, model_name,
                                       target_container=target_container)
+        self._answered(variant, result, arrived, started, body, content_type, accept, custom_attributes, model_name,
+                       inference_id)
+        return result
+
+    def _answered(self, variant: Variant, result: InvocationResult, arrived: float, started: float, body: bytes,
+                  content_type: str | None, accept: str | None, custom_attributes: str | None,
+                  model_name: str | None, inference_id: str | None) -> None:
+        """A production answer made: tagged with its variant, counted, and copied to each shadow
+        that samples it (the copy waits in the shadow's queue; nothing here blocks)."""
         result.variant = variant.name
         if self.hooks.on_variant is not None:
             self.hooks.on_variant(variant.name, result.status, time.perf_counter() - started)
         for shadow in self._shadows:
             if shadow.share >= 1 or random.random() < shadow.share:
-                result.capture_id = result.capture_id or str(uuid.uuid4())
+                result.capture_id = result.capture_id or new_event_id()
                 shadow.offer(ShadowAnswer(shadow.variant.name, result.capture_id, body, content_type, result, arrived,
                                           0.0, inference_id), accept, custom_attributes, model_name)
-        return result
 
     def close(self) -> None:
         for shadow in self._shadows:

@@ -1,7 +1,8 @@
 """`tfservo tune`'s search: from the settings `serve` picks for this machine, one setting at a
-time (workers, then TensorFlow's threads, then batching), keeping a change only when it gains
-more throughput at the latency target than the noise measured on the starting point, until a
-whole pass changes nothing or the budget is spent. Protocols are compared on the first server
+time (workers, then TensorFlow's threads, then batching; batching first for a model slower than
+SLOW_MS alone), keeping a change only when it gains more throughput at the latency target than
+the noise measured on the starting point, until a whole pass changes nothing or the budget is
+spent. Protocols are compared on the first server
 (no restart needed) and the best one is used from then on.
 
 The pick is then checked open loop (Poisson arrivals at its throughput, stepped down until its
@@ -30,6 +31,7 @@ __all__ = ["TuneOptions", "TuneResult", "Trial", "baseline", "dimensions", "tune
 NOISE_FLOOR = 0.02  # never trust a gain under 2 %, however quiet the first repeat was
 OPEN_LOOP_STEPS = (1.0, 0.85, 0.7, 0.55, 0.4)  # shares of the closed-loop rate tried open loop
 OPEN_LOOP_CLIENTS = 64  # more threads only fight over the interpreter's lock
+SLOW_MS = 5.0  # a model this slow per request alone tries batching first
 GENERATOR_BOUND = 0.25  # sends later than this share of the target (p99): the generator is the limit
 
 
@@ -101,8 +103,11 @@ def baseline(bundle: str, cores: int) -> Candidate:
     return Candidate.of({"workers": workers, "intra-op-threads": threads_per_worker(workers), "batching": "auto"})
 
 
-def dimensions(cores: int, max_workers: int) -> list[tuple[str, Callable[[dict[str, Any]], list[dict[str, Any]]]]]:
-    """Each setting the search moves, with the values it tries given the current ones."""
+def dimensions(cores: int, max_workers: int,
+               slow: bool = False) -> list[tuple[str, Callable[[dict[str, Any]], list[dict[str, Any]]]]]:
+    """Each setting the search moves, with the values it tries given the current ones. For a
+    `slow` model (SLOW_MS or more per request alone) batching comes first, timeouts before off:
+    its trials cost tens of seconds, and batching is where such a model gains (docs/decisions.md)."""
     top = max_workers or cores
 
     def workers(v: dict[str, Any]) -> list[dict[str, Any]]:
@@ -115,12 +120,15 @@ def dimensions(cores: int, max_workers: int) -> list[tuple[str, Callable[[dict[s
 
     def batching(v: dict[str, Any]) -> list[dict[str, Any]]:
         plain = {"SAGEMAKER_TFS_MAX_BATCH_SIZE": None, "SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS": None}
-        return [{**plain, "batching": "auto"}, {**plain, "batching": "off"}, *[
+        timeouts = [
             {"batching": "timeout", "SAGEMAKER_TFS_MAX_BATCH_SIZE": size, "SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS": micros}
             for size, micros in ((8, 1000), (32, 5000))
-        ]]
+        ]
+        plain_modes = [{**plain, "batching": "auto"}, {**plain, "batching": "off"}]
+        return [*timeouts, *plain_modes] if slow else [*plain_modes, *timeouts]
 
-    return [("workers", workers), ("intra-op-threads", threads), ("batching", batching)]
+    moves: list[tuple[str, Callable[[dict[str, Any]], list[dict[str, Any]]]]] = [("workers", workers), ("intra-op-threads", threads), ("batching", batching)]
+    return [moves[2], moves[1], moves[0]] if slow else moves
 
 
 def with_change(candidate: Candidate, change: dict[str, Any]) -> Candidate:
@@ -184,9 +192,11 @@ def tune(options: TuneOptions, progress: Callable[[str], None]) -> TuneResult:
     result.noise = _noise(options, workload, best, log_path, out_of_time, progress)
     result.stopped = "a whole pass gained nothing beyond the noise"
     trial_cost = best.seconds / len(best.ladders)  # later trials measure one protocol
+    alone = best.ladders[protocol].runs[0] if best.ladders[protocol].runs else None
+    slow = alone is not None and alone.p50_ms >= SLOW_MS
     for _ in range(3):
         changed = False
-        for name, values in dimensions(cores, options.max_workers):
+        for name, values in dimensions(cores, options.max_workers, slow=slow):
             for change in values(best.candidate.values):
                 candidate = with_change(best.candidate, change)
                 if candidate in seen:
